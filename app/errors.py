@@ -1,0 +1,42 @@
+"""User-facing errors.
+
+Every error a user can cause (a wrong path, a broken file, a prompt past the context) is a
+:class:`QwenTrayError`. The CLI prints its message on one line and exits non-zero; the server
+maps it to an OpenAI error body; the tray shows it in a notification. Anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class QwenTrayError(Exception):
+    """An error caused by input or environment, explained in one line."""
+
+
+class ModelLoadError(QwenTrayError):
+    """A model folder, checkpoint or adapter cannot be loaded (names the file)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model's architecture or a config field is not supported (names the supported ones)."""
+
+
+class ContextLengthError(QwenTrayError):
+    """A prompt (plus the requested completion) does not fit the context window."""
+
+    def __init__(self, message: str, *, limit: int, requested: int):
+        super().__init__(message)
+        self.limit = limit
+        self.requested = requested
+
+
+class InvalidParameterError(QwenTrayError):
+    """A generation parameter is out of range (names the parameter)."""
+
+    def __init__(self, message: str, *, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class EngineClosedError(QwenTrayError):
+    """The engine was shut down (model switch, quit) while a request was waiting or running."""
