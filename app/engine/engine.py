@@ -1,0 +1,109 @@
+"""Engine: the one Python API the CLI, the server and the tray app use (docs/ENGINE_API.md)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from app.engine.kv_cache import StaticKVCache
+from app.engine.loading import LoadedModel, load_model
+from app.engine.params import SamplingParams
+from app.engine.request import PRIORITY_NORMAL, Generation, Request
+from app.engine.runner import TorchRunner
+from app.engine.scheduler import Scheduler
+from app.engine.tokenizer import Message
+from app.errors import ContextLengthError, QwenTrayError
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise QwenTrayError("--device cuda: no CUDA GPU is visible to PyTorch (is a CUDA build of torch installed?)")
+    if device not in ("cpu", "cuda"):
+        raise QwenTrayError(f"device must be cpu, cuda or auto, got {device!r}")
+    return torch.device(device)
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, runner, max_batch_size: int):
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self.tokenizer = loaded.tokenizer
+        self.model_id = loaded.model_id
+        self.path = loaded.path
+        self.runner = runner
+        self.device = runner.device.type
+        self.max_context = runner.max_context
+        self.max_batch_size = max_batch_size
+        self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids))
+        self.closed = False
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
+             max_context: int | None = None, adapter: str | Path | None = None,
+             dtype: torch.dtype | None = None, progress: ProgressCallback | None = None) -> Engine:
+        if max_batch_size < 1:
+            raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        dev = resolve_device(device)
+        started = time.perf_counter()
+        loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context, progress=progress)
+        cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
+        runner = TorchRunner(loaded.model, cache, dev)
+        log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
+        return cls(loaded, runner, max_batch_size)
+
+    # -- requests -------------------------------------------------------------------------
+    def chat(self, messages: list[Message], params: SamplingParams | None = None,
+             priority: int = PRIORITY_NORMAL) -> Generation:
+        return self.generate(self.tokenizer.encode_chat(messages), params, priority)
+
+    def complete(self, prompt: str, params: SamplingParams | None = None, priority: int = PRIORITY_NORMAL) -> Generation:
+        return self.generate(self.tokenizer.encode(prompt), params, priority)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                 priority: int = PRIORITY_NORMAL) -> Generation:
+        params = params or SamplingParams()
+        limit = self.max_context - 1
+        if len(prompt_ids) > limit:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context allows at most {limit}",
+                limit=limit, requested=len(prompt_ids))
+        bad = [i for i in prompt_ids if not 0 <= i < self.spec.vocab_size]
+        if bad:
+            raise QwenTrayError(f"token id {bad[0]} is outside the vocabulary (size {self.spec.vocab_size})")
+        request = Request(list(prompt_ids), params, priority)
+        self._scheduler.submit(request)
+        return request.handle
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {**self._scheduler.stats(), "device": self.device, "model": self.model_id,
+                "max_context": self.max_context, **self.runner.memory_info()}
+
+    def close(self) -> None:
+        """Stop the scheduler and free the model's memory (model switch, quit)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._scheduler.close()
+        self.runner = self.loaded = None  # drop the last references to weights and cache
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

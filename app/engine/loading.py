@@ -1,0 +1,81 @@
+"""From a folder on disk to a model in memory: spec, tokenizer, weights (+ LoRA)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.engine.lora import LoraAdapter
+from app.engine.models.decoder import DecoderModel
+from app.engine.spec import ModelSpec
+from app.engine.tokenizer import Tokenizer
+from app.engine.weights import TensorSource, load_hf_weights
+from app.errors import ModelLoadError, QwenTrayError
+
+DEFAULT_MAX_CONTEXT = 4096
+
+# On the CPU, fp32 is exact and fast enough for small models; bigger ones halve their RAM in bf16.
+_CPU_FP32_MAX_PARAMS = 2_000_000_000
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    model_id: str
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    model: DecoderModel
+    dtype: torch.dtype
+
+
+def param_count(spec: ModelSpec) -> int:
+    per_layer = (spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size
+                 + 3 * spec.hidden_size * spec.intermediate_size)
+    embeddings = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
+    return spec.num_layers * per_layer + embeddings
+
+
+def default_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if device.type == "cuda":
+        return torch.float16
+    return torch.float32 if param_count(spec) <= _CPU_FP32_MAX_PARAMS else torch.bfloat16
+
+
+def load_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
+               dtype: torch.dtype | None = None, max_context: int | None = None,
+               progress: Callable[[str, int, int], None] | None = None) -> LoadedModel:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: model folder not found")
+    if not path.is_dir():
+        raise ModelLoadError(f"{path}: not a folder (give the model's folder, not a file)")
+    spec = ModelSpec.from_hf_folder(path)
+    tokenizer = Tokenizer.from_folder(path)
+    lora = LoraAdapter(adapter) if adapter else None
+    dtype = dtype or default_dtype(spec, device)
+    # Build on the meta device, then allocate once on the target: weights are never held twice.
+    with torch.device("meta"):
+        model = DecoderModel(spec, context_length(spec.max_position_embeddings, max_context))
+    model = model.to_empty(device=device).to(dtype)
+    model.init_rope()
+    step = (lambda done, total: progress("weights", done, total)) if progress else None
+    with TensorSource(path) as source:
+        load_hf_weights(model, source, spec, transform=lora.merge if lora else None, progress=step)
+    if lora:
+        lora.check_all_used()
+    model.eval()
+    return LoadedModel(path, path.name, spec, tokenizer, model, dtype)
+
+
+
+def context_length(model_max: int, requested: int | None) -> int:
+    """Tokens per KV-cache slot: what was asked for, or the model's maximum capped at 4096."""
+    if requested is None:
+        return min(model_max, DEFAULT_MAX_CONTEXT)
+    if requested < 2:
+        raise QwenTrayError(f"max_context must be >= 2, got {requested}")
+    if requested > model_max:
+        raise QwenTrayError(f"max_context {requested} is larger than the model's maximum ({model_max} tokens)")
+    return requested

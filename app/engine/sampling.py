@@ -1,0 +1,61 @@
+"""Turning one request's logits into its next token.
+
+Order (as in transformers): repetition penalty → presence/frequency penalties →
+temperature → top-k → top-p → draw. Each request has its own ``torch.Generator``, so the
+same seed gives the same text whatever else runs in the batch.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from app.engine.params import SamplingParams
+
+
+class RequestSampler:
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], vocab_size: int):
+        self.params = params
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
+        self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
+
+    def observe(self, token_id: int) -> None:
+        """Record a generated token (for the penalties)."""
+        self.output_counts[token_id] += 1
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """logits [V] (any device, any float dtype) → token id."""
+        p = self.params
+        logits = logits.detach().to("cpu", torch.float32)[: self.vocab_size].clone()
+        if p.repetition_penalty != 1.0:
+            seen = torch.unique(torch.cat([self.prompt_ids, self.output_counts.nonzero().flatten()]))
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.frequency_penalty or p.presence_penalty:
+            logits -= p.frequency_penalty * self.output_counts + p.presence_penalty * (self.output_counts > 0).float()
+        if p.greedy:
+            return int(torch.argmax(logits))
+        logits /= p.temperature
+        if 0 < p.top_k < logits.numel():
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits[logits < kth] = float("-inf")
+        if p.top_p < 1.0:
+            logits = _top_p_filter(logits, p.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to >= top_p."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    remove = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token already enough
+    remove[0] = False
+    sorted_logits[remove] = float("-inf")
+    out = torch.empty_like(logits)
+    out[order] = sorted_logits
+    return out

@@ -1,0 +1,154 @@
+"""Continuous batching over a fixed set of KV-cache slots, on one worker thread.
+
+Each step: admit waiting requests into free slots (lowest priority value first, then
+arrival), preempting a lower-priority running request if an interactive one is waiting and
+no slot is free; run one prefill chunk; run one decode step for every sequence that is
+decoding; sample, stream, and retire finished or cancelled requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+
+from app.engine.request import Request
+from app.engine.runner import Runner
+from app.engine.sequence import Sequence
+from app.engine.tokenizer import Tokenizer
+from app.errors import EngineClosedError
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, vocab_size: int, eos_ids: frozenset[int],
+                 prefill_chunk: int = PREFILL_CHUNK):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.prefill_chunk = prefill_chunk
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, arrival, seq)
+        self._arrival = itertools.count()
+        self._running: list[Sequence] = []
+        self._free_slots = list(range(runner.num_slots))
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="qwen-tray-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- any thread -------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        seq = Sequence(request, self.tokenizer, self.vocab_size, self.eos_ids)
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is shut down")
+            heapq.heappush(self._waiting, (request.priority, next(self._arrival), seq))
+            self._cond.notify()
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"running": len(self._running), "waiting": len(self._waiting),
+                    "slots": self.runner.num_slots, "free_slots": len(self._free_slots)}
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- the worker thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._admit()
+            try:
+                self._step()
+            except Exception as error:  # a bug or device failure: fail the requests, keep serving
+                log.exception("engine step failed")
+                for seq in list(self._running):
+                    self._retire(seq, error)
+        self._fail_all(EngineClosedError("the engine was shut down before the request finished"))
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots; preempt for a more urgent request. Holds the lock."""
+        while self._waiting:
+            priority, _, seq = self._waiting[0]
+            if not self._free_slots:
+                victim = max(self._running, key=lambda s: (s.priority, s.submitted_at), default=None)
+                if victim is None or victim.priority <= priority:
+                    return
+                self._preempt(victim)
+            heapq.heappop(self._waiting)
+            seq.slot = self._free_slots.pop(0)
+            seq.cached = 0
+            self._running.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Give ``seq``'s slot away; it re-runs its tokens (prompt + output so far) later."""
+        self._running.remove(seq)
+        self._free_slots.append(seq.slot)
+        seq.slot, seq.cached = None, 0
+        heapq.heappush(self._waiting, (seq.priority, next(self._arrival), seq))
+
+    def _step(self) -> None:
+        with self._cond:
+            cancelled = [s for _, _, s in self._waiting if s.handle.cancelled]
+            if cancelled:
+                self._waiting = [e for e in self._waiting if not e[2].handle.cancelled]
+                heapq.heapify(self._waiting)
+        for seq in cancelled + [s for s in self._running if s.handle.cancelled]:
+            seq.cancel()
+            self._retire(seq)
+        prefilling = [s for s in self._running if not s.is_decoding]
+        if prefilling:
+            self._prefill_chunk(min(prefilling, key=lambda s: (s.priority, s.submitted_at)))
+        decoding = [s for s in self._running if s.is_decoding and s.finished is None]
+        if decoding:
+            self._decode(decoding)
+
+    def _prefill_chunk(self, seq: Sequence) -> None:
+        chunk = seq.pending[: self.prefill_chunk]
+        logits = self.runner.prefill(seq.slot, chunk, seq.cached)
+        seq.cached += len(chunk)
+        if seq.cached == len(seq.all_ids):  # all its tokens are in: sample the next one
+            self._accept(seq, logits)
+
+    def _decode(self, seqs: list[Sequence]) -> None:
+        logits = self.runner.decode([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
+        for seq, row in zip(seqs, logits):
+            seq.cached += 1
+            self._accept(seq, row)
+
+    def _accept(self, seq: Sequence, logits) -> None:
+        seq.accept(seq.sampler.sample(logits), self.runner.max_context)
+        if seq.finished is not None:
+            self._retire(seq)
+
+    def _retire(self, seq: Sequence, error: BaseException | None = None) -> None:
+        with self._cond:
+            if seq in self._running:
+                self._running.remove(seq)
+                self._free_slots.append(seq.slot)
+                self._free_slots.sort()
+        if error is not None:
+            seq.handle._fail(error)
+        else:
+            seq.handle._finish(seq.result())
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            pending = [s for _, _, s in self._waiting] + self._running
+            self._waiting.clear()
+            self._running.clear()
+        for seq in pending:
+            seq.handle._fail(error)
