@@ -1,0 +1,72 @@
+"""The ``qwen-tray`` command line.
+
+``qwen-tray`` alone starts the tray app; subcommands: ask, models, serve, quantize,
+checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app import __version__
+from app.errors import QwenTrayError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qwen-tray", description="A local assistant for Qwen2.5 / Llama models "
+                                     "(with no subcommand: start the tray app).")
+    parser.add_argument("--version", action="version", version=f"qwen-tray {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from app.commands import ask, models
+
+    ask.register(sub)
+    models.register(sub)
+    for module in ("app.server.cli", "app.quant.cli", "app.quant.checkpoint_cli"):
+        _register_optional(sub, module)
+    return parser
+
+
+def _register_optional(sub, module_name: str) -> None:
+    """Subcommands owned by other packages (server, quantizer) plug in when present."""
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            return
+        raise
+    module.register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command is None:
+            return _run_tray(argv or [])
+        return int(args.func(args) or 0)
+    except QwenTrayError as e:
+        print(f"qwen-tray: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def _run_tray(argv: list[str]) -> int:
+    try:
+        from app.ui.app import run_tray
+    except ImportError as e:
+        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+    return run_tray(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI subcommands of the core package (each module: ``register(subparsers)`` + a handler)."""

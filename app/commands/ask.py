@@ -1,0 +1,85 @@
+"""``qwen-tray ask``: one question, the answer streamed to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.errors import QwenTrayError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ask", help="ask the model one question and stream the answer",
+                       description="Ask the model one question; the answer streams to standard output.")
+    p.add_argument("prompt", metavar="PROMPT", help="the question; '-' reads it from standard input")
+    p.add_argument("--model", metavar="PATH", help="model folder or registered name (default: the configured default)")
+    p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder to merge at load")
+    p.add_argument("--server", metavar="URL", help="ask a running qwen-tray/OpenAI-compatible server instead")
+    p.add_argument("--api-key", metavar="KEY", help="API key for --server")
+    p.add_argument("--system", metavar="TEXT", help="a system message")
+    p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens to generate (default 512)")
+    p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, default=0.9, metavar="P", help="nucleus sampling (default 0.9)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K likeliest tokens (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R")
+    p.add_argument("--seed", type=int, metavar="S", help="same seed, same answer")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    p.add_argument("--max-context", type=int, metavar="N", help="tokens per request (default: model max, at most 4096)")
+    p.set_defaults(func=run)
+
+
+def read_prompt(prompt: str) -> str:
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise QwenTrayError("the prompt is empty")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.engine.params import SamplingParams
+
+    prompt = read_prompt(args.prompt)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                            stop=tuple(args.stop))
+    if args.server:
+        return _ask_server(args, messages, params)
+    return _ask_local(args, messages, params)
+
+
+def _ask_local(args, messages, params) -> int:
+    from app.engine import Engine
+    from app.settings import load_settings
+    from app.ui_progress import load_progress_bar
+
+    path = load_settings().resolve_model(args.model)
+    with load_progress_bar(f"loading {path.name}") as progress:
+        engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
+                             adapter=args.adapter, progress=progress)
+    with engine:
+        generation = engine.chat(messages, params)
+        try:
+            _stream(generation)
+        except KeyboardInterrupt:
+            generation.cancel()
+            raise
+    return 0
+
+
+def _ask_server(args, messages, params) -> int:
+    try:
+        from app.server.client import ask_server
+    except ImportError:
+        raise QwenTrayError("--server needs the server package (app.server.client)") from None
+    _stream(ask_server(args.server, messages, params, api_key=args.api_key))
+    return 0
+
+
+def _stream(deltas) -> None:
+    for delta in deltas:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()

@@ -1,0 +1,59 @@
+"""Where Qwen Tray keeps its files (platformdirs).
+
+``QWEN_TRAY_HOME`` (when set) replaces the platformdirs roots: config, data and cache then
+live in ``$QWEN_TRAY_HOME/config``, ``/data`` and ``/cache``. Tests set it so they never
+touch the user's real folders.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "qwen-tray"
+HOME_ENV = "QWEN_TRAY_HOME"
+
+
+def _root(kind: str) -> Path:
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home) / kind
+    if kind == "config":
+        return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+    if kind == "data":
+        return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
+
+
+def config_dir() -> Path:
+    return _root("config")
+
+
+def data_dir() -> Path:
+    return _root("data")
+
+
+def cache_dir() -> Path:
+    return _root("cache")
+
+
+def models_dir() -> Path:
+    return data_dir() / "models"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a crash leaves either the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
