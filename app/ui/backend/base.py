@@ -1,0 +1,41 @@
+"""The small protocol that actions, chat and the tray use for any model.
+
+``backend.chat(messages, params, priority)`` returns a :class:`ChatStream`: iterate it for
+text deltas (blocking, so a worker thread does it), then read ``.result``
+(:class:`~app.engine.params.GenerationResult`); ``.cancel()`` is thread-safe. The local
+engine's ``Generation`` already has exactly this shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+from app.engine.params import GenerationResult, SamplingParams
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+
+@runtime_checkable
+class ChatStream(Protocol):
+    def __iter__(self) -> Iterator[str]: ...
+
+    @property
+    def result(self) -> GenerationResult: ...
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    name: str  # shown in the tooltip and menus
+    device: str  # "cuda" | "cpu" | "remote"
+    max_context: int  # tokens per request (prompt + answer)
+
+    def chat(self, messages: list[Message], params: SamplingParams, priority: int) -> ChatStream: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def count_chat_tokens(self, messages: list[Message]) -> int: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,38 @@
+"""The local engine behind the backend protocol (``app.engine.Engine``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from app.engine.params import SamplingParams
+from app.ui.backend.base import ChatStream, Message
+
+
+class LocalEngineBackend:
+    """Adapter over an ``app.engine.Engine``; the same engine also serves the local API."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.name = engine.model_id
+        self.device = engine.device
+        self.max_context = engine.max_context
+
+    @classmethod
+    def load(cls, path: Path, progress: Callable[[str, int, int], None] | None = None,
+             device: str = "auto") -> LocalEngineBackend:
+        from app.engine import Engine  # imported late: torch is slow to import
+
+        return cls(Engine.load(str(path), device=device, progress=progress))
+
+    def chat(self, messages: list[Message], params: SamplingParams, priority: int) -> ChatStream:
+        return self.engine.chat(messages, params, priority=priority)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text))
+
+    def count_chat_tokens(self, messages: list[Message]) -> int:
+        return len(self.engine.tokenizer.encode_chat(messages))
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,1 @@
+"""Per-platform pieces behind small interfaces: global hotkeys, synthetic keys, clipboard."""

@@ -1,0 +1,1 @@
+"""The tray app's windows: tray menu, answer popup, chat window, settings."""

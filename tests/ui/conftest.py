@@ -1,0 +1,39 @@
+"""Fixtures for the tray-app tests: a private QWEN_TRAY_HOME per test, Qt offscreen."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).parent))  # ui_fakes, ui_e2e_driver
+
+
+@pytest.fixture(autouse=True)
+def ui_home(tmp_path, monkeypatch) -> Path:
+    """Config/data/cache of the app under this test's own temporary folder."""
+    home = tmp_path / "qwen-tray-home"
+    monkeypatch.setenv("QWEN_TRAY_HOME", str(home))
+    return home
+
+
+@pytest.fixture(autouse=True)
+def english_ui():
+    """UI text in English unless a test switches it."""
+    from app.ui.i18n import set_language
+
+    set_language("en")
+    yield
+    set_language("en")
+
+
+@pytest.fixture(scope="session")
+def qwen_token_counter(qwen_tokenizer_dir):
+    """Token counting with Qwen's real tokenizer (what the local engine's tokenizer does)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(qwen_tokenizer_dir / "tokenizer.json"))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)

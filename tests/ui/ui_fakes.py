@@ -1,0 +1,108 @@
+"""Test doubles for the backend protocol and the key injector.
+
+FakeBackend is a real implementation of the protocol whose "model" answers from a
+function of the messages; it can be gated (each token waits for an Event) so tests
+control timing without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from app.engine.params import GenerationResult, SamplingParams, Usage
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+class FakeStream:
+    def __init__(self, pieces: list[str], gate: threading.Event | None, prompt_tokens: int):
+        self._pieces, self._gate, self._prompt_tokens = pieces, gate, prompt_tokens
+        self._cancel = threading.Event()
+        self._result: GenerationResult | None = None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def __iter__(self):
+        started = time.perf_counter()
+        out = []
+        for piece in self._pieces:
+            if self._gate is not None:
+                while not self._gate.wait(0.01):
+                    if self._cancel.is_set():
+                        break
+            if self._cancel.is_set():
+                break
+            out.append(piece)
+            yield piece
+        finish = "cancelled" if self._cancel.is_set() else "stop"
+        self._result = GenerationResult("".join(out), finish, Usage(self._prompt_tokens, len(out)), (),
+                                        0.001, max(time.perf_counter() - started, 1e-6))
+
+    @property
+    def result(self) -> GenerationResult:
+        assert self._result is not None, "stream not consumed"
+        return self._result
+
+
+class FakeBackend:
+    device = "cpu"
+
+    def __init__(self, name: str = "fake", answer: Callable[[list[dict]], str] | None = None,
+                 max_context: int = 4096, count: Callable[[str], int] = words, log: list | None = None,
+                 gate: threading.Event | None = None):
+        self.name, self.max_context = name, max_context
+        self._answer = answer or (lambda messages: "Summary: " + " ".join(messages[-1]["content"].split()[-3:]))
+        self._count = count
+        self.log = log if log is not None else []
+        self.gate = gate
+        self.requests: list[tuple[list[dict], SamplingParams, int]] = []
+        self.closed = False
+
+    def chat(self, messages, params, priority):
+        self.requests.append((messages, params, priority))
+        text = self._answer(messages)
+        pieces = [w + " " for w in text.split(" ")[:-1]] + [text.split(" ")[-1]]
+        return FakeStream([p for p in pieces if p], self.gate, self.count_chat_tokens(messages))
+
+    def count_tokens(self, text: str) -> int:
+        return self._count(text)
+
+    def count_chat_tokens(self, messages) -> int:
+        return sum(self._count(m["content"]) + 3 for m in messages)
+
+    def close(self) -> None:
+        self.closed = True
+        self.log.append(("close", self.name))
+
+
+class RecordingInjector:
+    """A key injector for offscreen tests: 'copy' puts the simulated selection on the clipboard."""
+
+    name = "recording"
+
+    def __init__(self, clipboard, selection: str | None):
+        self.clipboard, self.selection = clipboard, selection
+        self.sent: list[str] = []
+        self.focus_restored: list[object] = []
+
+    def release_modifiers(self) -> None:
+        self.sent.append("release")
+
+    def send_shortcut(self, action: str) -> None:
+        self.sent.append(action)
+        if action == "copy" and self.selection is not None:
+            self.clipboard.setText(self.selection)
+
+    def remember_focus(self):
+        return "target-window"
+
+    def restore_focus(self, token) -> None:
+        self.focus_restored.append(token)
+
+    def close(self) -> None:
+        pass
