@@ -21,7 +21,8 @@ def resolve_language(setting: str) -> str:
         return setting
     from PySide6.QtCore import QLocale
 
-    return "zh_CN" if QLocale.system().name().lower().startswith("zh") else "en"
+    # QLocale() is the system locale unless the process set a default (tests do).
+    return "zh_CN" if QLocale().name().lower().startswith("zh") else "en"
 
 
 def set_language(setting: str) -> str:

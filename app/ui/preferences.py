@@ -105,3 +105,28 @@ def load_preferences(path: Path | None = None) -> tuple[Preferences, Notice | No
 
 def save_preferences(prefs: Preferences, path: Path | None = None) -> None:
     write_json_atomic(path or preferences_path(), prefs.to_dict())
+
+
+class PreferencesStore:
+    """The live preferences of the running app: change, validate, save, tell listeners."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or preferences_path()
+        self.prefs, self.notice = load_preferences(self.path)
+        self._listeners: list = []
+
+    def subscribe(self, listener) -> None:
+        self._listeners.append(listener)
+
+    def update(self, **changes) -> Preferences:
+        """Apply ``changes`` (validated like a fresh load: PreferencesError names a bad field), save, notify."""
+        data = self.prefs.to_dict()
+        unknown = set(changes) - {f.name for f in fields(Preferences)}
+        if unknown:
+            raise PreferencesError(f"unknown preference(s): {', '.join(sorted(unknown))}")
+        data.update(changes)
+        self.prefs = Preferences.from_dict(data)
+        save_preferences(self.prefs, self.path)
+        for listener in list(self._listeners):
+            listener(self.prefs)
+        return self.prefs

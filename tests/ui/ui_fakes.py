@@ -106,3 +106,62 @@ class RecordingInjector:
 
     def close(self) -> None:
         pass
+
+
+class FakeHotkeys:
+    """A hotkey backend that records grabs and refuses the combinations in ``taken`` like an OS would."""
+
+    name = "fake"
+    taken: set[str] = set()
+    instances: list[FakeHotkeys] = []
+
+    def __init__(self, on_activate):
+        self.on_activate = on_activate
+        self.registered: dict[str, str] = {}
+        self.closed = False
+        FakeHotkeys.instances.append(self)
+
+    def register(self, binding_id, hotkey) -> None:
+        from app.ui.platform.keys import HotkeyConflictError
+
+        if str(hotkey) in self.taken:
+            raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")
+        self.registered[binding_id] = str(hotkey)
+
+    def unregister_all(self) -> None:
+        self.registered.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.unregister_all()
+
+    def press(self, binding_id: str) -> None:
+        """What the OS does when the user presses the hotkey (from its own thread)."""
+        thread = threading.Thread(target=self.on_activate, args=(binding_id,))
+        thread.start()
+        thread.join()
+
+
+class FakeOpener:
+    """Opens FakeBackends by entry name, logging open/close order; a gate can hold a load."""
+
+    def __init__(self, gate: threading.Event | None = None, fail: set[str] | None = None, **backend_kwargs):
+        self.log: list[tuple[str, str]] = []
+        self.gate, self.fail = gate, fail or set()
+        self.backend_kwargs = backend_kwargs
+        self.backends: list[FakeBackend] = []
+
+    def __call__(self, entry, progress=None):
+        from app.errors import ModelLoadError
+
+        self.log.append(("open", entry.name))
+        for i in range(3):
+            if progress is not None:
+                progress("loading weights", i, 3)
+            if self.gate is not None:
+                self.gate.wait(10)
+        if entry.name in self.fail:
+            raise ModelLoadError(f"{entry.name}: config.json not found")
+        backend = FakeBackend(name=entry.name, log=self.log, **self.backend_kwargs)
+        self.backends.append(backend)
+        return backend

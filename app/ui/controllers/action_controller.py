@@ -22,7 +22,7 @@ from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
 from app.ui.i18n import current_language, tr
 from app.ui.pipeline import ActionPipeline
-from app.ui.platform.clipboard import PasteOperation, SelectionCapture
+from app.ui.platform.clipboard import COPY_TIMEOUT_MS, PasteOperation, SelectionCapture
 from app.ui.platform.keyinput import KeyInjector
 from app.ui.preferences import Preferences
 from app.ui.widgets.popup import ResultPopup
@@ -43,6 +43,7 @@ class ActionController(QObject):
         self._action: Action | None = None
         self._text = ""
         self._focus: object | None = None
+        self.capture_timeout_ms = COPY_TIMEOUT_MS
         self.popup.copyRequested.connect(self.copy_answer)
         self.popup.replaceRequested.connect(self.replace_selection)
         self.popup.retryRequested.connect(self.retry)
@@ -64,7 +65,7 @@ class ActionController(QObject):
             # The menu took the focus: there is no selection to copy, use what is on the clipboard.
             self._start(action, self._clipboard.text(), None)
             return
-        capture = SelectionCapture(self._clipboard, self._injector, parent=self)
+        capture = SelectionCapture(self._clipboard, self._injector, self.capture_timeout_ms, parent=self)
         capture.finished.connect(lambda text, _from_selection: self._captured(action, capture, text))
         self._capture = capture
         capture.start()

@@ -74,9 +74,9 @@ class SelectionCapture(QObject):
         self.focus_token = self._injector.remember_focus()
         self._active = True
         self._clipboard.dataChanged.connect(self._on_changed)
+        self._timer.start()
         self._injector.release_modifiers()
         self._injector.send_shortcut("copy")
-        self._timer.start()
 
     def _on_changed(self) -> None:
         if not self._active:

@@ -1,0 +1,222 @@
+"""The tray application: wires the engine host, hotkeys, actions, chat, settings and tray.
+
+``run_tray(argv)`` is what ``qwen-tray`` without a subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+from app.errors import QwenTrayError
+from app.ui.actions import (DEFAULT_OPEN_CHAT_HOTKEY, OPEN_CHAT_ID, Action, all_actions, load_builtin_actions,
+                            load_user_actions, save_user_actions)
+from app.ui.controllers.action_controller import ActionController
+from app.ui.controllers.engine_host import EngineHost, Opener
+from app.ui.controllers.local_api import LocalApi, LocalApiError
+from app.ui.i18n import Notice, set_language, tr
+from app.ui.models import ModelEntry, configured_models, open_backend
+from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
+from app.ui.platform.keyinput import KeyInjector, create_key_injector
+from app.ui.platform.keys import normalize_hotkey
+from app.ui.preferences import PreferencesStore
+from app.ui.widgets.icons import app_icon
+
+log = logging.getLogger(__name__)
+
+
+class TrayApp(QObject):
+    notified = Signal(str)  # every message shown to the user (the tray balloon, tests)
+
+    def __init__(self, opener: Opener = open_backend, hotkey_factory: Callable = create_hotkey_backend,
+                 injector: KeyInjector | None = None, server_finder: Callable | None = None,
+                 with_tray_icon: bool = True, language: str | None = None):
+        super().__init__()
+        qapp = QApplication.instance()
+        self._shut_down = False
+        self.notices: list[str] = []  # everything told to the user this run, oldest first
+        self.store = PreferencesStore()
+        set_language(language or self.store.prefs.language)
+        self.builtin_actions = load_builtin_actions()
+        self.user_actions, actions_notice = load_user_actions()
+        self.actions = all_actions(self.user_actions, self.builtin_actions)
+        self.host = EngineHost(opener, parent=self)
+        self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
+                                                                     message=message)))
+        self.hotkeys = HotkeyManager(hotkey_factory, parent=self)
+        self.hotkeys.activated.connect(self._on_hotkey)
+        self.injector = injector or create_key_injector()
+        self.action_controller = ActionController(self.host, lambda: self.store.prefs, self.injector,
+                                                  qapp.clipboard(), parent=self)
+        self.action_controller.notify.connect(self.notify)
+        provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
+        self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
+        self.chat_window = None
+        self.settings_dialog = None
+        self.tray = None
+        if with_tray_icon:
+            from app.ui.widgets.tray import TrayIcon
+
+            self.tray = TrayIcon(self)
+            self.tray.show()
+        for notice in (self.store.notice, actions_notice):
+            if notice is not None:
+                self.notify(notice)
+        self.apply_hotkeys()
+
+    # -- notices ---------------------------------------------------------------------------------
+    def notify(self, message: str | Notice) -> None:
+        text = message.text() if isinstance(message, Notice) else message
+        log.info("notice: %s", text)
+        self.notices.append(text)
+        self.notified.emit(text)
+        if self.tray is not None and QSystemTrayIcon.supportsMessages():
+            self.tray.showMessage("Qwen Tray", text, QSystemTrayIcon.Information, 8000)
+
+    # -- models ------------------------------------------------------------------------------------
+    def models(self) -> list[ModelEntry]:
+        return configured_models(self.store.prefs.models)
+
+    def start(self) -> None:
+        """Load the active model (or the first configured one) in the background."""
+        models = self.models()
+        wanted = self.store.prefs.active_model
+        entry = next((m for m in models if m.name == wanted), models[0])
+        self.host.switch_to(entry)
+        if self.store.prefs.local_api_enabled:
+            self.host.loaded.connect(self._start_api_once)
+
+    def _start_api_once(self) -> None:
+        self.host.loaded.disconnect(self._start_api_once)
+        self.set_local_api(True)
+
+    def switch_model(self, entry: ModelEntry) -> None:
+        if not entry.is_local_engine and self.local_api.running:
+            self.set_local_api(False)  # the local API serves the local engine only
+        self.store.update(active_model=entry.name)
+        self.host.switch_to(entry)
+
+    # -- hotkeys and actions ---------------------------------------------------------------------
+    def effective_hotkeys(self) -> dict[str, str]:
+        overrides = self.store.prefs.hotkeys
+        bindings = {a.id: overrides.get(a.id, normalize_hotkey(a.hotkey)) for a in self.actions}
+        bindings[OPEN_CHAT_ID] = overrides.get(OPEN_CHAT_ID, DEFAULT_OPEN_CHAT_HOTKEY)
+        return bindings
+
+    def apply_hotkeys(self) -> dict[str, str]:
+        failures = self.hotkeys.apply(self.effective_hotkeys())
+        for binding_id, reason in failures.items():
+            self.notify(tr("Hotkey for {name} not registered: {reason}", name=self._binding_label(binding_id),
+                           reason=reason))
+        return failures
+
+    def _binding_label(self, binding_id: str) -> str:
+        from app.ui.i18n import current_language
+
+        action = next((a for a in self.actions if a.id == binding_id), None)
+        return action.label(current_language()) if action else tr("Open chat")
+
+    def _on_hotkey(self, binding_id: str) -> None:
+        if binding_id == OPEN_CHAT_ID:
+            self.open_chat()
+            return
+        action = next((a for a in self.actions if a.id == binding_id), None)
+        if action is not None:
+            self.run_action(action, from_hotkey=True)
+
+    def run_action(self, action: Action, from_hotkey: bool) -> None:
+        self.action_controller.trigger(action, from_hotkey=from_hotkey)
+
+    # -- windows -------------------------------------------------------------------------------------
+    def open_chat(self) -> None:
+        if self.chat_window is None:
+            from app.ui.widgets.chat import ChatWindow
+
+            self.chat_window = ChatWindow(self.host, self.store)
+            for notice in self.chat_window.notices:
+                self.notify(notice)
+        self.chat_window.show()
+        self.chat_window.raise_()
+        self.chat_window.activateWindow()
+
+    def open_settings(self) -> None:
+        from app.ui.widgets.settings import SettingsDialog
+
+        if self.settings_dialog is None:
+            builtin_models = [m for m in self.models() if m not in self.store.prefs.models]
+            self.settings_dialog = SettingsDialog(
+                self.store, self.builtin_actions, self.user_actions, builtin_models,
+                lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings)
+            self.settings_dialog.finished.connect(lambda _result: setattr(self, "settings_dialog", None))
+        self.settings_dialog.show()
+        self.settings_dialog.raise_()
+
+    def apply_settings(self, changes: dict, user_actions: list[Action]) -> None:
+        """Save what Settings changed and take it into use (raises QwenTrayError naming a bad value)."""
+        actions = all_actions(user_actions, self.builtin_actions)
+        self.store.update(**changes)
+        save_user_actions(user_actions)
+        self.user_actions, self.actions = user_actions, actions
+        self.apply_hotkeys()
+
+    # -- local API --------------------------------------------------------------------------------------
+    def set_local_api(self, enabled: bool) -> None:
+        try:
+            if enabled:
+                url = self.local_api.start(self.store.prefs.local_api_port)
+                self.notify(tr("Local API running at {url}", url=url))
+            else:
+                self.local_api.stop()
+        except (LocalApiError, QwenTrayError) as e:
+            self.notify(str(e))
+            enabled = False
+        if enabled != self.store.prefs.local_api_enabled:
+            self.store.update(local_api_enabled=enabled)
+
+    # -- quitting ---------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self.action_controller.stop()
+        self.local_api.stop()
+        self.hotkeys.close()
+        self.injector.close()
+        self.host.shutdown()
+        if self.tray is not None:
+            self.tray.hide()
+
+    def quit(self) -> None:
+        self.shutdown()
+        QApplication.instance().quit()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="qwen-tray", description="Qwen Tray desktop assistant (tray app)")
+    parser.add_argument("--model", help="load this model folder instead of the configured one")
+    parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    return parser.parse_args(argv)
+
+
+def run_tray(argv: list[str]) -> int:
+    """Start the tray app; returns the exit status."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "qwen-tray"])
+    qapp.setApplicationName("qwen-tray")
+    qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
+    qapp.setWindowIcon(app_icon())
+    if not QSystemTrayIcon.isSystemTrayAvailable():
+        log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
+    tray_app = TrayApp(language=args.language)
+    if args.model:
+        tray_app.host.switch_to(ModelEntry(name=args.model, kind="local", path=args.model))
+    else:
+        tray_app.start()
+    qapp.aboutToQuit.connect(tray_app.shutdown)
+    return qapp.exec()

@@ -1,0 +1,218 @@
+"""The chat window: conversations on the left, streamed Markdown answers, Stop, tokens/s.
+
+Every conversation is saved after each answer (history.py). When a long conversation no
+longer fits the model's context, the oldest turns are left out of the request (the window
+says so) rather than failing.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton,
+                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
+
+from app.engine.params import GenerationResult, SamplingParams
+from app.engine.request import PRIORITY_NORMAL
+from app.ui.backend.base import ChatBackend
+from app.ui.controllers.engine_host import EngineHost
+from app.ui.controllers.tasks import StreamTask
+from app.ui.history import ChatHistory, Conversation
+from app.ui.i18n import tr
+from app.ui.preferences import PreferencesStore
+from app.ui.widgets.icons import app_icon
+from app.ui.widgets.message_view import MessageWidget
+
+
+def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tokens: int) -> tuple[list[dict], int]:
+    """Drop the oldest turns (never the system message or the last user turn) until the request fits.
+
+    Returns (messages to send, number of messages left out).
+    """
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    rest = messages[len(system):]
+    dropped = 0
+    while len(rest) > 1 and backend.count_chat_tokens(system + rest) + max_tokens > backend.max_context:
+        rest = rest[1:]
+        dropped += 1
+    return system + rest, dropped
+
+
+class ChatWindow(QWidget):
+    def __init__(self, host: EngineHost, store: PreferencesStore, history: ChatHistory | None = None,
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(tr("Qwen Tray chat"))
+        self.setWindowIcon(app_icon())
+        self.host, self.store = host, store
+        self.history = history or ChatHistory()
+        self.conversations, self.notices = self.history.load_all()
+        self.conversation = Conversation()
+        self.task: StreamTask | None = None
+        self._answer_widget: MessageWidget | None = None
+        self._last_outcome = ""  # "12.3 tokens/s" of the last answer, shown beside the model name
+        self._build()
+        self._refresh_list()
+        self.host.stateChanged.connect(self._update_status)
+        self._update_status()
+        geometry = store.prefs.geometry.get("chat")
+        if geometry:
+            self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))
+        else:
+            self.resize(820, 600)
+
+    def _build(self) -> None:
+        self.list = QListWidget()
+        self.list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
+        self.new_button = QPushButton(tr("New chat"))
+        self.new_button.clicked.connect(self.new_chat)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.new_button)
+        left_layout.addWidget(self.list, 1)
+
+        self.messages_box = QWidget()
+        self.messages_layout = QVBoxLayout(self.messages_box)
+        self.messages_layout.addStretch(1)
+        self.scroll = QScrollArea(widgetResizable=True)
+        self.scroll.setWidget(self.messages_box)
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText(tr("Ask anything… (Ctrl+Enter to send)"))
+        self.input.setMaximumHeight(110)
+        self.send_button = QPushButton(tr("Send"))
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton(tr("Stop"))
+        self.stop_button.clicked.connect(self.stop)
+        self.stop_button.setEnabled(False)
+        QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self.send)
+        self.status = QLabel()
+        row = QHBoxLayout()
+        row.addWidget(self.status, 1)
+        row.addWidget(self.stop_button)
+        row.addWidget(self.send_button)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.scroll, 1)
+        right_layout.addWidget(self.input)
+        right_layout.addLayout(row)
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setSizes([200, 620])
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+
+    # -- conversations ---------------------------------------------------------------------------
+    def _refresh_list(self) -> None:
+        self.list.clear()
+        for conv in self.conversations:
+            item = QListWidgetItem(conv.title or tr("(untitled)"))
+            item.setData(Qt.UserRole, conv.id)
+            self.list.addItem(item)
+
+    def new_chat(self) -> None:
+        self.stop()
+        self.conversation = Conversation()
+        self._show_messages()
+
+    def open_conversation(self, conversation_id: str) -> None:
+        self.stop()
+        self.conversation = next(c for c in self.conversations if c.id == conversation_id)
+        self._show_messages()
+
+    def _show_messages(self) -> None:
+        while self.messages_layout.count() > 1:
+            widget = self.messages_layout.takeAt(0).widget()
+            widget.deleteLater()
+        for m in self.conversation.messages:
+            self._add_widget(m.role, m.content, m.tokens_per_second)
+
+    def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
+        widget = MessageWidget(role, text, tps)
+        self.messages_layout.insertWidget(self.messages_layout.count() - 1, widget)
+        QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(self.scroll.verticalScrollBar().maximum()))
+        return widget
+
+    def message_widgets(self) -> list[MessageWidget]:
+        return [self.messages_layout.itemAt(i).widget() for i in range(self.messages_layout.count() - 1)]
+
+    # -- sending -------------------------------------------------------------------------------
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        backend = self.host.backend
+        if not text or self.task is not None:
+            return
+        if backend is None:
+            self.status.setText(tr("No model is ready yet ({state})", state=tr(self.host.state)))
+            return
+        self.input.clear()
+        self.conversation.add("user", text)
+        self._add_widget("user", text)
+        prefs = self.store.prefs
+        messages, dropped = fit_to_context(self.conversation.as_messages(), backend, prefs.max_tokens)
+        params = SamplingParams(max_tokens=prefs.max_tokens, temperature=prefs.temperature)
+        self._answer_widget = self._add_widget("assistant", "")
+        self.status.setText(tr("{n} older messages left out to fit the context", n=dropped) if dropped
+                            else tr("Writing…"))
+        holder: dict = {}
+
+        def job(sink):
+            stream = backend.chat(messages, params, PRIORITY_NORMAL)
+            holder["stream"] = stream
+            for delta in stream:
+                sink.on_delta(delta)
+            return stream.result
+
+        task = StreamTask(job, lambda: holder["stream"].cancel() if "stream" in holder else None)
+        task.delta.connect(lambda d, t=task: self.task is t and self._answer_widget.append(d))
+        task.finished.connect(lambda r, t=task: self.task is t and self._finished(r))
+        task.failed.connect(lambda msg, t=task: self.task is t and self._failed(msg))
+        self.task = task
+        self._set_running(True)
+        self.host.track(task)
+        task.start()
+
+    def _finished(self, result: GenerationResult) -> None:
+        self._answer_widget.finish(result.tokens_per_second)
+        self.conversation.add("assistant", result.text, result.tokens_per_second)
+        self._save()
+        suffix = f" — {tr('Stopped')}" if result.finish_reason == "cancelled" else ""
+        self._last_outcome = tr("{tps:.1f} tokens/s", tps=result.tokens_per_second) + suffix
+        self._end_task()
+
+    def _failed(self, message: str) -> None:
+        self._answer_widget.show_error(message)
+        self._last_outcome = tr("Error")
+        self._end_task()
+
+    def _end_task(self) -> None:
+        self.task = None
+        self._set_running(False)
+        self._update_status()
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    def _save(self) -> None:
+        self.history.save(self.conversation)
+        if self.conversation not in self.conversations:
+            self.conversations.insert(0, self.conversation)
+        self._refresh_list()
+
+    def _set_running(self, running: bool) -> None:
+        self.send_button.setEnabled(not running)
+        self.stop_button.setEnabled(running)
+
+    def _update_status(self) -> None:
+        if self.task is None:
+            backend = self.host.backend
+            model = f"{backend.name} · {backend.device}" if backend else tr(self.host.state)
+            self.status.setText(f"{model} — {self._last_outcome}" if self._last_outcome else model)
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt)
+        geometry = bytes(self.saveGeometry().toBase64()).decode()
+        self.store.update(geometry={**self.store.prefs.geometry, "chat": geometry})
+        super().closeEvent(event)

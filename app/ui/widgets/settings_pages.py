@@ -1,0 +1,201 @@
+"""Settings pages for the user's own actions and model entries."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from app.errors import QwenTrayError
+from app.ui.actions import MODES, Action, new_action_id
+from app.ui.i18n import tr
+from app.ui.models import ModelEntry
+from app.ui.platform.keys import normalize_hotkey
+
+
+class ActionsPage(QWidget):
+    """Add, edit and remove the user's own actions (name, prompt with {text}, hotkey, mode)."""
+
+    changed = Signal()
+
+    def __init__(self, user_actions: list[Action], builtin_ids: set[str], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.actions = list(user_actions)
+        self._builtin_ids = builtin_ids
+        self.list = QListWidget()
+        self.list.currentRowChanged.connect(self._show)
+        self.name = QLineEdit()
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText(tr("Prompt; {text} is replaced by the selected text"))
+        self.hotkey = QLineEdit()
+        self.hotkey.setPlaceholderText("Ctrl+Alt+F")
+        self.mode = QComboBox()
+        for mode in MODES:
+            self.mode.addItem(tr(mode), mode)
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #b91c1c")
+        add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
+        add.clicked.connect(self._new)
+        save.clicked.connect(self.save_current)
+        remove.clicked.connect(self._remove)
+        form = QFormLayout()
+        form.addRow(tr("Name"), self.name)
+        form.addRow(tr("Prompt"), self.prompt)
+        form.addRow(tr("Hotkey"), self.hotkey)
+        form.addRow(tr("Answer"), self.mode)
+        buttons = QHBoxLayout()
+        for b in (add, save, remove):
+            buttons.addWidget(b)
+        right = QVBoxLayout()
+        right.addLayout(form)
+        right.addWidget(self.error)
+        right.addLayout(buttons)
+        layout = QHBoxLayout(self)
+        layout.addWidget(self.list, 1)
+        layout.addLayout(right, 2)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.list.clear()
+        for a in self.actions:
+            self.list.addItem(QListWidgetItem(a.name))
+
+    def _show(self, row: int) -> None:
+        if 0 <= row < len(self.actions):
+            a = self.actions[row]
+            self.name.setText(a.name)
+            self.prompt.setPlainText(a.prompt)
+            self.hotkey.setText(a.hotkey)
+            self.mode.setCurrentIndex(MODES.index(a.mode))
+
+    def _new(self) -> None:
+        self.list.clearSelection()
+        self.list.setCurrentRow(-1)
+        self.name.clear()
+        self.prompt.setPlainText("{text}")
+        self.hotkey.clear()
+        self.error.clear()
+
+    def save_current(self) -> bool:
+        """Validate the form into an action (new or the selected one); shows the error and returns False."""
+        row = self.list.currentRow()
+        taken = self._builtin_ids | {a.id for i, a in enumerate(self.actions) if i != row}
+        try:
+            action = Action(
+                id=self.actions[row].id if 0 <= row < len(self.actions) else new_action_id(self.name.text(), taken),
+                name=self.name.text().strip(), prompt=self.prompt.toPlainText(),
+                hotkey=normalize_hotkey(self.hotkey.text()), mode=self.mode.currentData())
+        except QwenTrayError as e:
+            self.error.setText(str(e))
+            return False
+        if 0 <= row < len(self.actions):
+            self.actions[row] = action
+        else:
+            self.actions.append(action)
+            row = len(self.actions) - 1
+        self.error.clear()
+        self._refresh()
+        self.list.setCurrentRow(row)
+        self.changed.emit()
+        return True
+
+    def _remove(self) -> None:
+        row = self.list.currentRow()
+        if 0 <= row < len(self.actions):
+            del self.actions[row]
+            self._refresh()
+            self.changed.emit()
+
+
+class ModelsPage(QWidget):
+    """The configured models; the user adds local folders and remote OpenAI-compatible endpoints."""
+
+    changed = Signal()
+
+    def __init__(self, builtin: list[ModelEntry], user: list[ModelEntry], parent: QWidget | None = None):
+        super().__init__(parent)
+        self._builtin, self.user = builtin, list(user)
+        self.list = QListWidget()
+        self.name, self.path = QLineEdit(), QLineEdit()
+        self.base_url, self.api_key, self.model = QLineEdit(), QLineEdit(), QLineEdit()
+        self.api_key.setEchoMode(QLineEdit.Password)
+        self.base_url.setPlaceholderText("https://api.example.com/v1")
+        self.max_context = QSpinBox(minimum=256, maximum=1_048_576, value=32768, singleStep=1024)
+        self.kind = QComboBox()
+        self.kind.addItem(tr("Local folder"), "local")
+        self.kind.addItem(tr("Remote (OpenAI-compatible)"), "remote")
+        self.kind.currentIndexChanged.connect(self._kind_changed)
+        browse = QPushButton(tr("Browse…"))
+        browse.clicked.connect(self._browse)
+        path_row = QHBoxLayout()
+        path_row.addWidget(self.path, 1)
+        path_row.addWidget(browse)
+        self.form = QFormLayout()
+        self.form.addRow(tr("Kind"), self.kind)
+        self.form.addRow(tr("Name"), self.name)
+        self.form.addRow(tr("Folder"), path_row)
+        self.form.addRow(tr("Base URL"), self.base_url)
+        self.form.addRow(tr("API key"), self.api_key)
+        self.form.addRow(tr("Model id"), self.model)
+        self.form.addRow(tr("Context (tokens)"), self.max_context)
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #b91c1c")
+        add, remove = QPushButton(tr("Add model")), QPushButton(tr("Remove"))
+        add.clicked.connect(self.add_from_form)
+        remove.clicked.connect(self._remove)
+        buttons = QHBoxLayout()
+        buttons.addWidget(add)
+        buttons.addWidget(remove)
+        right = QVBoxLayout()
+        right.addLayout(self.form)
+        right.addWidget(self.error)
+        right.addLayout(buttons)
+        layout = QHBoxLayout(self)
+        layout.addWidget(self.list, 1)
+        layout.addLayout(right, 2)
+        self._kind_changed()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.list.clear()
+        for entry in self._builtin + self.user:
+            item = QListWidgetItem(entry.name)
+            item.setData(Qt.UserRole, entry.name)
+            if entry in self._builtin:
+                item.setFlags(item.flags() & ~Qt.ItemIsSelectable)
+            self.list.addItem(item)
+
+    def _kind_changed(self) -> None:
+        remote = self.kind.currentData() == "remote"
+        for widget in (self.base_url, self.api_key, self.model, self.max_context):
+            widget.setEnabled(remote)
+        self.path.setEnabled(not remote)
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, tr("Model folder"))
+        if folder:
+            self.path.setText(folder)
+
+    def add_from_form(self) -> bool:
+        names = {e.name for e in self._builtin + self.user}
+        try:
+            if self.name.text().strip() in names:
+                raise QwenTrayError(tr("a model named {name} already exists", name=self.name.text().strip()))
+            entry = ModelEntry(name=self.name.text().strip(), kind=self.kind.currentData(), path=self.path.text().strip(),
+                               base_url=self.base_url.text().strip(), api_key=self.api_key.text().strip(),
+                               model=self.model.text().strip(), max_context=self.max_context.value())
+        except QwenTrayError as e:
+            self.error.setText(str(e))
+            return False
+        self.user.append(entry)
+        self.error.clear()
+        self._refresh()
+        self.changed.emit()
+        return True
+
+    def _remove(self) -> None:
+        item = self.list.currentItem()
+        if item is not None:
+            self.user = [e for e in self.user if e.name != item.data(Qt.UserRole)]
+            self._refresh()
+            self.changed.emit()

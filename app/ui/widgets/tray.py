@@ -1,0 +1,108 @@
+"""The tray icon and its menu, rebuilt from the app's state every time it opens (Vorta style).
+
+Menu: status line · the actions · Open chat · Model ▸ · Local API ▸ · Settings · Quit.
+The icon shows the engine state (loading with progress, ready, busy, error); the tooltip
+names the model and the device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtGui import QAction, QActionGroup
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from app.ui.i18n import current_language, tr
+from app.ui.widgets.icons import state_icon
+
+if TYPE_CHECKING:
+    from app.ui.app import TrayApp
+
+
+def state_text(app: TrayApp) -> str:
+    host = app.host
+    if host.state == "loading":
+        stage, done, total = host.progress
+        percent = f" {100 * done // total}%" if total else ""
+        return tr("Loading {model}…", model=host.entry.name if host.entry else "") + percent
+    if host.state == "error":
+        return tr("Error: {message}", message=host.error)
+    if host.busy:
+        return tr("Busy")
+    if host.state == "ready":
+        return tr("Ready")
+    return tr("No model loaded")
+
+
+class TrayIcon(QSystemTrayIcon):
+    def __init__(self, app: TrayApp):
+        super().__init__()
+        self.app = app
+        self.menu = QMenu()
+        self.menu.aboutToShow.connect(self.rebuild_menu)
+        self.setContextMenu(self.menu)
+        self.activated.connect(self._activated)
+        app.host.stateChanged.connect(self.refresh)
+        app.host.loadProgress.connect(lambda *_: self.refresh())
+        self.rebuild_menu()
+        self.refresh()
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason == QSystemTrayIcon.Trigger:  # left click
+            self.app.open_chat()
+
+    def refresh(self) -> None:
+        host = self.app.host
+        state = "busy" if host.busy else host.state
+        stage, done, total = host.progress
+        self.setIcon(state_icon(state, done / total if host.state == "loading" and total else None))
+        backend = host.backend
+        model = f"{backend.name} · {backend.device}" if backend else (host.entry.name if host.entry else "")
+        self.setToolTip(f"Qwen Tray — {model}\n{state_text(self.app)}" if model else f"Qwen Tray\n{state_text(self.app)}")
+
+    def rebuild_menu(self) -> None:
+        menu, app = self.menu, self.app
+        menu.clear()
+        status = menu.addAction(state_text(app))
+        status.setEnabled(False)
+        menu.addSeparator()
+        hotkeys = app.effective_hotkeys()
+        for action in app.actions:
+            label = action.label(current_language())
+            item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
+            item.setEnabled(app.host.backend is not None)
+            item.triggered.connect(lambda _checked=False, a=action: app.run_action(a, from_hotkey=False))
+        menu.addSeparator()
+        menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
+        self._model_menu(menu.addMenu(tr("Model")))
+        self._api_menu(menu.addMenu(tr("Local API")))
+        menu.addSeparator()
+        menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
+        menu.addAction(tr("Quit")).triggered.connect(app.quit)
+
+    def _model_menu(self, sub: QMenu) -> None:
+        app = self.app
+        group = QActionGroup(sub)
+        group.setExclusive(True)
+        current = app.host.entry.name if app.host.entry else ""
+        for entry in app.models():
+            item = QAction(entry.name, sub, checkable=True)
+            item.setChecked(entry.name == current)
+            item.triggered.connect(lambda _checked=False, e=entry: app.switch_model(e))
+            group.addAction(item)
+            sub.addAction(item)
+
+    def _api_menu(self, sub: QMenu) -> None:
+        api = self.app.local_api
+        if not api.available:
+            sub.setEnabled(False)
+            sub.setToolTip(api.unavailable_reason)
+            sub.addAction(tr("Unavailable: {reason}", reason=api.unavailable_reason)).setEnabled(False)
+            return
+        toggle = QAction(tr("Enabled"), sub, checkable=True)
+        toggle.setChecked(api.running)
+        toggle.setEnabled(self.app.host.backend is not None and self.app.host.entry.is_local_engine)
+        toggle.toggled.connect(self.app.set_local_api)
+        sub.addAction(toggle)
+        address = sub.addAction(api.url if api.running else tr("Not running"))
+        address.setEnabled(False)

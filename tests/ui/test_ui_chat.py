@@ -1,0 +1,138 @@
+"""The chat window: multi-turn streaming, Markdown, Stop, tokens/s, copy, persisted history."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtGui import QGuiApplication
+from ui_fakes import FakeBackend, FakeOpener
+
+from app.engine.request import PRIORITY_NORMAL
+from app.ui.controllers.engine_host import EngineHost
+from app.ui.history import ChatHistory
+from app.ui.models import ModelEntry
+from app.ui.preferences import PreferencesStore, load_preferences
+from app.ui.widgets.chat import ChatWindow, fit_to_context
+
+
+@pytest.fixture
+def host(qtbot):
+    host = EngineHost(FakeOpener(answer=lambda m: f"**Answer {len(m)}** for `{m[-1]['content']}`"))
+    with qtbot.waitSignal(host.loaded, timeout=5000):
+        host.switch_to(ModelEntry("fake", path="/fake"))
+    yield host
+    host.shutdown()
+
+
+def _send(qtbot, window, text):
+    window.input.setPlainText(text)
+    n = len(window.conversation.messages)
+    window.send_button.click()
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == n + 2, timeout=5000)
+
+
+def test_multi_turn_chat_streams_markdown_and_saves_history(qtbot, host):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    _send(qtbot, window, "What is a KV cache?")
+    _send(qtbot, window, "And paged attention?")
+    messages, params, priority = host.backend.requests[1]
+    assert priority == PRIORITY_NORMAL
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]  # the whole conversation is sent
+    assert messages[1]["content"] == "**Answer 1** for `What is a KV cache?`"
+    widgets = window.message_widgets()
+    assert [w.role for w in widgets] == ["user", "assistant", "user", "assistant"]
+    rendered = widgets[3].view.toPlainText()
+    assert rendered == "Answer 3 for And paged attention?"  # Markdown rendered: no ** or backticks
+    assert "tokens/s" in widgets[3].speed.text() and "tokens/s" in window.status.text()
+    saved, notices = ChatHistory().load_all()
+    assert notices == [] and len(saved) == 1
+    assert [m.content for m in saved[0].messages] == [m.content for m in window.conversation.messages]
+    assert window.list.count() == 1 and window.list.item(0).text() == "What is a KV cache?"
+
+
+def test_history_reopens_in_a_new_window_and_new_chat_starts_empty(qtbot, host):
+    first = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(first)
+    _send(qtbot, first, "Remember me")
+    second = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(second)
+    assert second.list.count() == 1
+    second.open_conversation(second.list.item(0).data(256))
+    assert [w.text() for w in second.message_widgets()] == ["Remember me", "**Answer 1** for `Remember me`"]
+    second.new_button.click()
+    qtbot.waitUntil(lambda: second.message_widgets() == [], timeout=2000)
+    assert second.conversation.messages == []
+
+
+def test_stop_keeps_the_partial_answer(qtbot, host):
+    gate = threading.Event()
+    host.backend.gate = gate
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("Tell me a long story")
+    window.send_button.click()
+    qtbot.waitUntil(lambda: len(host.backend.requests) == 1, timeout=5000)
+    assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
+    window.stop_button.click()
+    qtbot.waitUntil(lambda: window.task is None, timeout=5000)
+    assert window.status.text().endswith("Stopped")
+    assert window.conversation.messages[-1].role == "assistant"
+    assert window.send_button.isEnabled()
+
+
+def test_copy_a_message(qtbot, host):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    _send(qtbot, window, "copy test")
+    window.message_widgets()[1].copy_button.click()
+    assert QGuiApplication.clipboard().text() == "**Answer 1** for `copy test`"
+
+
+def test_no_model_says_so(qtbot):
+    window = ChatWindow(EngineHost(FakeOpener()), PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("hello")
+    window.send_button.click()
+    assert "No model is ready" in window.status.text()
+    assert window.conversation.messages == []
+
+
+def test_engine_error_is_shown_in_the_answer(qtbot, host):
+    def broken(messages):
+        raise RuntimeError("boom")
+
+    host.backend._answer = broken
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("hello")
+    window.send_button.click()
+    qtbot.waitUntil(lambda: window.task is None, timeout=5000)
+    assert "Internal error: RuntimeError: boom" in window.message_widgets()[-1].text()
+
+
+def test_oldest_turns_are_left_out_to_fit_the_context():
+    backend = FakeBackend(max_context=60)  # counts words
+    messages = [{"role": "system", "content": "be brief"}]
+    for i in range(6):
+        messages += [{"role": "user", "content": f"question {i} " * 3}, {"role": "assistant", "content": "answer " * 5}]
+    messages.append({"role": "user", "content": "last question"})
+    fitted, dropped = fit_to_context(messages, backend, max_tokens=20)
+    assert fitted[0] == messages[0] and fitted[-1] == messages[-1]
+    assert fitted[1:] == messages[1 + dropped:]
+    assert dropped > 0 and backend.count_chat_tokens(fitted) + 20 <= 60
+    assert backend.count_chat_tokens([fitted[0]] + messages[dropped:]) + 20 > 60  # dropped no more than needed
+
+
+def test_window_geometry_is_remembered(qtbot, host):
+    store = PreferencesStore()
+    window = ChatWindow(host, store)
+    qtbot.addWidget(window)
+    window.resize(700, 500)
+    window.show()
+    window.close()
+    assert "chat" in load_preferences()[0].geometry
+    again = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(again)
+    assert (again.width(), again.height()) == (700, 500)

@@ -1,0 +1,63 @@
+"""English and Simplified Chinese UI text: every string has a translation, the locale picks it."""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QLocale
+
+import app.ui
+from app.ui.i18n import Notice, resolve_language, set_language, tr
+from app.ui.i18n_zh import ZH_CN
+
+UI_DIR = Path(app.ui.__file__).parent
+# tr("...") / Notice("...") with a literal first argument, in single or double quotes.
+LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
+DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "popup", "replace"}  # tr(state), tr(mode)
+
+
+def _ui_strings() -> set[str]:
+    found = set()
+    for path in UI_DIR.rglob("*.py"):
+        for m in LITERAL.finditer(path.read_text(encoding="utf-8")):
+            found.add(m.group(1) if m.group(1) is not None else m.group(2))
+    return found
+
+
+def _fields(text: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(text) if name}
+
+
+def test_every_ui_string_has_a_chinese_translation_with_the_same_placeholders():
+    strings = _ui_strings() | DYNAMIC_KEYS
+    assert len(strings) > 60  # the scan found the UI text
+    missing = sorted(s for s in strings if s not in ZH_CN)
+    assert missing == []
+    for english in strings:
+        assert _fields(ZH_CN[english]) == _fields(english), english
+    unused = sorted(set(ZH_CN) - strings)
+    assert unused == []
+
+
+def test_tr_translates_and_formats():
+    set_language("zh_CN")
+    assert tr("Open chat") == "打开对话"
+    assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 词元/秒"
+    assert Notice("Local API running at {url}", {"url": "http://127.0.0.1:18000"}).text() == \
+        "本地 API 已在 http://127.0.0.1:18000 运行"
+    set_language("en")
+    assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 tokens/s"
+
+
+@pytest.mark.parametrize("locale, expected", [("zh_CN", "zh_CN"), ("zh_TW", "zh_CN"), ("en_US", "en"), ("de_DE", "en")])
+def test_auto_language_follows_the_system_locale(locale, expected):
+    previous = QLocale()
+    QLocale.setDefault(QLocale(locale))  # what the system locale would give
+    try:
+        assert resolve_language("auto") == expected
+    finally:
+        QLocale.setDefault(previous)
+    assert resolve_language("zh_CN") == "zh_CN" and resolve_language("en") == "en"
