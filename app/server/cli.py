@@ -1,0 +1,117 @@
+"""``qwen-tray serve``: the OpenAI-compatible endpoint as a foreground command.
+
+The socket listens before the model loads, so ``GET /health`` answers "loading" at once
+and clients can poll it; generation requests get 503 until the model is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from app.errors import QwenTrayError
+from app.server.config import API_KEY_ENV, DEFAULT_HOST, DEFAULT_MAX_QUEUED, DEFAULT_PORT, ServerConfig, is_loopback_host
+from app.server.provider import EngineSlot
+from app.server.server import start_server
+
+log = logging.getLogger("app.server")
+
+
+def register(sub) -> None:
+    """Add the ``serve`` subcommand to ``qwen-tray``'s subparsers (app/cli.py plugs it in)."""
+    parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
+                            description="Serve a model on an OpenAI-compatible HTTP API "
+                                        "(base URL http://127.0.0.1:18000/v1 by default).")
+    add_serve_arguments(parser)
+    parser.set_defaults(func=run_serve)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (Hugging Face layout or converted checkpoint)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--max-batch-size", type=int, default=4, help="requests generated together (KV-cache slots)")
+    parser.add_argument("--max-context", type=int, default=None, help="tokens per request, prompt + answer")
+    parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
+                        help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="accept this Host header name besides localhost/the bound address; repeatable")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow --host to be a non-loopback address (exposes the model to the network)")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host, port=args.port, model_id=args.model_id,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
+        cors_origins=tuple(args.cors_origin), allowed_hosts=tuple(args.allowed_host),
+        allow_remote=args.allow_remote, max_queued=args.max_queued)
+
+
+def _warn_exposure(config: ServerConfig) -> None:
+    if not is_loopback_host(config.host):
+        auth = "API key required" if config.api_key else "NO API key: anyone on the network can use it"
+        print(f"warning: listening on {config.host}:{config.port}, reachable from other machines ({auth})",
+              file=sys.stderr)
+    if "*" in config.cors_origins:
+        print("warning: --cors-origin '*' lets every web page you open use the model", file=sys.stderr)
+
+
+def _stop_on_sigterm(stop: threading.Event) -> None:
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+
+def _load_engine(args: argparse.Namespace):
+    from app.engine import Engine
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if done == total:
+            log.info("loading: %s done", stage)
+
+    return Engine.load(args.model, device=args.device, max_batch_size=args.max_batch_size,
+                       max_context=args.max_context, progress=progress)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until Ctrl+C/SIGTERM; returns the exit status. User errors raise QwenTrayError."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    config = config_from_args(args)
+    _warn_exposure(config)
+    slot = EngineSlot()
+    handle = start_server(slot, config)
+    stop = threading.Event()
+    _stop_on_sigterm(stop)
+    engine = None
+    try:
+        print(f"Qwen Tray API on {handle.base_url} (loading {args.model} ...)", file=sys.stderr)
+        try:
+            engine = _load_engine(args)
+        except QwenTrayError as exc:
+            slot.set_error(str(exc))
+            raise
+        slot.set_ready(engine)
+        model_id = config.model_id or engine.model_id
+        print(f"ready: model '{model_id}' on {engine.device}; OpenAI base URL {handle.base_url} "
+              f"(Ctrl+C to stop)", file=sys.stderr)
+        while not stop.wait(0.5):  # a timed wait keeps Ctrl+C deliverable on Windows
+            if not handle.running():
+                return 1
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        handle.stop()
+        if engine is not None:
+            engine.close()

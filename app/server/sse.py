@@ -1,0 +1,48 @@
+"""Server-sent events as OpenAI uses them: ``data: <json>\\n\\n`` events ending with ``data: [DONE]``.
+
+Stdlib only: the CLI client imports this without pulling in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+DONE = "[DONE]"
+
+
+def encode_event(payload: dict | str) -> bytes:
+    """One SSE event. A dict becomes compact JSON (one line: JSON escapes newlines)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode("utf-8")
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunked-transfer frame (the empty frame ends the body)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def iter_event_data(lines: Iterable[bytes | str]) -> Iterator[str]:
+    """The ``data`` of each event in a stream of lines (SSE spec: multi-line data joined by \\n).
+
+    Comments (``:`` lines) and other fields (``event:``, ``id:``, ``retry:``) are skipped.
+    """
+    data: list[str] = []
+    for raw in lines:
+        line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        line = line.rstrip("\r\n")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)

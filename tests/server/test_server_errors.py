@@ -1,0 +1,146 @@
+"""Every bad input gets OpenAI's error body with the right status, param and code."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.server import EngineSlot
+from server_helpers import chat_body, raw_request
+
+M = "MODEL"  # replaced by the engine's model id
+
+CHAT_ERRORS = [
+    # (body fields overriding a valid request, status, param, code)
+    ({"model": None}, 400, "model", "missing_model"),
+    ({"model": "gpt-4o"}, 404, "model", "model_not_found"),
+    ({"messages": None}, 400, "messages", "invalid_value"),
+    ({"messages": []}, 400, "messages", "invalid_value"),
+    ({"messages": ["hi"]}, 400, "messages[0]", "invalid_value"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, "messages[0].content[0].type", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
+    ({"logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    ({"n": 2}, 400, "n", "unsupported_parameter"),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_parameter"),
+    ({"logit_bias": {"1": 5}}, 400, "logit_bias", "unsupported_parameter"),
+    ({"frobnicate": 1}, 400, "frobnicate", "unsupported_parameter"),
+    ({"temperature": 3}, 400, "temperature", "invalid_value"),
+    ({"temperature": "hot"}, 400, "temperature", "invalid_value"),
+    ({"top_p": 0}, 400, "top_p", "invalid_value"),
+    ({"top_k": -5}, 400, "top_k", "invalid_value"),
+    ({"max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ({"max_tokens": 2.5}, 400, "max_tokens", "invalid_value"),
+    ({"max_tokens": 4, "max_completion_tokens": 5}, 400, "max_completion_tokens", "invalid_value"),
+    ({"presence_penalty": 5}, 400, "presence_penalty", "invalid_value"),
+    ({"frequency_penalty": -3}, 400, "frequency_penalty", "invalid_value"),
+    ({"repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    ({"seed": "x"}, 400, "seed", "invalid_value"),
+    ({"stop": ["s"] * 17}, 400, "stop", "invalid_value"),
+    ({"stop": 5}, 400, "stop", "invalid_value"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_value"),
+    ({"stream": True, "stream_options": {"x": 1}}, 400, "stream_options.x", "unsupported_parameter"),
+    ({"stream": "yes"}, 400, "stream", "invalid_value"),
+]
+
+
+@pytest.mark.parametrize(("fields", "status", "param", "code"), CHAT_ERRORS,
+                         ids=[f"{next(iter(c[0]))}-{c[2]}" for c in CHAT_ERRORS])
+def test_bad_chat_request(server, engine, fields, status, param, code):
+    body = {k: v for k, v in {**chat_body(engine.model_id, max_tokens=2), **fields}.items() if v is not None}
+    response = raw_request(server, "POST", "/v1/chat/completions", body)
+    assert response.status == status
+    error = response.error
+    assert (error["param"], error["code"]) == (param, code)
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+COMPLETION_ERRORS = [
+    ({"prompt": ["a", "b"]}, 400, "prompt", "unsupported_parameter"),
+    ({"prompt": ""}, 400, "prompt", "invalid_value"),
+    ({"prompt": [1, 10**9]}, 400, "prompt", "invalid_value"),
+    ({"echo": True}, 400, "echo", "unsupported_parameter"),
+    ({"best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    ({"logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    ({"suffix": "end"}, 400, "suffix", "unsupported_parameter"),
+    ({"messages": []}, 400, "messages", "unsupported_parameter"),
+]
+
+
+@pytest.mark.parametrize(("fields", "status", "param", "code"), COMPLETION_ERRORS,
+                         ids=[c[2] + "-" + str(i) for i, c in enumerate(COMPLETION_ERRORS)])
+def test_bad_completion_request(server, engine, fields, status, param, code):
+    body = {"model": engine.model_id, "prompt": "Once", "max_tokens": 2, **fields}
+    response = raw_request(server, "POST", "/v1/completions", body)
+    assert response.status == status
+    assert (response.error["param"], response.error["code"]) == (param, code)
+
+
+def test_prompt_past_the_context_names_the_limit(server, engine):
+    body = {"model": engine.model_id, "prompt": "word " * (engine.max_context + 5)}
+    response = raw_request(server, "POST", "/v1/completions", body)
+    assert response.status == 400
+    assert response.error["code"] == "context_length_exceeded" and response.error["param"] == "prompt"
+    assert f"maximum context length is {engine.max_context - 1} tokens" in response.error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe\x00garbage", b""])
+def test_malformed_json_is_400(server, raw):
+    response = raw_request(server, "POST", "/v1/chat/completions", raw_body=raw)
+    assert response.status == 400
+    assert response.error["code"] == "invalid_json"
+
+
+def test_unknown_path_and_wrong_method(server):
+    assert raw_request(server, "GET", "/v1/embeddings").status == 404
+    assert raw_request(server, "GET", "/").error["code"] == "not_found"
+    response = raw_request(server, "GET", "/v1/chat/completions")
+    assert response.status == 405 and "POST" in response.headers["allow"]
+    assert raw_request(server, "DELETE", "/v1/models").status == 405
+    assert raw_request(server, "GET", "/v1/models/nope").error["code"] == "model_not_found"
+
+
+def test_protocol_errors_are_json_too(server):
+    response = raw_request(server, "BREW", "/v1/models")  # http.server's own 501
+    assert response.status == 501
+    assert response.headers["content-type"] == "application/json"
+    assert response.error["message"]
+
+
+def test_unexpected_failure_is_a_500_without_traceback(server, engine, monkeypatch, caplog):
+    def broken_stats():
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(engine, "stats", broken_stats)
+    response = raw_request(server, "GET", "/health")
+    assert response.status == 500
+    assert response.error["type"] == "server_error" and response.error["code"] == "internal_error"
+    assert b"secret" not in response.body and b"Traceback" not in response.body
+    assert "secret internal detail" in caplog.text  # the log keeps the details
+
+
+def test_loading_and_failed_states(make_server, engine):
+    slot = EngineSlot()
+    handle = make_server(slot)
+    health = raw_request(handle, "GET", "/health")
+    assert health.status == 503 and health.json()["state"] == "loading"
+    response = raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id))
+    assert response.status == 503 and response.error["code"] == "model_loading"
+    assert response.headers["retry-after"] == "1"
+    slot.set_ready(engine)
+    assert raw_request(handle, "GET", "/health").json()["state"] == "ready"
+    assert raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id, max_tokens=2)).status == 200
+    slot.set_error("model.safetensors: file not found")
+    health = raw_request(handle, "GET", "/health").json()
+    assert health["state"] == "error" and "safetensors" in health["error"]
+    assert raw_request(handle, "GET", "/v1/models").error["code"] == "model_load_failed"
+
+
+def test_model_id_override(make_server, engine):
+    handle = make_server(model_id="qwen2.5-3b-instruct")
+    assert raw_request(handle, "GET", "/v1/models").json()["data"][0]["id"] == "qwen2.5-3b-instruct"
+    ok = raw_request(handle, "POST", "/v1/chat/completions", chat_body("qwen2.5-3b-instruct", max_tokens=2))
+    assert ok.status == 200 and ok.json()["model"] == "qwen2.5-3b-instruct"
+    assert raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id)).status == 404
