@@ -24,7 +24,7 @@ from app.errors import QwenTrayError
 from app.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, is_loopback_host, is_wildcard_host, parse_ip
 from app.server.errors import ApiError, unavailable
 from app.server.handler import CONNECTION_ERRORS, ApiHandler, loading_error
-from app.server.provider import as_provider
+from app.server.provider import EngineStatus, as_provider
 from app.server.watcher import DisconnectWatcher
 
 log = logging.getLogger("app.server")
@@ -96,17 +96,23 @@ class ApiServer(ThreadingHTTPServer):
             log.error("error while serving %s", client_address, exc_info=exc)
 
     # -- engine access --------------------------------------------------------------------------
+    def engine_status(self) -> EngineStatus:
+        status = self.provider.status()
+        if status.state == "ready" and getattr(status.engine, "closed", False):
+            return EngineStatus("loading")  # the tray closed it to switch models; the next one is coming
+        return status
+
     def ready_engine(self) -> tuple[Any, str]:
         """The engine and the model id clients must use, or a 503 while loading/stopping."""
         if self.stopping:
             raise unavailable("The server is shutting down.", "server_shutting_down", self.config.retry_after_s)
-        status = self.provider.status()
+        status = self.engine_status()
         if status.state != "ready":
             raise loading_error(status.state, status.error, self.config.retry_after_s)
         return status.engine, self.config.model_id or status.engine.model_id
 
     def health(self) -> tuple[int, dict]:
-        status = self.provider.status()
+        status = self.engine_status()
         body: dict = {"state": status.state, "model": self.config.model_id, "device": None}
         if status.state == "ready":
             engine = status.engine

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from app.server import EngineSlot
-from server_helpers import chat_body, raw_request
+from server_helpers import chat_body, raw_request, wait_until
 
 M = "MODEL"  # replaced by the engine's model id
 
@@ -37,6 +39,7 @@ CHAT_ERRORS = [
     ({"frequency_penalty": -3}, 400, "frequency_penalty", "invalid_value"),
     ({"repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
     ({"seed": "x"}, 400, "seed", "invalid_value"),
+    ({"seed": 2**70}, 400, "seed", "invalid_value"),
     ({"stop": ["s"] * 17}, 400, "stop", "invalid_value"),
     ({"stop": 5}, 400, "stop", "invalid_value"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_value"),
@@ -144,3 +147,27 @@ def test_model_id_override(make_server, engine):
     ok = raw_request(handle, "POST", "/v1/chat/completions", chat_body("qwen2.5-3b-instruct", max_tokens=2))
     assert ok.status == 200 and ok.json()["model"] == "qwen2.5-3b-instruct"
     assert raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id)).status == 404
+
+
+def test_callable_provider_and_model_switch(make_server, engine, tiny_qwen_dir):
+    """The tray passes ``lambda: current engine or None``; a closed engine answers 503, not 500."""
+    from app.engine import Engine
+
+    current = {"engine": None}
+    handle = make_server(lambda: current["engine"])
+    assert raw_request(handle, "GET", "/health").json()["state"] == "loading"
+    old = Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=1)
+    current["engine"] = old
+    assert raw_request(handle, "POST", "/v1/chat/completions", chat_body(old.model_id, max_tokens=2)).status == 200
+    with ThreadPoolExecutor(1) as pool:  # a request running while the tray unloads the model
+        running = pool.submit(raw_request, handle, "POST", "/v1/chat/completions",
+                              chat_body(old.model_id, max_tokens=400, ignore_eos=True))
+        wait_until(lambda: old.stats()["running"] == 1, what="the request to start")
+        old.close()  # the tray unloads the model before loading the next one
+        cut = running.result()
+    assert cut.status == 503 and cut.error["code"] == "model_unloaded"
+    response = raw_request(handle, "POST", "/v1/chat/completions", chat_body(old.model_id, max_tokens=2))
+    assert response.status == 503 and response.error["code"] == "model_loading"
+    assert raw_request(handle, "GET", "/health").json()["state"] == "loading"
+    current["engine"] = engine
+    assert raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id, max_tokens=2)).status == 200
