@@ -1,0 +1,112 @@
+"""Launcher for GQA decode attention over the static KV cache (attention.cu).
+
+Two launches: per-split partial softmax (grid: splits x kv heads x batch) and the combine.
+``num_splits`` is fixed per engine (model, device, max context), never per batch or per
+step, so CUDA graphs can be captured once and results do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from app.kernels import loader
+from app.kernels.checks import check_range, check_tensor, ensure_output
+from app.kernels.loader import KernelArgumentError
+
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 8  # query heads per kv head
+MIN_CHUNK = 16  # keep in sync with attention.cu
+MAX_SPLITS = 256
+LOG2E = 1.4426950408889634
+
+
+def default_num_splits(num_kv_heads: int, max_context: int, sm_count: int) -> int:
+    """Enough splits that one sequence alone gives every SM two blocks, no more than useful."""
+    want = math.ceil(2 * sm_count / num_kv_heads)
+    useful = math.ceil(max_context / MIN_CHUNK)
+    return max(1, min(want, useful, MAX_SPLITS))
+
+
+@dataclass
+class DecodeAttentionWorkspace:
+    """fp32 partial results, allocated once per engine (graph-safe)."""
+
+    part_o: torch.Tensor  # [B, Hq, splits, D]
+    part_ml: torch.Tensor  # [B, Hq, splits, 2]
+
+    def __post_init__(self) -> None:
+        b, hq, s, d = self.part_o.shape
+        if tuple(self.part_ml.shape) != (b, hq, s, 2):
+            raise KernelArgumentError(f"part_ml shape {list(self.part_ml.shape)} does not match part_o {[b, hq, s, d]}")
+
+    @classmethod
+    def allocate(cls, max_batch: int, num_q_heads: int, head_dim: int, num_splits: int,
+                 device: torch.device | str) -> DecodeAttentionWorkspace:
+        check_range("num_splits", num_splits, 1, MAX_SPLITS)
+        return cls(torch.empty((max_batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
+                   torch.empty((max_batch, num_q_heads, num_splits, 2), dtype=torch.float32, device=device))
+
+    @property
+    def num_splits(self) -> int:
+        return self.part_o.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.part_o.numel() * 4 + self.part_ml.numel() * 4
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                     slots: torch.Tensor, *, scale: float | None = None,
+                     workspace: DecodeAttentionWorkspace | None = None, out: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """softmax(q K^T * scale) V for one new token per sequence -> [B, Hq, D] fp16.
+
+    q [B, Hq, D] fp16; caches [S, Hkv, L, D] fp16; seq_lens, slots int32 [B] on the GPU
+    (sequence b attends to positions 0..seq_lens[b]-1 of slot slots[b]; lengths past L are
+    clamped, a length of 0 or a slot out of range gives zeros). ``workspace`` (required for graph capture) fixes
+    the number of splits; without it one is allocated for this call.
+    """
+    loader.require()
+    check_tensor("q", q, torch.float16, (None, None, None))
+    batch, hq, head_dim = q.shape
+    if head_dim not in HEAD_DIMS:
+        raise KernelArgumentError(f"head_dim={head_dim} is not supported (only {HEAD_DIMS})")
+    dev = q.device
+    check_tensor("k_cache", k_cache, torch.float16, (None, None, None, head_dim), device=dev)
+    num_slots, hkv, max_len, _ = k_cache.shape
+    check_tensor("v_cache", v_cache, torch.float16, tuple(k_cache.shape), device=dev)
+    if hq % hkv:
+        raise KernelArgumentError(f"{hq} query heads are not a multiple of {hkv} kv heads")
+    group = check_range("query heads per kv head", hq // hkv, 1, MAX_GROUP)
+    check_tensor("seq_lens", seq_lens, torch.int32, (batch,), device=dev, aligned=False)
+    check_tensor("slots", slots, torch.int32, (batch,), device=dev, aligned=False)
+    if workspace is None:
+        props = torch.cuda.get_device_properties(dev)
+        splits = default_num_splits(hkv, max_len, props.multi_processor_count)
+        workspace = DecodeAttentionWorkspace.allocate(batch, hq, head_dim, splits, dev)
+    ws_b, ws_hq, splits, ws_d = workspace.part_o.shape
+    if ws_b < batch or ws_hq != hq or ws_d != head_dim:
+        raise KernelArgumentError(f"workspace [{ws_b}, {ws_hq}, *, {ws_d}] does not fit batch {batch}, "
+                                  f"{hq} heads, head_dim {head_dim}")
+    for name, t in (("workspace.part_o", workspace.part_o), ("workspace.part_ml", workspace.part_ml)):
+        check_tensor(name, t, torch.float32, tuple(t.shape), device=dev)
+    o = ensure_output("out", out, (batch, hq, head_dim), torch.float16, dev)
+    if batch == 0:
+        return o
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    split_kernel = loader.get_kernel("attention.cu", f"attn_split_kernel<{head_dim}, {group}>")
+    combine_kernel = loader.get_kernel("attention.cu", f"attn_combine_kernel<{head_dim}>")
+    # Row stride of the workspace is its own batch size: index it as [ws_b, ...] (b < batch).
+    part_o, part_ml = workspace.part_o.data_ptr(), workspace.part_ml.data_ptr()
+    loader.launch(split_kernel, (splits, hkv, batch), (128,),
+                  (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seq_lens.data_ptr(), slots.data_ptr(),
+                   part_o, part_ml, np.int32(hkv), np.int32(max_len), np.int32(num_slots), np.int32(splits),
+                   np.float32(scale * LOG2E)))
+    loader.launch(combine_kernel, (hq, batch), (head_dim,),
+                  (part_o, part_ml, seq_lens.data_ptr(), slots.data_ptr(), o.data_ptr(), np.int32(hq),
+                   np.int32(max_len), np.int32(num_slots), np.int32(splits)))
+    return o

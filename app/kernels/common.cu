@@ -1,0 +1,80 @@
+// Helpers shared by every kernel file. The loader prepends this text to each .cu file
+// before compiling (it is not compiled on its own), so the CuPy cache key covers it too.
+//
+// No CUDA headers are included on purpose: NVRTC from pip (cupy-cuda12x / cupy-cuda13x)
+// does not always find cuda_fp16.h, so fp16 values travel as raw 16-bit patterns
+// (`half_t`) or pairs of them in one 32-bit word (`half2_t`) and every fp16 operation
+// is one line of PTX below. fp16 is only the storage type; math is fp32 unless noted.
+
+typedef unsigned short half_t;   // one IEEE fp16 value (bit pattern)
+typedef unsigned int half2_t;    // two fp16 values: low 16 bits = element 0
+
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float h2f(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ half_t f2h(float f) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float2 half2_to_float2(half2_t v) {
+    return make_float2(h2f((half_t)(v & 0xffffu)), h2f((half_t)(v >> 16)));
+}
+
+__device__ __forceinline__ half2_t float2_to_half2(float lo, float hi) {
+    return (half2_t)f2h(lo) | ((half2_t)f2h(hi) << 16);
+}
+
+// a - b on both halves, exact for the small integers the dequantizers produce.
+__device__ __forceinline__ half2_t hsub2(half2_t a, half2_t b) {
+    half2_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// c += A(16x16, row-major fp16) * B(16x8, col-major fp16), fp32 accumulate (sm_80+).
+// Fragment layout (PTX ISA, mma.m16n8k16): lane = 4*g + t;
+//   a0: A[g][2t..2t+1]    a1: A[g+8][2t..2t+1]   a2: A[g][2t+8..2t+9]   a3: A[g+8][2t+8..2t+9]
+//   b0: B[2t..2t+1][g]    b1: B[2t+8..2t+9][g]
+//   c0,c1: C[g][2t..2t+1] c2,c3: C[g+8][2t..2t+1]
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], half2_t a0, half2_t a1, half2_t a2,
+                                             half2_t a3, half2_t b0, half2_t b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16-byte load that does not keep the line in L1: weights are read exactly once.
+__device__ __forceinline__ uint4 load_streaming_16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 load_streaming_8(const void* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ unsigned load_streaming_4(const void* p) {
+    unsigned v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}

@@ -1,0 +1,168 @@
+"""Quantized GEMV launchers (gemv.cu): W4A16 / W3A16, batch 1..8, fused epilogues.
+
+- :func:`gemv_w4`, :func:`gemv_w3`: ``y = x @ W^T (+ bias) (+ residual)``.
+- :func:`gate_up_silu_w4`, :func:`gate_up_silu_w3`: W = [gate; up] stacked as [2I, K],
+  ``y = silu(x @ Wg^T) * (x @ Wu^T)`` -> [M, I], one launch instead of three.
+
+The launch configuration depends on the weight's shape and the GPU only, never on the batch
+size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from app.kernels import loader
+from app.kernels.checks import (
+    check_multiple, check_optional, check_range, check_tensor, ensure_output, no_overlap,
+)
+from app.kernels.loader import KernelArgumentError
+
+GROUP_SIZE = 128
+MAX_BATCH = 8  # one mma column per batch row
+MAX_WARPS = 16  # keep in sync with gemv.cu
+TILE_ROWS = 16
+SOURCE = "gemv.cu"
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """How a GEMV is split: ``tiles`` 16-row tiles per warp (gate+up tiles when gated),
+    ``warps`` per block (they split K), ``unroll`` groups of 128 loaded per warp at once."""
+
+    tiles: int = 1
+    warps: int = 8
+    unroll: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tiles not in (1, 2, 4):
+            raise KernelArgumentError(f"GemvConfig.tiles={self.tiles} must be 1, 2 or 4")
+        if not 1 <= self.warps <= MAX_WARPS:
+            raise KernelArgumentError(f"GemvConfig.warps={self.warps} must be 1..{MAX_WARPS}")
+        if self.unroll not in (1, 2, 4):
+            raise KernelArgumentError(f"GemvConfig.unroll={self.unroll} must be 1, 2 or 4")
+        if self.tiles * self.unroll > 4:  # 512-thread blocks leave 128 registers per thread
+            raise KernelArgumentError(f"GemvConfig tiles*unroll={self.tiles * self.unroll} > 4 would spill registers")
+
+    def out_rows_per_block(self, gated: bool) -> int:
+        if gated and self.tiles % 2:
+            raise KernelArgumentError(f"GemvConfig.tiles={self.tiles} must be even for the gated kernel")
+        return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
+
+    def name_expression(self, bits: int, gated: bool) -> str:
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}>"
+
+    def grid(self, n_out: int, gated: bool) -> tuple[int]:
+        rows = self.out_rows_per_block(gated)
+        return ((n_out + rows - 1) // rows,)
+
+
+def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvConfig:
+    """A good split for this shape on a GPU with ``sm_count`` SMs (independent of batch).
+
+    From the H200 sweep (docs/KERNELS.md): one tile per warp (gated: one gate + one up
+    tile), no unrolling (fewer registers, more warps resident), and as many warps per block
+    splitting K as it takes to keep enough loads in flight: 4 when there are at least 4 blocks
+    per SM, 8 otherwise, 16 for long K with few blocks. Never more warps than half the
+    number of groups of 128.
+    """
+    tiles = 2 if gated else 1
+    blocks = -(-n_out // TILE_ROWS)
+    groups = k // GROUP_SIZE
+    if blocks >= 4 * sm_count:
+        warps = 4
+    elif groups >= 64 and blocks < 2 * sm_count:
+        warps = 16
+    else:
+        warps = 8
+    return GemvConfig(tiles=tiles, warps=max(1, min(warps, groups // 2)), unroll=1)
+
+
+@dataclass(frozen=True)
+class _Weights:
+    bits: int
+    qa: torch.Tensor  # W4 qweight | W3 qlow
+    qb: torch.Tensor | None  # W3 qhigh
+    scales: torch.Tensor
+    rows: int
+    k: int
+
+
+def _check_w4(qweight: torch.Tensor, scales: torch.Tensor) -> _Weights:
+    loader.require()
+    check_tensor("qweight", qweight, torch.int32, (None, None))
+    rows, k = qweight.shape[0], qweight.shape[1] * 8
+    check_multiple("K (qweight.shape[1] * 8)", k, GROUP_SIZE)
+    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=qweight.device, aligned=False)
+    return _Weights(4, qweight, None, scales, rows, k)
+
+
+def _check_w3(qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor) -> _Weights:
+    loader.require()
+    check_tensor("qlow", qlow, torch.int32, (None, None))
+    rows, k = qlow.shape[0], qlow.shape[1] * 16
+    check_multiple("K (qlow.shape[1] * 16)", k, GROUP_SIZE)
+    check_tensor("qhigh", qhigh, torch.int32, (rows, k // 32), device=qlow.device)
+    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=qlow.device, aligned=False)
+    return _Weights(3, qlow, qhigh, scales, rows, k)
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
+         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None) -> torch.Tensor:
+    dev = w.qa.device
+    check_tensor("x", x, torch.float16, (None, w.k), device=dev)
+    m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
+    if gated:
+        check_multiple("gate/up rows", w.rows, 2)
+    n_out = w.rows // 2 if gated else w.rows
+    bias_ptr = check_optional("bias", bias, torch.float16, (n_out,), device=dev, aligned=False)
+    res_ptr = check_optional("residual", residual, torch.float16, (m, n_out), device=dev, aligned=False)
+    y = ensure_output("out", out, (m, n_out), torch.float16, dev)
+    no_overlap("x", x, "out", y)
+    if residual is not None and residual.data_ptr() != y.data_ptr():
+        no_overlap("residual", residual, "out", y)  # in place (residual is out) is fine
+    cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated))
+    qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
+    args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
+            np.int32(m), np.int32(n_out), np.int32(w.k))
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args)
+    return y
+
+
+def gemv_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+            config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M<=8, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16.
+
+    ``out`` may be ``residual`` itself (in-place residual add).
+    """
+    return _run(_check_w4(qweight, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
+
+
+def gemv_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
+            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+            out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """Like :func:`gemv_w4` for the W3 layout (qlow [N, K/16], qhigh [N, K/32])."""
+    return _run(_check_w3(qlow, qhigh, scales), x, gated=False, bias=bias, residual=residual, out=out,
+                config=config)
+
+
+def gate_up_silu_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *,
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] with W4 [gate; up] of shape [2I, K] -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
+    return _run(_check_w4(qweight, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
+
+
+def gate_up_silu_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """Like :func:`gate_up_silu_w4` for the W3 layout."""
+    return _run(_check_w3(qlow, qhigh, scales), x, gated=True, bias=None, residual=None, out=out,
+                config=config)

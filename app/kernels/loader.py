@@ -1,0 +1,158 @@
+"""The one place that finds, compiles and launches the CUDA kernels.
+
+The ``.cu`` files beside this module are the source of truth. Each is compiled at run time
+with NVRTC through CuPy (``cupy-cuda12x`` or ``cupy-cuda13x``), with ``common.cu`` prepended,
+for the GPU's own architecture (CuPy adds ``--gpu-architecture=sm_XY`` for the current
+device), one template instance at a time on first use. CuPy caches the cubins on disk
+(``~/.cupy/kernel_cache`` or ``CUPY_CACHE_DIR``), keyed by the full source, options,
+architecture, NVRTC version and instance name, so an edited kernel is rebuilt and an
+unchanged one loads in milliseconds.
+
+Kernels launch on PyTorch's current stream with raw ``data_ptr()`` arguments, so they
+order correctly with torch ops and can be captured in a ``torch.cuda.CUDAGraph``.
+
+Importing this module never fails on a machine without CUDA or CuPy: :func:`available`
+is False and :func:`unavailable_reason` says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+from app.errors import QwenTrayError
+
+KERNEL_DIR = Path(__file__).resolve().parent
+COMMON_SOURCE = "common.cu"
+# CuPy itself adds -arch=sm_XY for the device (and -ftz=true); -default-device lets the
+# helpers in common.cu be plain functions.
+COMPILE_OPTIONS = ("-std=c++17", "-default-device")
+MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync.m16n8k16 with fp32 accumulation, cvt.rn.f16x2
+
+
+class KernelError(QwenTrayError):
+    """Base class of the kernel layer's errors."""
+
+
+class KernelUnavailableError(KernelError):
+    """No usable CUDA device, or CuPy is missing (the message says which)."""
+
+
+class KernelCompileError(KernelError):
+    """NVRTC rejected a kernel source (the message names the file and instance)."""
+
+
+class KernelArgumentError(KernelError, ValueError):
+    """A tensor passed to a kernel has the wrong dtype, shape, device or layout."""
+
+
+@functools.lru_cache(maxsize=None)
+def _probe() -> str | None:
+    """None when the kernels can run here, else the reason they cannot."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a hard dependency
+        return f"PyTorch is not importable: {e}"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA device (CPU-only build, no NVIDIA GPU or no driver)"
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_COMPUTE_CAPABILITY:
+        return (f"GPU {torch.cuda.get_device_name()} has compute capability "
+                f"{capability[0]}.{capability[1]}; the kernels need 8.0 or newer (RTX 30xx / A100 and up)")
+    try:
+        import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e}); install qwen-tray[cuda12] or qwen-tray[cuda13]"
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CuPy raises its own CUDARuntimeError types; any of them means no GPU
+        return f"CuPy cannot use the GPU: {e}"
+    return None
+
+
+def available() -> bool:
+    """True when a CUDA GPU (SM80+) and CuPy are usable in this process."""
+    return _probe() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here, or None when they can."""
+    return _probe()
+
+
+def require() -> None:
+    """Raise :class:`KernelUnavailableError` unless the kernels can run here."""
+    reason = _probe()
+    if reason is not None:
+        raise KernelUnavailableError(f"CUDA kernels unavailable: {reason}")
+
+
+def kernel_source(filename: str) -> str:
+    """``common.cu`` followed by ``filename``: the exact text NVRTC compiles."""
+    parts = []
+    for name in (COMMON_SOURCE, filename):
+        path = KERNEL_DIR / name
+        if not path.is_file():
+            raise KernelCompileError(f"kernel source {path} is missing (broken installation?)")
+        parts.append(f'#line 1 "{name}"\n' + path.read_text(encoding="utf-8"))
+    return "\n".join(parts)
+
+
+_compile_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(filename: str, name_expression: str, device_index: int):
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=kernel_source(filename), options=COMPILE_OPTIONS,
+                                name_expressions=(name_expression,))
+        try:
+            return module.get_function(name_expression)
+        except cupy.cuda.compiler.CompileException as e:
+            raise KernelCompileError(f"NVRTC failed on {filename} ({name_expression}): {e}") from e
+
+
+def get_kernel(filename: str, name_expression: str):
+    """The compiled kernel ``name_expression`` (e.g. ``"gemv_kernel<4, 2, false, 2>"``)."""
+    require()
+    import torch
+
+    device_index = torch.cuda.current_device()
+    with _compile_lock:  # NVRTC and the CuPy cache are shared by every thread
+        return _compiled(filename, name_expression, device_index)
+
+
+_streams: dict[int, object] = {}
+
+
+def _cupy_stream(torch_stream):
+    """A CuPy view of a torch stream (cached per handle: the wrapper costs microseconds)."""
+    handle = torch_stream.cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        import cupy
+
+        if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
+            stream = cupy.cuda.Stream.from_external(torch_stream)
+        else:  # CuPy 13 or a torch without the CUDA stream protocol
+            stream = cupy.cuda.ExternalStream(handle, torch_stream.device.index)
+        _streams[handle] = stream
+    return stream
+
+
+def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
+    """Launch ``kernel`` on PyTorch's current stream (graph-capturable).
+
+    ``args`` must already have the kernel's C types: ``numpy.int32`` / ``numpy.float32``
+    for scalars, Python ints (``data_ptr()``, 0 for null) for pointers.
+    """
+    import torch
+
+    if any(d < 1 for d in grid) or any(d < 1 for d in block):
+        raise KernelArgumentError(f"empty launch grid={grid} block={block}")
+    stream = _cupy_stream(torch.cuda.current_stream())
+    with stream:
+        kernel(grid, block, args, shared_mem=shared_mem)

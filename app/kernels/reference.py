@@ -1,0 +1,113 @@
+"""Plain-PyTorch references of every CUDA kernel: the CPU path, and the oracle of the GPU tests.
+
+Each function computes what its kernel computes, with the same fp16 rounding points (the
+kernels differ only in fp32 summation order). They run on any device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from app.quant.w3 import dequantize_w3
+from app.quant.w4 import dequantize_w4
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """fp16(x @ W^T + bias) in fp32, then fp16(y + residual): the unfused PyTorch rounding."""
+    y = x.float() @ weight.float().T  # [M, N]
+    if bias is not None:
+        y = y + bias.float()
+    y = y.half()
+    if residual is not None:
+        y = (y.float() + residual.float()).half()
+    return y
+
+
+def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """weight = [gate; up] [2I, K]: fp16(silu(fp16(x Wg^T))) * fp16(x Wu^T) -> [M, I] fp16."""
+    gate_up = (x.float() @ weight.float().T).half()  # [M, 2I]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (F.silu(gate.float()).half().float() * up.float()).half()
+
+
+def gemv_w4_ref(x, qweight, scales, bias=None, residual=None) -> torch.Tensor:
+    return linear_ref(x, dequantize_w4(qweight, scales, torch.float32), bias, residual)
+
+
+def gemv_w3_ref(x, qlow, qhigh, scales, bias=None, residual=None) -> torch.Tensor:
+    return linear_ref(x, dequantize_w3(qlow, qhigh, scales, torch.float32), bias, residual)
+
+
+def gate_up_silu_w4_ref(x, qweight, scales) -> torch.Tensor:
+    return gate_up_silu_ref(x, dequantize_w4(qweight, scales, torch.float32))
+
+
+def gate_up_silu_w3_ref(x, qlow, qhigh, scales) -> torch.Tensor:
+    return gate_up_silu_ref(x, dequantize_w3(qlow, qhigh, scales, torch.float32))
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """HF's RMSNorm rounding: fp16(w * fp16(h * rsqrt(mean(h^2) + eps))); h = fp16(x + residual).
+
+    Returns y, or (y, h) when ``residual`` is given.
+    """
+    h = x if residual is None else (x.float() + residual.float()).half()
+    hf = h.float()
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).half()
+    y = (normed.float() * weight.float()).half()
+    return y if residual is None else (y, h)
+
+
+def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [T, heads, D] with per-token angles cos/sin [T, D/2], fp32 math."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[:, None, :].float(), sin[:, None, :].float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).half()
+
+
+def rope_kv_write_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                      slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                      num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """Reference of ``rope_kv_write``: returns rotated q [T, Hq, D], writes k/v into the caches."""
+    tokens = qkv.shape[0]
+    head_dim = qkv.shape[1] // (num_q_heads + 2 * num_kv_heads)
+    q, k, v = qkv.view(tokens, -1, head_dim).split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    pos, slot = positions.long(), slots.long()
+    in_table = (pos >= 0) & (pos < cos.shape[0])
+    angles = pos.clamp(0, cos.shape[0] - 1)
+    c, s = cos[angles, : head_dim // 2], sin[angles, : head_dim // 2]  # [T, D/2]
+    q_rot = rotate_ref(q, c, s)
+    q_rot[~in_table] = 0  # the kernel leaves those rows unwritten; zero them here
+    in_cache = (pos >= 0) & (pos < k_cache.shape[2]) & (slot >= 0) & (slot < k_cache.shape[0])
+    keep_k = in_cache & in_table
+    k_rot = rotate_ref(k, c, s)
+    k_cache[slot[keep_k], :, pos[keep_k]] = k_rot[keep_k]  # [n, Hkv, D]
+    v_cache[slot[in_cache], :, pos[in_cache]] = v[in_cache]
+    return q_rot
+
+
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                         slots: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """softmax(q K^T * scale) V over positions 0..len-1 of each sequence's slot, fp32 math.
+
+    q [B, Hq, D]; caches [S, Hkv, L, D]. Returns [B, Hq, D] in q's dtype (zeros for len 0).
+    """
+    batch, hq, head_dim = q.shape
+    num_slots, hkv, max_len, _ = k_cache.shape
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        slot, n = int(slots[b]), min(int(seq_lens[b]), max_len)
+        if n <= 0 or not 0 <= slot < num_slots:
+            continue
+        keys = k_cache[slot, :, :n].float()  # [Hkv, n, D]
+        values = v_cache[slot, :, :n].float()
+        qg = q[b].float().view(hkv, hq // hkv, head_dim)  # [Hkv, G, D]: heads of a kv group together
+        probs = torch.softmax(qg @ keys.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, n]
+        out[b] = (probs @ values).reshape(hq, head_dim).to(q.dtype)
+    return out

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Kernel micro-benchmarks (llm.c dev/cuda style): time, GB/s and fraction of copy bandwidth.
+
+For each kernel on real Qwen2.5-3B / 7B shapes: median time per launch from CUDA events,
+plain (back-to-back eager launches, Python launch cost included) and graph-replayed (the
+launch gaps stripped), rotating over enough weight copies that nothing is served from L2.
+Peers in the same run: torch fp16 matmul (cuBLAS) and torch's int4 tinygemm
+(``_weight_int4pack_mm``, group 128) on the same shapes, and whole linear-layer stacks.
+
+    python3 benchmarks/bench_kernels.py [--quick] [--commit SHA] [--out docs/results/kernels_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app.kernels import (  # noqa: E402
+    DecodeAttentionWorkspace, GemvConfig, decode_attention, default_gemv_config, default_num_splits,
+    gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, rms_norm, rope_kv_write,
+)
+
+DEV = "cuda"
+ROTATE_BYTES = 512 << 20  # > 8x the H200's 60 MB L2: every launch reads its weights from DRAM
+MODELS = {  # hidden, intermediate, q heads, kv heads, head_dim, layers, vocab, mlp/head bits
+    "3b_w4": dict(hidden=2048, inter=11008, hq=16, hkv=2, d=128, layers=36, vocab=151936, mlp_bits=4, head_bits=4),
+    "7b_mixed": dict(hidden=3584, inter=18944, hq=28, hkv=4, d=128, layers=28, vocab=152064, mlp_bits=3, head_bits=3),
+}
+
+
+def time_us(fn, *, graph: bool, launches: int = 20, trials: int = 25) -> float:
+    """Median microseconds per call of fn(i) over `trials` timed batches of `launches` calls."""
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(0)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(g):
+            for i in range(launches):
+                fn(i)
+        run = g.replay
+    else:
+        def run():
+            for i in range(launches):
+                fn(i)
+    samples = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / launches)
+    return statistics.median(samples)
+
+
+def copy_bandwidth_gbps() -> float:
+    src = torch.randn(1 << 28, device=DEV)  # 1 GiB
+    dst = torch.empty_like(src)
+    us = time_us(lambda i: dst.copy_(src), graph=False, launches=5, trials=10)
+    return 2 * src.numel() * 4 / us / 1e3
+
+
+def rand_weights(bits: int, n: int, k: int, copies: int) -> list[tuple[torch.Tensor, ...]]:
+    out = []
+    for _ in range(copies):
+        scales = (torch.rand(n, k // 128, device=DEV) * 0.01 + 0.002).half()
+        words = lambda c: torch.randint(-2**31, 2**31 - 1, (n, k // c), dtype=torch.int32, device=DEV)  # noqa: E731
+        out.append((words(8), scales) if bits == 4 else (words(16), words(32), scales))
+    return out
+
+
+def weight_bytes(bits: int, n: int, k: int) -> int:
+    return n * k * bits // 8 + n * (k // 128) * 2
+
+
+def n_copies(nbytes: int) -> int:
+    return max(2, min(64, -(-ROTATE_BYTES // nbytes)))
+
+
+def gemv_cases(model: str) -> list[tuple[str, int, int, int, bool]]:
+    """(name, bits, N (rows of W), K, gated) for one layer of `model` and its lm_head."""
+    c = MODELS[model]
+    q_rows = (c["hq"] + 2 * c["hkv"]) * c["d"]
+    return [(f"{model}.qkv", 4, q_rows, c["hidden"], False), (f"{model}.o", 4, c["hidden"], c["hq"] * c["d"], False),
+            (f"{model}.gate_up", c["mlp_bits"], 2 * c["inter"], c["hidden"], True),
+            (f"{model}.down", c["mlp_bits"], c["hidden"], c["inter"], False),
+            (f"{model}.lm_head", c["head_bits"], c["vocab"], c["hidden"], False)]
+
+
+def gemv_fn(bits, gated, ws, x, config=None):
+    op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}[bits, gated]
+    n_out = ws[0][0].shape[0] // (2 if gated else 1)
+    out = torch.empty(x.shape[0], n_out, dtype=torch.float16, device=DEV)
+    return lambda i: op(x, *ws[i % len(ws)], out=out, config=config)
+
+
+def bench_gemv(copy_gbps: float, quick: bool, sms: int) -> tuple[list, list]:
+    rows, sweep = [], []
+    for model in MODELS:
+        for name, bits, n, k, gated in gemv_cases(model):
+            nbytes = weight_bytes(bits, n, k)
+            ws = rand_weights(bits, n, k, n_copies(nbytes))
+            n_out = n // 2 if gated else n
+            default = default_gemv_config(n_out, k, gated, sms)
+            for m in (1, 4, 8):
+                x = torch.randn(m, k, device=DEV).half()
+                fn = gemv_fn(bits, gated, ws, x)
+                us_g, us_e = time_us(fn, graph=True), time_us(fn, graph=False)
+                gbps = nbytes / us_g / 1e3
+                rows.append(dict(shape=name, bits=bits, n=n, k=k, m=m, config=vars_of(default), us_graph=us_g,
+                                 us_eager=us_e, gbps=gbps, frac_copy=gbps / copy_gbps))
+            if quick:
+                continue
+            x = torch.randn(1, k, device=DEV).half()
+            for cfg in sweep_configs(gated):
+                us = time_us(gemv_fn(bits, gated, ws, x, cfg), graph=True)
+                sweep.append(dict(shape=name, bits=bits, m=1, config=vars_of(cfg), us_graph=us,
+                                  gbps=nbytes / us / 1e3, is_default=cfg == default))
+            del ws
+            torch.cuda.empty_cache()
+    return rows, sweep
+
+
+def sweep_configs(gated: bool) -> list[GemvConfig]:
+    out = []
+    for tiles in ((2, 4) if gated else (1, 2, 4)):
+        for warps in (4, 8, 16):
+            for unroll in (1, 2):
+                if tiles * unroll <= 4:
+                    out.append(GemvConfig(tiles=tiles, warps=warps, unroll=unroll))
+    return out
+
+
+def vars_of(cfg: GemvConfig) -> dict:
+    return dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll)
+
+
+def bench_peers(copy_gbps: float) -> list:
+    rows = []
+    for model in MODELS:
+        for name, _, n, k, _gated in gemv_cases(model):
+            copies = n_copies(n * k * 2)
+            x = torch.randn(1, k, device=DEV).half()
+            w16 = [torch.randn(n, k, device=DEV).half() for _ in range(copies)]
+            us = time_us(lambda i: torch.matmul(x, w16[i % copies].T), graph=True)
+            rows.append(dict(shape=name, peer="torch_fp16_cublas", us_graph=us, gbps=n * k * 2 / us / 1e3,
+                             frac_copy=n * k * 2 / us / 1e3 / copy_gbps))
+            del w16
+            rows.append(int4_peer(name, n, k, copy_gbps))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def int4_peer(name: str, n: int, k: int, copy_gbps: float) -> dict:
+    try:
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, device=DEV)
+        try:  # torch >= 2.5 takes two nibbles per uint8
+            packed = torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+        except RuntimeError:
+            packed = torch.ops.aten._convert_weight_to_int4pack(q, 8)
+        del q
+        nbytes = n * k // 2 + n * (k // 128) * 4
+        copies = n_copies(nbytes)
+        packs = [packed] + [packed.clone() for _ in range(copies - 1)]
+        sz = torch.rand(k // 128, n, 2, device=DEV).to(torch.bfloat16)
+        x = torch.randn(1, k, device=DEV).to(torch.bfloat16)
+        us = time_us(lambda i: torch.ops.aten._weight_int4pack_mm(x, packs[i % copies], 128, sz), graph=True)
+        return dict(shape=name, peer="torch_int4pack_mm_g128", us_graph=us, gbps=nbytes / us / 1e3,
+                    frac_copy=nbytes / us / 1e3 / copy_gbps)
+    except (RuntimeError, NotImplementedError) as e:
+        return dict(shape=name, peer="torch_int4pack_mm_g128", error=str(e).splitlines()[0][:200])
+
+
+def bench_small_ops(copy_gbps: float, sms: int) -> list:
+    rows = []
+    for model, c in MODELS.items():
+        h, d, hq, hkv = c["hidden"], c["d"], c["hq"], c["hkv"]
+        for m in (1, 4):
+            xs = [torch.randn(m, h, device=DEV).half() for _ in range(8)]
+            w = torch.rand(h, device=DEV).half()
+            res = torch.randn(m, h, device=DEV).half()
+            us = time_us(lambda i: rms_norm(xs[i % 8], w, 1e-6, residual=res, residual_out=res), graph=True)
+            rows.append(dict(op="rms_norm+residual", model=model, m=m, us_graph=us))
+            qkv = torch.randn(m, (hq + 2 * hkv) * d, device=DEV).half()
+            cos = torch.rand(4096, d, device=DEV)
+            kc = torch.zeros(m, hkv, 4096, d, device=DEV).half()
+            vc = torch.zeros_like(kc)
+            pos = torch.arange(m, dtype=torch.int32, device=DEV) * 7
+            slots = torch.arange(m, dtype=torch.int32, device=DEV)
+            us = time_us(lambda i: rope_kv_write(qkv, cos, cos, pos, slots, kc, vc, num_q_heads=hq, num_kv_heads=hkv),
+                         graph=True)
+            rows.append(dict(op="rope_kv_write", model=model, m=m, us_graph=us))
+        for ctx in (1024, 4096, 32768):
+            for batch in (1, 4):
+                kc = torch.randn(batch, hkv, ctx, d, device=DEV).half()
+                vc = torch.randn_like(kc)
+                q = torch.randn(batch, hq, d, device=DEV).half()
+                lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+                slots = torch.arange(batch, dtype=torch.int32, device=DEV)
+                ws = DecodeAttentionWorkspace.allocate(batch, hq, d, default_num_splits(hkv, ctx, sms), DEV)
+                us = time_us(lambda i: decode_attention(q, kc, vc, lens, slots, workspace=ws), graph=True)
+                nbytes = 2 * kc.numel() * 2
+                rows.append(dict(op="decode_attention", model=model, ctx=ctx, batch=batch, splits=ws.num_splits,
+                                 us_graph=us, gbps=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbps))
+                del kc, vc
+    return rows
+
+
+def bench_linear_stack(model: str, copy_gbps: float) -> dict:
+    """Graph of every linear layer of one decode step (distinct weights per layer), batch 1."""
+    c = MODELS[model]
+    layers = []
+    total = 0
+    for _ in range(c["layers"]):
+        layer = []
+        for _name, bits, n, k, gated in gemv_cases(model)[:4]:
+            (w,) = rand_weights(bits, n, k, 1)
+            layer.append((bits, gated, w, n // 2 if gated else n))
+            total += weight_bytes(bits, n, k)
+        layers.append(layer)
+    _name, hbits, hn, hk, _ = gemv_cases(model)[4]
+    (head,) = rand_weights(hbits, hn, hk, 1)
+    total += weight_bytes(hbits, hn, hk)
+    x = torch.randn(1, c["hidden"], device=DEV).half()
+    xi = torch.randn(1, c["inter"], device=DEV).half()
+    ops = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
+
+    inputs = (x, x, x, xi)  # qkv, o (hq * d == hidden for Qwen), gate_up, down
+
+    def step(_i):
+        for layer in layers:
+            for inp, (bits, gated, w, _n) in zip(inputs, layer):
+                ops[bits, gated](inp, *w)
+        ops[hbits, False](x, *head)
+
+    us = time_us(step, graph=True, launches=1, trials=20)
+    return dict(model=model, bytes=total, us_graph=us, tokens_per_s=1e6 / us, gbps=total / us / 1e3,
+                frac_copy=total / us / 1e3 / copy_gbps, kernels=4 * c["layers"] + 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the config sweep")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/kernels_h200.json")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    copy = copy_bandwidth_gbps()
+    print(f"{props.name}, {props.multi_processor_count} SMs, copy {copy:.0f} GB/s", flush=True)
+    gemv_rows, sweep = bench_gemv(copy, args.quick, props.multi_processor_count)
+    peers = bench_peers(copy)
+    small = bench_small_ops(copy, props.multi_processor_count)
+    stacks = [bench_linear_stack(m, copy) for m in MODELS]
+    result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.datetime.now(dt.timezone.utc).isoformat(),
+                  git_commit=args.commit, torch=torch.__version__, cupy=_cupy_version(), copy_gbps=copy,
+                  gemv=gemv_rows, gemv_sweep=sweep, peers=peers, small_ops=small, linear_stacks=stacks)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+
+
+def _cupy_version() -> str:
+    import cupy
+
+    return cupy.__version__
+
+
+def print_table(r: dict) -> None:
+    peer = {(p["shape"], p["peer"]): p for p in r["peers"]}
+    print(f"\n{'shape':18} {'b':>1} {'M':>1} {'graph us':>9} {'eager us':>9} {'GB/s':>6} {'copy%':>5}"
+          f" | {'fp16 us':>8} {'int4 us':>8}")
+    for g in r["gemv"]:
+        fp16 = peer.get((g["shape"], "torch_fp16_cublas"), {}).get("us_graph", float("nan"))
+        i4 = peer.get((g["shape"], "torch_int4pack_mm_g128"), {}).get("us_graph", float("nan"))
+        print(f"{g['shape']:18} {g['bits']:>1} {g['m']:>1} {g['us_graph']:9.2f} {g['us_eager']:9.2f} {g['gbps']:6.0f}"
+              f" {100 * g['frac_copy']:5.1f} | {fp16 if g['m'] == 1 else float('nan'):8.2f}"
+              f" {i4 if g['m'] == 1 else float('nan'):8.2f}")
+    best = {}
+    for s in r["gemv_sweep"]:
+        if s["shape"] not in best or s["us_graph"] < best[s["shape"]]["us_graph"]:
+            best[s["shape"]] = s
+    for shape, s in best.items():
+        print(f"sweep best {shape:18} {s['config']} {s['us_graph']:.2f} us {s['gbps']:.0f} GB/s")
+    for o in r["small_ops"]:
+        extra = f" ctx={o['ctx']} B={o['batch']} {o['gbps']:.0f} GB/s" if "ctx" in o else f" M={o['m']}"
+        print(f"{o['op']:18} {o['model']:8}{extra} {o['us_graph']:.2f} us")
+    for s in r["linear_stacks"]:
+        print(f"linear stack {s['model']}: {s['us_graph']:.0f} us/token = {s['tokens_per_s']:.0f} tok/s, "
+              f"{s['gbps']:.0f} GB/s ({100 * s['frac_copy']:.0f}% of copy), {s['kernels']} kernels")
+    print(f"copy bandwidth {r['copy_gbps']:.0f} GB/s on {r['gpu']}")
+
+
+if __name__ == "__main__":
+    main()
