@@ -147,7 +147,7 @@ def test_kv_cache_refuses_positions_past_its_end(engine):
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(top_k=-2),
-                                 dict(stop=("",)), dict(presence_penalty=3)])
+                                 dict(stop=("",)), dict(presence_penalty=3), dict(seed=2**64)])
 def test_invalid_sampling_params_name_the_parameter(bad):
     with pytest.raises(InvalidParameterError) as info:
         SamplingParams(**bad)

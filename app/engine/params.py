@@ -53,7 +53,8 @@ class SamplingParams:
                "presence_penalty", "must be between -2 and 2")
         _check(_finite(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
                "frequency_penalty", "must be between -2 and 2")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
+        _check(self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
+               "seed", "must be an integer that fits in 64 bits")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings")
         for s in self.stop:
             _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH, "stop",

@@ -19,7 +19,8 @@ class RequestSampler:
         self.params = params
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.generator.manual_seed(seed % 2**63)  # negative seeds are fine too
         self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
 
