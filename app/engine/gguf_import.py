@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from app.engine.gguf_tokenizer import GGUFVocab, build_tokenizer, build_tokenizer_config
+from app.engine.gguf_tokenizer import GGUFVocab, build_tokenizer, build_tokenizer_config, read_vocab
 from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
 
 STARTER_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -59,7 +59,7 @@ class _GGUFFile:
         self.path = path
         try:
             self.reader = GGUFReader(path)
-        except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as exc:
+        except (ValueError, KeyError, IndexError, OSError) as exc:
             # GGUFReader reports bad magic, truncation and garbage offsets with these.
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
 
@@ -83,7 +83,13 @@ class _GGUFFile:
             return None
         if field.types != [GGUFValueType.STRING]:
             raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not a string")
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
+        return self._decode(key, field.parts[field.data[0]])
+
+    def _decode(self, key: str, raw) -> str:
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not valid UTF-8") from exc
 
     def array(self, key: str, *, required: bool = True) -> list:
         field = self._field(key, required)
@@ -92,7 +98,7 @@ class _GGUFFile:
         if len(field.types) != 2 or field.types[0] != GGUFValueType.ARRAY:
             raise ModelLoadError(f"{self.path}: GGUF metadata key {key!r} is not an array")
         if field.types[1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+            return [self._decode(key, field.parts[i]) for i in field.data]
         return [field.parts[i][0].item() for i in field.data]
 
 
@@ -156,29 +162,6 @@ def _read_hyperparams(gguf: _GGUFFile, vocab_len: int) -> LlamaHyperparams:
         max_position_embeddings=int(gguf.number("llama.context_length")),
         rope_theta=as_decimal("llama.rope.freq_base", 10000.0),
         rms_norm_eps=as_decimal("llama.attention.layer_norm_rms_epsilon"),
-    )
-
-
-def _read_vocab(gguf: _GGUFFile) -> GGUFVocab:
-    def optional_id(key: str) -> int | None:
-        value = gguf.number(key, required=False)
-        return None if value is None else int(value)
-
-    return GGUFVocab(
-        source=str(gguf.path),
-        model=gguf.string("tokenizer.ggml.model"),
-        pre=gguf.string("tokenizer.ggml.pre", required=False) or "default",
-        tokens=gguf.array("tokenizer.ggml.tokens"),
-        token_types=[int(t) for t in gguf.array("tokenizer.ggml.token_type")],
-        merges=gguf.array("tokenizer.ggml.merges"),
-        bos_id=optional_id("tokenizer.ggml.bos_token_id"),
-        eos_id=optional_id("tokenizer.ggml.eos_token_id"),
-        unk_id=optional_id("tokenizer.ggml.unknown_token_id"),
-        pad_id=optional_id("tokenizer.ggml.padding_token_id"),
-        # llama.cpp adds BOS for BPE vocabularies unless the file says otherwise.
-        add_bos=bool(gguf.number("tokenizer.ggml.add_bos_token", True)),
-        add_eos=bool(gguf.number("tokenizer.ggml.add_eos_token", False)),
-        chat_template=gguf.string("tokenizer.chat_template", required=False),
     )
 
 
@@ -248,7 +231,7 @@ def _hf_name(gguf_name: str, num_layers: int) -> str | None:
 def _plan_tensors(gguf: _GGUFFile, hp: LlamaHyperparams) -> list[_TensorPlan]:
     """Map every GGUF tensor to its HF name and check shape, type and byte size before writing."""
     expected = _expected_shapes(hp)
-    plans = []
+    plans, dequantizable = [], set()
     for tensor in gguf.reader.tensors:
         hf_name = _hf_name(tensor.name, hp.num_hidden_layers)
         if hf_name is None:
@@ -258,7 +241,7 @@ def _plan_tensors(gguf: _GGUFFile, hp: LlamaHyperparams) -> list[_TensorPlan]:
         if shape != expected[hf_name]:
             raise ModelLoadError(f"{gguf.path}: tensor {tensor.name!r} has shape {list(shape)}, "
                                  f"config says {list(expected[hf_name])}")
-        _check_tensor_bytes(gguf.path, tensor)
+        _check_tensor_data(gguf.path, tensor, dequantizable)
         # "blk.3.attn_q.weight" -> "attn_q.weight"; only q and k rows were permuted for rope.
         rope_heads = {"attn_q.weight": hp.num_attention_heads,
                       "attn_k.weight": hp.num_key_value_heads}.get(tensor.name.split(".", 2)[-1], 0)
@@ -269,14 +252,21 @@ def _plan_tensors(gguf: _GGUFFile, hp: LlamaHyperparams) -> list[_TensorPlan]:
     return plans
 
 
-def _check_tensor_bytes(path: Path, tensor) -> None:
+def _check_tensor_data(path: Path, tensor, dequantizable: set) -> None:
+    """Size and type checks, so a bad file fails before anything is written."""
     qtype = GGMLQuantizationType(tensor.tensor_type)
-    if qtype not in GGML_QUANT_SIZES:
-        raise UnsupportedModelError(f"{path}: tensor {tensor.name!r} has unsupported type {qtype.name}")
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     n_elements = int(np.prod(tensor.shape.tolist()))
     if n_elements % block_size or tensor.data.nbytes != n_elements // block_size * type_size:
         raise ModelLoadError(f"{path}: tensor {tensor.name!r} data is truncated or corrupt")
+    if qtype in dequantizable:
+        return
+    try:  # the gguf package has no "is supported" query: dequantize one row to find out
+        dequantize(tensor.data[:1] if tensor.data.ndim > 1 else tensor.data, qtype)
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{path}: tensor {tensor.name!r} has type {qtype.name}, which the "
+                                    f"installed gguf package cannot dequantize") from exc
+    dequantizable.add(qtype)
 
 
 def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -293,20 +283,16 @@ def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _dequantized_fp16(path: Path, plan: _TensorPlan) -> np.ndarray:
     tensor = plan.source
-    try:
-        weight = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
-    except NotImplementedError as exc:
-        raise UnsupportedModelError(f"{path}: tensor {tensor.name!r} has type "
-                                    f"{GGMLQuantizationType(tensor.tensor_type).name}, which the installed "
-                                    f"gguf package cannot dequantize") from exc
+    weight = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
     weight = np.asarray(weight, dtype=np.float32).reshape(plan.hf_shape)
     if plan.rope_heads:
         weight = _unpermute_rope_rows(weight, plan.rope_heads)
     if not np.isfinite(weight).all() or np.abs(weight).max(initial=0.0) > np.finfo(np.float16).max:
         raise ModelLoadError(f"{path}: tensor {tensor.name!r} has values that do not fit float16")
-    # float16: every value here is a small integer times a float16 scale (plus a float16 offset),
-    # so fp16 keeps it to within 2^-11 relative -- far below the 4/8-bit quantization step --
-    # and halves the folder and the engine's load time versus float32. bfloat16 would lose 3 bits.
+    # float16, not float32 or bfloat16: a dequantized weight is a small integer times a float16
+    # scale (plus a float16 min for Q4_1/Q5_1), so one rounding to fp16 moves it by at most
+    # 2^-11 relative -- far below the 4/8-bit quantization step -- while halving the folder and
+    # load time versus float32; bfloat16 would keep only 8 mantissa bits. Range is checked above.
     return weight.astype("<f2")
 
 
@@ -376,7 +362,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _write_folder(folder: Path, gguf: _GGUFFile, progress: ProgressFn | None) -> None:
-    vocab = _read_vocab(gguf)
+    vocab = read_vocab(gguf)
     hp = _read_hyperparams(gguf, len(vocab.tokens))
     if hp.vocab_size != len(vocab.tokens):
         raise ModelLoadError(f"{gguf.path}: llama.vocab_size {hp.vocab_size} differs from "
@@ -408,6 +394,7 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it owner-only; a model folder is ordinary data
         _write_folder(staging, gguf, progress)
         _move_into_place(staging, out_dir)
     except BaseException:  # also Ctrl+C: never leave a half-written folder behind

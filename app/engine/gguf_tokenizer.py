@@ -8,6 +8,7 @@ does for the file's ``tokenizer.ggml.pre`` value, so token counts match llama.cp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -15,7 +16,6 @@ from app.errors import UnsupportedModelError
 
 # llama.cpp's token types (gguf.TokenType); CONTROL tokens are special, USER_DEFINED are
 # matched whole in text but are not special.
-TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 
@@ -76,6 +76,40 @@ class GGUFVocab:
             return self.tokens.index(text)
         except ValueError:
             return None
+
+
+class MetadataSource(Protocol):
+    """Typed GGUF metadata getters that raise ModelLoadError naming the file and key."""
+
+    path: object
+
+    def number(self, key: str, default: float | None = None, *, required: bool = True): ...
+    def string(self, key: str, *, required: bool = True) -> str | None: ...
+    def array(self, key: str, *, required: bool = True) -> list: ...
+
+
+def read_vocab(gguf: MetadataSource) -> GGUFVocab:
+    """The tokenizer.* metadata of a GGUF file (see gguf_import._GGUFFile)."""
+    def optional_id(key: str) -> int | None:
+        value = gguf.number(key, required=False)
+        return None if value is None else int(value)
+
+    return GGUFVocab(
+        source=str(gguf.path),
+        model=gguf.string("tokenizer.ggml.model"),
+        pre=gguf.string("tokenizer.ggml.pre", required=False) or "default",
+        tokens=gguf.array("tokenizer.ggml.tokens"),
+        token_types=[int(t) for t in gguf.array("tokenizer.ggml.token_type")],
+        merges=gguf.array("tokenizer.ggml.merges"),
+        bos_id=optional_id("tokenizer.ggml.bos_token_id"),
+        eos_id=optional_id("tokenizer.ggml.eos_token_id"),
+        unk_id=optional_id("tokenizer.ggml.unknown_token_id"),
+        pad_id=optional_id("tokenizer.ggml.padding_token_id"),
+        # llama.cpp adds BOS for BPE vocabularies unless the file says otherwise.
+        add_bos=bool(gguf.number("tokenizer.ggml.add_bos_token", True)),
+        add_eos=bool(gguf.number("tokenizer.ggml.add_eos_token", False)),
+        chat_template=gguf.string("tokenizer.chat_template", required=False),
+    )
 
 
 def build_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
