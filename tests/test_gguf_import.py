@@ -8,7 +8,6 @@ independent re-implementation of llama.cpp's pre-tokenizer regexes, and the mode
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -145,29 +144,6 @@ def test_weights_equal_gguf_dequantize_unpermuted(starter_gguf, converted_tensor
 # tests below compare against the same loader in well under a second. Measured when written:
 # all 272 tensors equal, logits within 0.031 (of ~38), same argmax at every position.
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("QWEN_TRAY_SLOW_TESTS") != "1", reason="set QWEN_TRAY_SLOW_TESTS=1")
-def test_weights_and_logits_match_transformers_gguf_loader(starter_model_dir: Path, converted_tensors):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    gguf_file = find_starter_gguf()
-    reference = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
-                                                     dtype=torch.float32).eval()
-    ref_state = reference.state_dict()
-    for name, ours in converted_tensors.items():  # all 272 tensors, q/k rows included
-        assert torch.equal(ours, ref_state[name].to(torch.float16)), name
-
-    ours_model = LlamaForCausalLM.from_pretrained(starter_model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(starter_model_dir)
-    ids = torch.tensor([tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=True)["input_ids"]])
-    with torch.no_grad():
-        ours_logits, ref_logits = ours_model(ids).logits, reference(ids).logits
-    # Only fp16 weight rounding separates the two (measured 0.03 of logits ~38); a wrong q/k
-    # row order or rope theta moves logits by tens.
-    assert (ours_logits - ref_logits).abs().max() < 0.2
-    assert torch.equal(ours_logits.argmax(-1), ref_logits.argmax(-1))
-
-
 def test_tokenizer_ids_are_the_gguf_token_list(starter_gguf, starter_model_dir: Path):
     field = starter_gguf.fields["tokenizer.ggml.tokens"]
     gguf_tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]

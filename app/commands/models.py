@@ -54,7 +54,7 @@ def run_add_starter(args: argparse.Namespace) -> int:
                 bar.n = done
                 bar.refresh()
 
-            convert_gguf_to_hf(find_starter_gguf(), out, progress=progress)
+            convert_gguf_to_hf(find_starter_gguf(), out, progress=progress, overwrite=args.force)
     settings = load_settings()
     settings.add_model(STARTER_MODEL_NAME, out)
     save_settings(settings)
