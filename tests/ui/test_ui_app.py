@@ -9,7 +9,8 @@ from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.ui.actions import load_user_actions
 from app.ui.app import TrayApp
-from app.ui.models import STARTER_NAME, ModelEntry
+from app.settings import load_settings
+from app.ui.models import STARTER_NAME, ModelEntry, save_local_models
 from app.ui.preferences import Preferences, load_preferences, preferences_path, save_preferences
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
@@ -67,8 +68,11 @@ def _start(qtbot, app):
 
 def test_menu_is_built_from_state(qtbot, make_app):
     app = make_app()
-    assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct (starter)…" or app.host.state != "loading"
-    _start(qtbot, app)
+    assert _menu_texts(app.tray.menu)[0] == "No model loaded"
+    with qtbot.waitSignal(app.host.loaded, timeout=5000):
+        app.start()
+        assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct…"
+        assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # actions wait for the model
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == "Ready"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
@@ -84,20 +88,21 @@ def test_menu_is_built_from_state(qtbot, make_app):
 
 
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
-    save_preferences(Preferences(models=[LOCAL_B]))
+    save_local_models([LOCAL_B])  # registered like `qwen-tray models add`: the default model
     opener = FakeOpener()
     app = make_app(opener=opener)
     _start(qtbot, app)
-    models = _submenu(app.tray.menu, "Model")
+    assert app.host.entry == LOCAL_B
     app.tray.menu.aboutToShow.emit()
-    target = next(a for a in models.actions() if a.text() == LOCAL_B.name)
+    models = _submenu(app.tray.menu, "Model")
+    assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, False), (LOCAL_B.name, True)]
     with qtbot.waitSignal(app.host.loaded, timeout=5000):
-        target.trigger()
-    assert opener.log == [("open", STARTER_NAME), ("close", STARTER_NAME), ("open", LOCAL_B.name)]
+        models.actions()[0].trigger()
+    assert opener.log == [("open", LOCAL_B.name), ("close", LOCAL_B.name), ("open", STARTER_NAME)]
     app.tray.menu.aboutToShow.emit()
     checked = [a.text() for a in _submenu(app.tray.menu, "Model").actions() if a.isChecked()]
-    assert checked == [LOCAL_B.name]
-    assert load_preferences()[0].active_model == LOCAL_B.name  # remembered for the next start
+    assert checked == [STARTER_NAME]
+    assert load_preferences()[0].active_model == STARTER_NAME  # remembered for the next start
 
 
 def test_hotkeys_registered_and_conflicts_reported(qtbot, make_app):
@@ -206,3 +211,28 @@ def test_tray_icon_follows_state(qtbot, make_app):
     assert "config.json not found" in app.tray.toolTip()
     assert any("Could not load the model" in n for n in app.notices)
     assert _menu_texts(app.tray.menu)[0].startswith("Error: ")
+
+
+def test_settings_add_models_local_to_the_core_registry_remote_to_preferences(qtbot, make_app, tmp_path):
+    app = make_app()
+    app.open_settings()
+    page = app.settings_dialog.models_page
+    page.name.setText("Qwen2.5-7B mixed")
+    page.path.setText(str(tmp_path / "qwen7b-mixed"))
+    assert page.add_from_form()
+    page.kind.setCurrentIndex(page.kind.findData("remote"))
+    page.name.setText("Qwen2.5-7B mixed")
+    assert not page.add_from_form() and "already exists" in page.error.text()
+    page.name.setText("DashScope")
+    page.base_url.setText("https://dashscope.example.com/compatible-mode/v1")
+    page.api_key.setText("sk-123")
+    page.model.setText("qwen-plus")
+    assert page.add_from_form()
+    assert app.settings_dialog.apply()
+    settings = load_settings()
+    assert settings.models == {"Qwen2.5-7B mixed": str(tmp_path / "qwen7b-mixed")}  # `qwen-tray models list` sees it
+    assert settings.default_model == "Qwen2.5-7B mixed"
+    assert [m.name for m in load_preferences()[0].models] == ["DashScope"]
+    app.tray.menu.aboutToShow.emit()
+    names = [a.text() for a in _submenu(app.tray.menu, "Model").actions()]
+    assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]

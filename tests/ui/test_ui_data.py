@@ -151,3 +151,10 @@ def test_chat_history_persists_and_survives_a_broken_file():
     assert conversations[0].messages[1].tokens_per_second == 12.5
     assert conversations[0].as_messages()[0] == {"role": "user", "content": "What is a KV cache?\nplease explain"}
     assert len(notices) == 1 and "broken.corrupt-1.json" in notices[0].text()
+
+
+def test_starter_name_matches_the_converter():
+    from app.engine.gguf_import import STARTER_MODEL_NAME
+    from app.ui.models import STARTER_NAME
+
+    assert STARTER_NAME == STARTER_MODEL_NAME

@@ -50,7 +50,10 @@ class LocalApi:
 
     @property
     def url(self) -> str:
-        return str(self._handle.url) if self._handle is not None else ""
+        """The OpenAI base URL clients use (``.../v1``)."""
+        if self._handle is None:
+            return ""
+        return str(getattr(self._handle, "base_url", None) or self._handle.url)
 
     def start(self, port: int) -> str:
         if self._start is None:

@@ -47,7 +47,7 @@ class X11Hotkeys(HotkeyBackend):
         self._display = display.Display(os.environ.get("DISPLAY"))
         self._root = self._display.screen().root
         self._grabs: dict[tuple[int, int], str] = {}  # (keycode, mask) -> binding id
-        self._down: set[tuple[int, int]] = set()
+        self._down: set[int] = set()  # keycodes of hotkeys held down (a release ends it, whatever modifiers remain)
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._running = True
@@ -143,11 +143,11 @@ class X11Hotkeys(HotkeyBackend):
             nxt = self._display.next_event() if self._display.pending_events() else None
             if nxt is not None and nxt.type == X.KeyPress and nxt.detail == event.detail and nxt.time == event.time:
                 return
-            self._down.discard(combo)
+            self._down.discard(event.detail)  # modifiers may already be up: match the key alone
             if nxt is not None:
                 self._handle(nxt)
             return
         binding_id = self._grabs.get(combo)
-        if binding_id is not None and combo not in self._down:
-            self._down.add(combo)
+        if binding_id is not None and event.detail not in self._down:
+            self._down.add(event.detail)
             self._on_activate(binding_id)

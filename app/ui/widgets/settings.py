@@ -22,7 +22,8 @@ TRANSLATE_TARGETS = ("auto", "English", "Simplified Chinese", "Traditional Chine
 
 class SettingsDialog(QDialog):
     def __init__(self, store: PreferencesStore, builtin_actions: list[Action], user_actions: list[Action],
-                 builtin_models: list[ModelEntry], hotkey_status: Callable[[], tuple[dict, dict]],
+                 builtin_models: list[ModelEntry], user_models: list[ModelEntry],
+                 hotkey_status: Callable[[], tuple[dict, dict]],
                  on_apply: Callable[[dict, list[Action]], None], parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle(tr("Qwen Tray settings"))
@@ -30,7 +31,6 @@ class SettingsDialog(QDialog):
         self.store, self._builtin_actions = store, builtin_actions
         self._hotkey_status = hotkey_status  # () -> (active {id: hotkey}, failures {id: reason})
         self._on_apply = on_apply  # saves preferences + user actions and re-registers hotkeys
-        prefs = store.prefs
         self.tabs = QTabWidget()
         self.tabs.addTab(self._general_page(), tr("General"))
         self.hotkeys_table = QTableWidget(0, 4)
@@ -40,7 +40,7 @@ class SettingsDialog(QDialog):
         self.actions_page = ActionsPage(user_actions, {a.id for a in builtin_actions})
         self.actions_page.changed.connect(self._fill_hotkeys)
         self.tabs.addTab(self.actions_page, tr("Actions"))
-        self.models_page = ModelsPage(builtin_models, prefs.models)
+        self.models_page = ModelsPage(builtin_models, user_models)
         self.tabs.addTab(self.models_page, tr("Models"))
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")

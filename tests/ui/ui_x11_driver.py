@@ -1,0 +1,73 @@
+"""The tray app under test in the X11 end-to-end test, with real hotkeys, keys and clipboard.
+
+``--model PATH`` loads that folder with the real engine; ``--fake`` uses the fake backend.
+Events are JSON lines on stdout: ready, answer (with the Replace button's screen position),
+pasted, notice. stdin: "quit".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from PySide6.QtCore import QObject, QPoint, Signal
+from PySide6.QtWidgets import QApplication
+
+
+def emit(**event) -> None:
+    print(json.dumps(event), flush=True)
+
+
+class Commands(QObject):
+    received = Signal(str)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model")
+    parser.add_argument("--fake", action="store_true")
+    args = parser.parse_args()
+    qapp = QApplication(sys.argv[:1])
+    qapp.setQuitOnLastWindowClosed(False)
+
+    from app.ui.app import TrayApp
+    from app.ui.models import ModelEntry
+
+    opener_kwargs = {}
+    if args.fake:
+        from ui_fakes import FakeOpener
+
+        opener_kwargs["opener"] = FakeOpener()
+    tray = TrayApp(with_tray_icon=False, **opener_kwargs)
+    for notice in tray.notices:
+        emit(event="notice", text=notice)
+    tray.notified.connect(lambda text: emit(event="notice", text=text))
+    controller = tray.action_controller
+
+    def answered(text: str) -> None:
+        button = controller.popup.replace_button
+        centre = button.mapToGlobal(QPoint(button.width() // 2, button.height() // 2))
+        # The popup only gets text through streamed deltas: equal text means the stream arrived whole.
+        emit(event="answer", text=text, popup_text=controller.popup.answer_text(),
+             popup_visible=controller.popup.isVisible(), replace=[centre.x(), centre.y()],
+             status=controller.popup.status.text())
+
+    controller.answered.connect(answered)
+    controller._paster.finished.connect(lambda: emit(event="pasted"))
+    tray.host.loaded.connect(lambda: emit(event="ready", model=tray.host.backend.name,
+                                          hotkeys=tray.hotkeys.active, failures=tray.hotkeys.failures))
+    tray.host.loadFailed.connect(lambda message: emit(event="load_failed", message=message))
+    entry = ModelEntry(name="test model", kind="local", path=args.model or "/fake")
+    tray.host.switch_to(entry)
+
+    commands = Commands()
+    commands.received.connect(lambda line: qapp.quit() if line == "quit" else None)
+    threading.Thread(target=lambda: [commands.received.emit(line.strip()) for line in sys.stdin], daemon=True).start()
+    qapp.aboutToQuit.connect(tray.shutdown)
+    return qapp.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
