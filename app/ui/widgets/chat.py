@@ -63,6 +63,8 @@ class ChatWindow(QWidget):
 
     def _build(self) -> None:
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
         self.new_button = QPushButton(tr("New chat"))
         self.new_button.clicked.connect(self.new_chat)
@@ -79,7 +81,7 @@ class ChatWindow(QWidget):
         self.scroll.setWidget(self.messages_box)
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText(tr("Ask anything… (Ctrl+Enter to send)"))
-        self.input.setMaximumHeight(110)
+        self.input.setMaximumHeight(90)
         self.send_button = QPushButton(tr("Send"))
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton(tr("Stop"))
