@@ -236,3 +236,39 @@ def test_settings_add_models_local_to_the_core_registry_remote_to_preferences(qt
     app.tray.menu.aboutToShow.emit()
     names = [a.text() for a in _submenu(app.tray.menu, "Model").actions()]
     assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]
+
+
+def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypatch, tmp_path):
+    """What `qwen-tray` with no subcommand runs (the CLI calls run_tray(argv))."""
+    from PySide6.QtCore import QTimer
+
+    from app.ui import app as app_module
+
+    monkeypatch.delenv("DISPLAY", raising=False)  # never grab the developer's real keys
+    save_local_models([ModelEntry("missing", path=str(tmp_path / "no-such-model"))])
+    started = []
+    real_init = app_module.TrayApp.__init__
+
+    def spy_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.append(self)
+
+    monkeypatch.setattr(app_module.TrayApp, "__init__", spy_init)
+    def quit_after_failure():
+        # Quit once the (missing) model has failed to load: the loop ran and the app reacted.
+        tray = started[0]
+        if tray.host.state == "error":
+            tray.quit()
+        else:
+            tray.host.loadFailed.connect(lambda _m: tray.quit())
+
+    QTimer.singleShot(0, quit_after_failure)
+    QTimer.singleShot(60000, lambda: started[0].quit())  # never hang the suite
+    try:
+        assert app_module.run_tray(["--language", "en"]) == 0
+    finally:
+        qapp.setQuitOnLastWindowClosed(True)
+    tray = started[0]
+    assert tray.host.state == "empty"  # shut down
+    assert any("no-such-model" in n for n in tray.notices)
+    assert any("global hotkeys are unavailable" in n for n in tray.notices)

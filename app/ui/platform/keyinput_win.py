@@ -13,14 +13,19 @@ _MODIFIER_VKS = (0x10, 0x11, 0x12, 0x5B, 0x5C)  # Shift, Ctrl, Alt(Menu), LWin, 
 _SHORTCUTS = {"copy": ord("C"), "paste": ord("V"), "undo": ord("Z")}
 
 
+# Fixed-width types (not ctypes.wintypes, whose DWORD/LONG are 8 bytes off Windows), so the
+# layout is Windows' on any 64-bit machine and the tests can check it: sizeof(INPUT) == 40.
+_WORD, _DWORD, _LONG, _ULONG_PTR = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_size_t
+
+
 class KEYBDINPUT(ctypes.Structure):
-    _fields_ = [("wVk", wintypes.WORD), ("wScan", wintypes.WORD), ("dwFlags", wintypes.DWORD),
-                ("time", wintypes.DWORD), ("dwExtraInfo", ctypes.c_size_t)]
+    _fields_ = [("wVk", _WORD), ("wScan", _WORD), ("dwFlags", _DWORD), ("time", _DWORD),
+                ("dwExtraInfo", _ULONG_PTR)]
 
 
 class _MOUSEINPUT(ctypes.Structure):  # only here so the union has the size Windows expects
-    _fields_ = [("dx", wintypes.LONG), ("dy", wintypes.LONG), ("mouseData", wintypes.DWORD),
-                ("dwFlags", wintypes.DWORD), ("time", wintypes.DWORD), ("dwExtraInfo", ctypes.c_size_t)]
+    _fields_ = [("dx", _LONG), ("dy", _LONG), ("mouseData", _DWORD), ("dwFlags", _DWORD), ("time", _DWORD),
+                ("dwExtraInfo", _ULONG_PTR)]
 
 
 class _INPUTUNION(ctypes.Union):
@@ -28,7 +33,7 @@ class _INPUTUNION(ctypes.Union):
 
 
 class INPUT(ctypes.Structure):
-    _fields_ = [("type", wintypes.DWORD), ("u", _INPUTUNION)]
+    _fields_ = [("type", _DWORD), ("u", _INPUTUNION)]
 
 
 def key_events(presses: list[tuple[int, bool]]) -> ctypes.Array:

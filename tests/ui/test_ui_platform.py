@@ -1,0 +1,99 @@
+"""Per-platform key tables and structures that can be checked on any OS, the hotkey manager,
+and the state icons. (Real X11 grabs and XTest are in test_ui_x11_e2e.py.)"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+from PySide6.QtGui import QColor
+
+from app.ui.platform import hotkeys_mac, hotkeys_win, hotkeys_x11, keyinput_win
+from app.ui.platform.hotkeys import HotkeyManager, UnavailableHotkeys, create_hotkey_backend
+from app.ui.platform.keys import NAMED_KEYS, parse_hotkey
+
+ALL_KEYS = sorted(set(NAMED_KEYS.values()))
+
+
+@pytest.mark.parametrize("key", ALL_KEYS)
+def test_every_key_has_a_code_on_every_platform(key):
+    assert hotkeys_win.virtual_key_for(key) > 0
+    assert hotkeys_x11.keysym_for(key) > 0
+    assert hotkeys_mac.pynput_combo(parse_hotkey(f"Ctrl+{key}")).startswith("<ctrl>+")
+
+
+def test_windows_virtual_keys_and_modifiers():
+    assert [hotkeys_win.virtual_key_for(k) for k in ("A", "Z", "0", "9", "F1", "F24", "Space", ",")] == \
+        [0x41, 0x5A, 0x30, 0x39, 0x70, 0x87, 0x20, 0xBC]
+    flags = hotkeys_win.modifier_flags(parse_hotkey("Ctrl+Alt+S"))
+    assert flags == hotkeys_win.MOD_CONTROL | hotkeys_win.MOD_ALT | hotkeys_win.MOD_NOREPEAT
+
+
+@pytest.mark.skipif(ctypes.sizeof(ctypes.c_void_p) != 8, reason="Windows x64 layout")
+def test_sendinput_structures_have_the_windows_x64_layout():
+    assert ctypes.sizeof(keyinput_win.INPUT) == 40  # SendInput rejects any other cbSize
+    events = keyinput_win.key_events([(0x11, False), (0x43, False), (0x43, True), (0x11, True)])
+    assert [(e.type, e.u.ki.wVk, e.u.ki.dwFlags) for e in events] == [
+        (1, 0x11, 0), (1, 0x43, 0), (1, 0x43, keyinput_win.KEYEVENTF_KEYUP), (1, 0x11, keyinput_win.KEYEVENTF_KEYUP)]
+
+
+def test_wm_hotkey_reaches_the_callback_through_the_native_event_filter(qapp):
+    seen = []
+    event_filter = hotkeys_win._HotkeyFilter(seen.append)
+    msg = hotkeys_win.MSG(message=hotkeys_win.WM_HOTKEY, wParam=7)
+    assert event_filter.nativeEventFilter(b"windows_generic_MSG", ctypes.addressof(msg)) == (True, 0)
+    other = hotkeys_win.MSG(message=0x0100, wParam=7)  # WM_KEYDOWN: not ours
+    assert event_filter.nativeEventFilter(b"windows_generic_MSG", ctypes.addressof(other)) == (False, 0)
+    assert event_filter.nativeEventFilter(b"xcb_generic_event_t", ctypes.addressof(msg)) == (False, 0)
+    assert seen == [7]
+
+
+def test_pynput_spelling():
+    assert hotkeys_mac.pynput_combo(parse_hotkey("Ctrl+Alt+S")) == "<ctrl>+<alt>+s"
+    assert hotkeys_mac.pynput_combo(parse_hotkey("Super+Shift+F5")) == "<shift>+<cmd>+<f5>"
+    assert hotkeys_mac.pynput_combo(parse_hotkey("Ctrl+Alt+Space")) == "<ctrl>+<alt>+<space>"
+
+
+class _Recorder:
+    name = "recorder"
+
+    def __init__(self, on_activate):
+        self.registered = {}
+
+    def register(self, binding_id, hotkey):
+        self.registered[binding_id] = str(hotkey)
+
+    def unregister_all(self):
+        self.registered.clear()
+
+    def close(self):
+        self.unregister_all()
+
+
+def test_manager_refuses_the_same_hotkey_twice_and_bad_strings(qapp):
+    manager = HotkeyManager(_Recorder)
+    failures = manager.apply({"summarize": "Ctrl+Alt+S", "mine": "alt+ctrl+s", "bad": "Q", "off": ""})
+    assert manager.active == {"summarize": "Ctrl+Alt+S"}
+    assert "already used by 'summarize'" in failures["mine"]
+    assert "needs Ctrl, Alt or Super" in failures["bad"]
+    assert "off" not in failures
+
+
+def test_without_a_display_hotkeys_are_reported_unavailable(qapp, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.setattr("sys.platform", "linux")
+    backend = create_hotkey_backend(lambda b: None)
+    assert isinstance(backend, UnavailableHotkeys) and "DISPLAY" in backend.reason
+    manager = HotkeyManager(lambda cb: backend)
+    assert "unavailable" in manager.apply({"summarize": "Ctrl+Alt+S"})["summarize"]
+
+
+@pytest.mark.parametrize("state, colour", [("ready", "#22c55e"), ("busy", "#3b82f6"), ("loading", "#f59e0b"),
+                                           ("error", "#ef4444")])
+def test_state_icon_badge_colour(qapp, state, colour):
+    from app.ui.widgets.icons import draw_icon
+
+    image = draw_icon(state, 64).toImage()
+    badge = image.pixelColor(64 - 13, 64 - 13)  # the badge's centre
+    assert badge == QColor(colour)
+    assert image.pixelColor(8, 32) == QColor("#4f46e5")  # the mark itself
