@@ -22,6 +22,9 @@ _MASKS = {"ctrl": X.ControlMask, "alt": X.Mod1Mask, "shift": X.ShiftMask, "super
 # NumLock (Mod2) and CapsLock (Lock) must not stop a hotkey: grab every combination of them.
 _IGNORED = (0, X.LockMask, X.Mod2Mask, X.LockMask | X.Mod2Mask)
 _RELEVANT = X.ControlMask | X.Mod1Mask | X.ShiftMask | X.Mod4Mask
+# X auto-repeat sends a release+press pair with one timestamp; the press can arrive in a later
+# read, so a release only counts once this long has passed with nothing after it.
+AUTOREPEAT_WAIT_S = 0.05
 _KEYSYM_NAMES = {
     "Space": "space", "Enter": "Return", "Tab": "Tab", "Esc": "Escape", "Backspace": "BackSpace",
     "Insert": "Insert", "Delete": "Delete", "Home": "Home", "End": "End", "PageUp": "Prior",
@@ -48,6 +51,7 @@ class X11Hotkeys(HotkeyBackend):
         self._root = self._display.screen().root
         self._grabs: dict[tuple[int, int], str] = {}  # (keycode, mask) -> binding id
         self._down: set[int] = set()  # keycodes of hotkeys held down (a release ends it, whatever modifiers remain)
+        self._pending_release: tuple[int, int] | None = None  # (keycode, time) of a release not yet final
         self._commands: queue.Queue = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._running = True
@@ -90,9 +94,12 @@ class X11Hotkeys(HotkeyBackend):
             self._run_commands()
             while self._display.pending_events():
                 self._handle(self._display.next_event())
-            readable, _, _ = select.select([fd, self._wake_r], [], [], 1.0)
+            timeout = AUTOREPEAT_WAIT_S if self._pending_release is not None else 1.0
+            readable, _, _ = select.select([fd, self._wake_r], [], [], timeout)
             if self._wake_r in readable:
                 os.read(self._wake_r, 64)
+            if not readable:
+                self._end_release()  # nothing followed the release: the key really went up
         self._run_commands()
 
     def _run_commands(self) -> None:
@@ -135,19 +142,24 @@ class X11Hotkeys(HotkeyBackend):
         self._down.clear()
 
     def _handle(self, event) -> None:
-        if event.type not in (X.KeyPress, X.KeyRelease):
-            return
-        combo = (event.detail, event.state & _RELEVANT)
         if event.type == X.KeyRelease:
-            # X reports a held key as release+press pairs with the same timestamp: swallow the pair.
-            nxt = self._display.next_event() if self._display.pending_events() else None
-            if nxt is not None and nxt.type == X.KeyPress and nxt.detail == event.detail and nxt.time == event.time:
-                return
-            self._down.discard(event.detail)  # modifiers may already be up: match the key alone
-            if nxt is not None:
-                self._handle(nxt)
+            self._end_release()
+            self._pending_release = (event.detail, event.time)
             return
-        binding_id = self._grabs.get(combo)
+        if event.type != X.KeyPress:
+            return
+        if self._pending_release is not None:
+            if self._pending_release == (event.detail, event.time):
+                self._pending_release = None
+                return  # auto-repeat: the key is still held
+            self._end_release()
+        binding_id = self._grabs.get((event.detail, event.state & _RELEVANT))
         if binding_id is not None and event.detail not in self._down:
             self._down.add(event.detail)
             self._on_activate(binding_id)
+
+    def _end_release(self) -> None:
+        """Modifiers may already be up when the key is released: match the keycode alone."""
+        if self._pending_release is not None:
+            self._down.discard(self._pending_release[0])
+            self._pending_release = None
