@@ -113,6 +113,8 @@ def test_menu_trigger_uses_the_clipboard_without_sending_keys(qtbot, host, clipb
     qtbot.waitUntil(lambda: bool(answers), timeout=5000)
     assert injector.sent == []
     assert host.backend.requests[0][0][-1]["content"].endswith("the user's own clipboard")
+    assert not controller.popup.replace_button.isEnabled()  # no selection to replace
+    assert controller.popup.copy_button.isEnabled()
 
 
 def test_replace_mode_pastes_when_done_and_offers_undo(qtbot, host, clipboard):
@@ -163,3 +165,16 @@ def test_copy_button_puts_the_answer_on_the_clipboard(qtbot, host, clipboard):
     qtbot.waitUntil(lambda: bool(answers), timeout=5000)
     controller.popup.copy_button.click()
     assert clipboard.text() == answers[0]
+
+
+def test_replace_twice_quickly_still_restores_the_users_clipboard(qtbot, host, clipboard):
+    controller, injector = _controller(host, clipboard, "Two quick replaces.")
+    answers = []
+    controller.answered.connect(answers.append)
+    controller.trigger(_action("summarize"))
+    qtbot.waitUntil(lambda: bool(answers), timeout=5000)
+    with qtbot.waitSignal(controller._paster.finished, timeout=5000):
+        controller.popup.replace_button.click()
+        controller.popup.replace_button.click()  # before the first paste's clipboard came back
+    assert injector.sent.count("paste") == 2
+    assert {f: _clipboard_formats(clipboard)[f] for f in ORIGINAL} == ORIGINAL

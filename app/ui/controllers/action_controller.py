@@ -43,6 +43,7 @@ class ActionController(QObject):
         self._action: Action | None = None
         self._text = ""
         self._focus: object | None = None
+        self._can_replace = False  # only a run on a copied selection has something to replace
         self.capture_timeout_ms = COPY_TIMEOUT_MS
         self.popup.copyRequested.connect(self.copy_answer)
         self.popup.replaceRequested.connect(self.replace_selection)
@@ -61,9 +62,10 @@ class ActionController(QObject):
         if self._capture is not None:
             return  # a copy is already in flight
         self.stop()
+        self._paster.flush()  # our answer must not be mistaken for the user's clipboard
         if not from_hotkey:
-            # The menu took the focus: there is no selection to copy, use what is on the clipboard.
-            self._start(action, self._clipboard.text(), None)
+            # The menu took the focus: there is no selection to copy or replace; use the clipboard text.
+            self._start(action, self._clipboard.text(), None, can_replace=False)
             return
         capture = SelectionCapture(self._clipboard, self._injector, self.capture_timeout_ms, parent=self)
         capture.finished.connect(lambda text, _from_selection: self._captured(action, capture, text))
@@ -73,13 +75,14 @@ class ActionController(QObject):
     def _captured(self, action: Action, capture: SelectionCapture, text: str) -> None:
         self._capture = None
         capture.deleteLater()
-        self._start(action, text, capture.focus_token)
+        self._start(action, text, capture.focus_token, can_replace=True)
 
-    def _start(self, action: Action, text: str, focus: object | None) -> None:
+    def _start(self, action: Action, text: str, focus: object | None, can_replace: bool) -> None:
         if not text.strip():
             self.notify.emit(tr("Nothing is selected and the clipboard holds no text"))
             return
         self._action, self._text, self._focus = action, text, focus
+        self._can_replace = can_replace
         self._run()
 
     def _run(self) -> None:
@@ -97,14 +100,14 @@ class ActionController(QObject):
         task.finished.connect(lambda result, t=task: self._task is t and self._finished(result))
         task.failed.connect(lambda message, t=task: self._task is t and self.popup.fail(message))
         self._task = task
-        self.popup.begin(action.label(current_language()))
+        self.popup.begin(action.label(current_language()), can_replace=self._can_replace)
         self._host.track(task)
         task.start()
 
     def _finished(self, result: GenerationResult) -> None:
         self.popup.finish(result)
         self.answered.emit(result.text)
-        if result.finish_reason != "cancelled" and self._action is not None \
+        if result.finish_reason != "cancelled" and self._action is not None and self._can_replace \
                 and self.mode_of(self._action) == "replace" and result.text.strip():
             self.replace_selection()
 
@@ -117,7 +120,7 @@ class ActionController(QObject):
 
     def replace_selection(self) -> None:
         answer = self.popup.answer_text()
-        if answer.strip():
+        if answer.strip() and self._can_replace:
             self._paster.paste(answer, self._focus)
             self.popup.show_replaced()
 

@@ -102,7 +102,11 @@ class SelectionCapture(QObject):
 
 
 class PasteOperation(QObject):
-    """Paste ``text`` into the remembered window through the clipboard, then put the clipboard back."""
+    """Paste ``text`` into the remembered window through the clipboard, then put the clipboard back.
+
+    A second paste before the first one's clipboard came back keeps the first snapshot: the
+    user's own clipboard is what returns, never one of our answers.
+    """
 
     finished = Signal()
 
@@ -111,22 +115,33 @@ class PasteOperation(QObject):
         super().__init__(parent)
         self._clipboard = clipboard
         self._injector = injector
-        self._settle_ms = settle_ms
+        self._snapshot: ClipboardSnapshot | None = None  # the user's clipboard while ours is on it
+        self._timer = QTimer(self, singleShot=True, interval=settle_ms)
+        self._timer.timeout.connect(self.flush)
+
+    @property
+    def pending(self) -> bool:
+        return self._snapshot is not None
 
     def paste(self, text: str, focus_token: object | None) -> None:
-        snapshot = ClipboardSnapshot.take(self._clipboard)
+        if self._snapshot is None:
+            self._snapshot = ClipboardSnapshot.take(self._clipboard)
         mime = QMimeData()
         mime.setText(text)
         self._clipboard.setMimeData(mime)
         self._injector.restore_focus(focus_token)
         self._injector.release_modifiers()
         self._injector.send_shortcut("paste")
-        QTimer.singleShot(self._settle_ms, lambda: self._restore(snapshot))
+        self._timer.start()  # restarted by a second paste: the target reads after its own Ctrl+V
 
     def undo(self, focus_token: object | None) -> None:
         self._injector.restore_focus(focus_token)
         self._injector.send_shortcut("undo")
 
-    def _restore(self, snapshot: ClipboardSnapshot) -> None:
-        snapshot.restore(self._clipboard)
-        self.finished.emit()
+    def flush(self) -> None:
+        """Put the user's clipboard back now (also before a new copy starts)."""
+        self._timer.stop()
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            snapshot.restore(self._clipboard)
+            self.finished.emit()

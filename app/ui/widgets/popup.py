@@ -43,6 +43,7 @@ class ResultPopup(QWidget):
         self.undo_button = self._button(tr("Undo"), self.undoRequested)
         self.close_button = self._button(tr("Close"), None)
         self.close_button.clicked.connect(self.hide)
+        self.can_replace = True
         header = QHBoxLayout()
         header.addWidget(self.title, 1)
         header.addWidget(self.status)
@@ -66,8 +67,9 @@ class ResultPopup(QWidget):
         return button
 
     # -- driven by the action controller -------------------------------------------------------
-    def begin(self, title: str, near: QPoint | None = None) -> None:
+    def begin(self, title: str, near: QPoint | None = None, can_replace: bool = True) -> None:
         self.finished = False
+        self.can_replace = can_replace
         self.title.setText(title)
         self.status.setText(tr("Thinking…"))
         self.view.set_text("")
@@ -121,8 +123,9 @@ class ResultPopup(QWidget):
 
     def _set_running(self, running: bool) -> None:
         self.stop_button.setEnabled(running)
-        for b in (self.copy_button, self.replace_button, self.retry_button):
+        for b in (self.copy_button, self.retry_button):
             b.setEnabled(not running)
+        self.replace_button.setEnabled(not running and self.can_replace)
 
     def move_near(self, pos: QPoint) -> None:
         """Below-right of ``pos``, kept inside the screen the cursor is on."""
