@@ -32,6 +32,7 @@ $Startup = [Environment]::GetFolderPath("Startup")
 $MenuLink = Join-Path $Programs "Qwen Tray.lnk"
 $StartupLink = Join-Path $Startup "Qwen Tray.lnk"
 $IconSource = Join-Path $PSScriptRoot "..\resources\icons\qwen-tray.ico"
+if (-not (Test-Path $IconSource)) { $IconSource = Join-Path $PSScriptRoot "..\app\resources\icons\qwen-tray.ico" }
 
 function Fail([string]$Message) {
     Write-Host "install.ps1: error: $Message" -ForegroundColor Red

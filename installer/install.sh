@@ -21,6 +21,7 @@ OFFLINE=0
 UNINSTALL=0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ICONS="$HERE/../resources/icons"
+[ -d "$ICONS" ] || ICONS="$HERE/../app/resources/icons"  # when the resources live inside the package
 
 die() { echo "install.sh: error: $*" >&2; exit 1; }
 

@@ -213,10 +213,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _log_to_file() -> logging.Handler:
+    """The tray runs without a console (pythonw on Windows): keep a log under the data folder."""
+    from logging.handlers import RotatingFileHandler
+
+    from app.ui.paths import data_dir
+
+    data_dir().mkdir(parents=True, exist_ok=True)
+    handler = RotatingFileHandler(data_dir() / "qwen-tray.log", maxBytes=1_000_000, backupCount=2, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
+    return handler
+
+
 def run_tray(argv: list[str]) -> int:
     """Start the tray app; returns the exit status."""
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_handler = _log_to_file()
     qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "qwen-tray"])
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
@@ -229,4 +244,8 @@ def run_tray(argv: list[str]) -> int:
     else:
         tray_app.start()
     qapp.aboutToQuit.connect(tray_app.shutdown)
-    return qapp.exec()
+    try:
+        return qapp.exec()
+    finally:
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()

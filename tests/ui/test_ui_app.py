@@ -238,7 +238,7 @@ def test_settings_add_models_local_to_the_core_registry_remote_to_preferences(qt
     assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]
 
 
-def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypatch, tmp_path):
+def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypatch, tmp_path, ui_home):
     """What `qwen-tray` with no subcommand runs (the CLI calls run_tray(argv))."""
     from PySide6.QtCore import QTimer
 
@@ -272,3 +272,5 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     assert tray.host.state == "empty"  # shut down
     assert any("no-such-model" in n for n in tray.notices)
     assert any("global hotkeys are unavailable" in n for n in tray.notices)
+    log = (ui_home / "data" / "qwen-tray.log").read_text(encoding="utf-8")
+    assert "no-such-model" in log  # no console under pythonw: the log file tells what happened
