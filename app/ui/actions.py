@@ -85,7 +85,8 @@ def load_builtin_actions(path: Path | None = None) -> list[Action]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ActionError(f"{path}: cannot read the built-in actions ({e})") from e
-    return [_from_mapping(d, builtin=True, where=f"{path} action #{i + 1}") for i, d in enumerate(data.get("action", []))]
+    tables = data.get("action", [])
+    return [_from_mapping(d, builtin=True, where=f"{path} action #{i + 1}") for i, d in enumerate(tables)]
 
 
 def user_actions_path() -> Path:

@@ -148,7 +148,8 @@ class ActionPipeline:
             answers = []
             for i, piece in enumerate(pieces):
                 sink.on_progress("part", i, len(pieces))
-                result = self._stream(build_messages(self.action, piece, self.translate_target, template=template), None)
+                messages = build_messages(self.action, piece, self.translate_target, template=template)
+                result = self._stream(messages, None)
                 if result.finish_reason == "cancelled":
                     return self._combined_result("", result)
                 answers.append(result.text.strip())

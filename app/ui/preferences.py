@@ -99,8 +99,9 @@ def load_preferences(path: Path | None = None) -> tuple[Preferences, Notice | No
         return Preferences.from_dict(data), None
     except (CorruptFileError, PreferencesError) as e:
         backup = back_up_corrupt(path)
-        return Preferences(), Notice("Preferences were unreadable and have been reset to defaults; the old file is {backup} ({error})",
-                                     {"backup": str(backup), "error": str(e)})
+        return Preferences(), Notice(
+            "Preferences were unreadable and have been reset to defaults; the old file is {backup} ({error})",
+            {"backup": str(backup), "error": str(e)})
 
 
 def save_preferences(prefs: Preferences, path: Path | None = None) -> None:

@@ -11,7 +11,7 @@ from app.ui.actions import load_user_actions
 from app.ui.app import TrayApp
 from app.settings import load_settings
 from app.ui.models import STARTER_NAME, ModelEntry, save_local_models
-from app.ui.preferences import Preferences, load_preferences, preferences_path, save_preferences
+from app.ui.preferences import Preferences, load_preferences, preferences_path
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
 
@@ -40,7 +40,8 @@ def make_app(qtbot):
     def make(opener=None, taken=(), server=None, language=None, selection="selected words here"):
         FakeHotkeys.taken = set(taken)
         clipboard = QGuiApplication.clipboard()
-        finder = (lambda: (server.start, "")) if server else (lambda: (None, "app.server has no start_server_in_thread()"))
+        missing = (None, "app.server has no start_server_in_thread()")
+        finder = (lambda: (server.start, "")) if server else (lambda: missing)
         app = TrayApp(opener=opener or FakeOpener(), hotkey_factory=FakeHotkeys,
                       injector=RecordingInjector(clipboard, selection), server_finder=finder, language=language)
         apps.append(app)

@@ -24,7 +24,8 @@ def _sink():
 
 LONG_EN = "\n".join(f"Paragraph {i}: the quarterly report says revenue grew {i} percent and costs fell. "
                     f"Alice owns item {i}. Bob reviews it by Friday." for i in range(60))
-LONG_ZH = "".join(f"第{i}段：季度报告显示收入增长了百分之{i}，成本下降。张三负责第{i}项，李四周五前审核。" for i in range(80))
+LONG_ZH = "".join(f"第{i}段：季度报告显示收入增长了百分之{i}，成本下降。张三负责第{i}项，李四周五前审核。"
+                  for i in range(80))
 
 
 @pytest.mark.parametrize("text", [LONG_EN, LONG_ZH, "x" * 5000, "word " * 2000])

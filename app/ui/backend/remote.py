@@ -32,7 +32,8 @@ def estimate_tokens(text: str) -> int:
     token (prose averages about 4, code and punctuation nearer 3), so long text is split
     early rather than sent past the remote model's context.
     """
-    cjk = sum(1 for ch in text if "\u3000" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" or "\uf900" <= ch <= "\ufaff")
+    cjk = sum(1 for ch in text if "\u3000" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af"
+              or "\uf900" <= ch <= "\ufaff")
     other_bytes = len(text.encode("utf-8")) - 3 * cjk
     return cjk + math.ceil(max(other_bytes, 0) / 2.5)
 

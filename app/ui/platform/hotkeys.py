@@ -69,7 +69,8 @@ def create_hotkey_backend(on_activate: Callable[[str], None]) -> HotkeyBackend:
         except ImportError as e:
             return UnavailableHotkeys(on_activate, f"pynput is not installed ({e})")
     if not os.environ.get("DISPLAY"):
-        return UnavailableHotkeys(on_activate, "no X display (DISPLAY is not set; Wayland-only sessions are not supported)")
+        return UnavailableHotkeys(on_activate,
+                                  "no X display (DISPLAY is not set; Wayland-only sessions are not supported)")
     try:
         from app.ui.platform.hotkeys_x11 import X11Hotkeys
 

@@ -22,6 +22,7 @@ class KeyInjector(ABC):
     def send_shortcut(self, action: str) -> None:
         """``action`` is "copy", "paste" or "undo": the platform's shortcut for it."""
 
+    # Optional hooks (B027): a backend without a notion of focus keeps these no-ops.
     def remember_focus(self) -> object | None:
         """A token for the focused window, so paste can go back there."""
         return None

@@ -134,7 +134,8 @@ class ChatWindow(QWidget):
     def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
         widget = MessageWidget(role, text, tps)
         self.messages_layout.insertWidget(self.messages_layout.count() - 1, widget)
-        QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(self.scroll.verticalScrollBar().maximum()))
+        bar = self.scroll.verticalScrollBar()
+        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))  # after the new widget is laid out
         return widget
 
     def message_widgets(self) -> list[MessageWidget]:

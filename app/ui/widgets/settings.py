@@ -134,7 +134,8 @@ class SettingsDialog(QDialog):
             mode_box = self.hotkeys_table.cellWidget(r, 2)
             if mode_box is not None and mode_box.currentData() != default_mode:
                 modes[binding_id] = mode_box.currentData()
-        changes = dict(language=self.language.currentData(), translate_target=self.translate_target.currentText().strip(),
+        changes = dict(language=self.language.currentData(),
+                       translate_target=self.translate_target.currentText().strip(),
                        max_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 2),
                        local_api_port=self.api_port.value(), hotkeys=hotkeys, action_modes=modes,
                        models=self.models_page.user)

@@ -181,9 +181,10 @@ class ModelsPage(QWidget):
         try:
             if self.name.text().strip() in names:
                 raise QwenTrayError(tr("a model named {name} already exists", name=self.name.text().strip()))
-            entry = ModelEntry(name=self.name.text().strip(), kind=self.kind.currentData(), path=self.path.text().strip(),
-                               base_url=self.base_url.text().strip(), api_key=self.api_key.text().strip(),
-                               model=self.model.text().strip(), max_context=self.max_context.value())
+            entry = ModelEntry(name=self.name.text().strip(), kind=self.kind.currentData(),
+                               path=self.path.text().strip(), base_url=self.base_url.text().strip(),
+                               api_key=self.api_key.text().strip(), model=self.model.text().strip(),
+                               max_context=self.max_context.value())
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False

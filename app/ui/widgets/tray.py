@@ -58,7 +58,8 @@ class TrayIcon(QSystemTrayIcon):
         self.setIcon(state_icon(state, done / total if host.state == "loading" and total else None))
         backend = host.backend
         model = f"{backend.name} · {backend.device}" if backend else (host.entry.name if host.entry else "")
-        self.setToolTip(f"Qwen Tray — {model}\n{state_text(self.app)}" if model else f"Qwen Tray\n{state_text(self.app)}")
+        title = f"Qwen Tray — {model}" if model else "Qwen Tray"
+        self.setToolTip(f"{title}\n{state_text(self.app)}")
 
     def rebuild_menu(self) -> None:
         menu, app = self.menu, self.app
