@@ -1,6 +1,6 @@
 """The ``qwen-tray`` command line.
 
-``qwen-tray`` alone starts the tray app; subcommands: ask, models, serve, quantize,
+``qwen-tray`` alone starts the tray app; subcommands: tray, ask, models, serve, quantize,
 checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
 """
 
@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from app.commands import ask, models
+    from app.commands import ask, models, tray
 
+    tray.register(sub)
     ask.register(sub)
     models.register(sub)
     for module in ("app.server.cli", "app.quant.cli", "app.quant.checkpoint_cli"):
@@ -50,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command is None:
-            return _run_tray(argv or [])
+            from app.commands import tray
+
+            return tray.run(args)
         return int(args.func(args) or 0)
     except QwenTrayError as e:
         print(f"qwen-tray: error: {e}", file=sys.stderr)
@@ -58,14 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-
-
-def _run_tray(argv: list[str]) -> int:
-    try:
-        from app.ui.app import run_tray
-    except ImportError as e:
-        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
-    return run_tray(argv)
 
 
 if __name__ == "__main__":

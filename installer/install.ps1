@@ -31,8 +31,7 @@ $Programs = [Environment]::GetFolderPath("Programs")   # Start menu\Programs of 
 $Startup = [Environment]::GetFolderPath("Startup")
 $MenuLink = Join-Path $Programs "Qwen Tray.lnk"
 $StartupLink = Join-Path $Startup "Qwen Tray.lnk"
-$IconSource = Join-Path $PSScriptRoot "..\resources\icons\qwen-tray.ico"
-if (-not (Test-Path $IconSource)) { $IconSource = Join-Path $PSScriptRoot "..\app\resources\icons\qwen-tray.ico" }
+$IconSource = Join-Path $PSScriptRoot "..\app\resources\icons\qwen-tray.ico"
 
 function Fail([string]$Message) {
     Write-Host "install.ps1: error: $Message" -ForegroundColor Red

@@ -20,8 +20,7 @@ AUTOSTART=0
 OFFLINE=0
 UNINSTALL=0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ICONS="$HERE/../resources/icons"
-[ -d "$ICONS" ] || ICONS="$HERE/../app/resources/icons"  # when the resources live inside the package
+ICONS="$HERE/../app/resources/icons"
 
 die() { echo "install.sh: error: $*" >&2; exit 1; }
 

@@ -1,4 +1,4 @@
-"""Hotkey actions as data: the built-ins from ``resources/actions.toml`` plus the user's own.
+"""Hotkey actions as data: the built-ins from ``app/resources/actions.toml`` plus the user's own.
 
 User actions live in ``<config>/actions.json`` (JSON because Python 3.10 can read TOML
 with tomli but nothing in the standard library writes it).

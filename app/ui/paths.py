@@ -11,9 +11,5 @@ __all__ = ["cache_dir", "config_dir", "data_dir", "models_dir", "resources_dir"]
 
 
 def resources_dir() -> Path:
-    """Shipped data files (actions.toml): ``app/resources`` in a wheel, ``resources/`` in a checkout."""
-    package_root = Path(__file__).resolve().parent.parent
-    for candidate in (package_root / "resources", package_root.parent / "resources"):
-        if (candidate / "actions.toml").is_file():
-            return candidate
-    return package_root.parent / "resources"
+    """Shipped data files (actions.toml, icons): ``app/resources``, in a checkout and a wheel alike."""
+    return Path(__file__).resolve().parent.parent / "resources"

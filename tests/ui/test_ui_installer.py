@@ -67,8 +67,7 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     assert probe.returncode == 0, probe.stderr[-2000:]
     installed_at, resources = probe.stdout.split()
     assert installed_at.startswith(str(venv))  # the installed copy, not the checkout
-    if not (Path(resources) / "actions.toml").is_file():
-        pytest.xfail("the wheel does not ship resources/actions.toml yet (pyproject package-data; see the UI report)")
+    assert (Path(resources) / "actions.toml").is_file(), "the wheel must ship app/resources/actions.toml"
 
     again = _run("--offline", "--source", str(source), home=home)  # re-run without autostart: idempotent
     assert again.returncode == 0, again.stderr[-3000:]

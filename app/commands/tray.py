@@ -1,0 +1,28 @@
+"""``qwen-tray tray`` (and ``qwen-tray`` alone): start the desktop tray app."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.errors import QwenTrayError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tray", help="start the tray app (the default with no command)",
+                       description="Start the desktop tray app: hotkey actions, chat window, local API.")
+    p.add_argument("--model", metavar="PATH", help="load this model folder instead of the configured one")
+    p.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = []
+    if getattr(args, "model", None):
+        argv += ["--model", args.model]
+    if getattr(args, "language", None):
+        argv += ["--language", args.language]
+    try:
+        from app.ui.app import run_tray
+    except ImportError as e:
+        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+    return run_tray(argv)
