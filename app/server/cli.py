@@ -31,7 +31,9 @@ def register(sub) -> None:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (Hugging Face layout or converted checkpoint)")
+    parser.add_argument("--model", default=None,
+                        help="model folder (Hugging Face layout or quantized checkpoint) or registered name "
+                             "(default: the configured default model)")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
     parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
@@ -79,7 +81,7 @@ def _load_engine(args: argparse.Namespace):
         if done == total:
             log.info("loading: %s done", stage)
 
-    return Engine.load(args.model, device=args.device, max_batch_size=args.max_batch_size,
+    return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size,
                        max_context=args.max_context, progress=progress)
 
 
@@ -87,6 +89,9 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl+C/SIGTERM; returns the exit status. User errors raise QwenTrayError."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from app.settings import load_settings
+
+    args.model_path = load_settings().resolve_model(args.model)
     config = config_from_args(args)
     _warn_exposure(config)
     slot = EngineSlot()
@@ -95,7 +100,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _stop_on_sigterm(stop)
     engine = None
     try:
-        print(f"Qwen Tray API on {handle.base_url} (loading {args.model} ...)", file=sys.stderr)
+        print(f"Qwen Tray API on {handle.base_url} (loading {args.model_path} ...)", file=sys.stderr)
         try:
             engine = _load_engine(args)
         except QwenTrayError as exc:
