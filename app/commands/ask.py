@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     p.add_argument("--max-context", type=int, metavar="N", help="tokens per request (default: model max, at most 4096)")
+    p.add_argument("--vram-budget", metavar="SIZE",
+                   help="GPU memory the model may use, e.g. 3.2GiB (default: what is free minus a margin)")
     p.set_defaults(func=run)
 
 
@@ -57,7 +59,7 @@ def _ask_local(args, messages, params) -> int:
     path = load_settings().resolve_model(args.model)
     with load_progress_bar(f"loading {path.name}") as progress:
         engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
-                             adapter=args.adapter, progress=progress)
+                             adapter=args.adapter, progress=progress, vram_budget=args.vram_budget)
     with engine:
         generation = engine.chat(messages, params)
         try:

@@ -51,14 +51,24 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
              max_context: int | None = None, adapter: str | Path | None = None,
-             dtype: torch.dtype | None = None, progress: ProgressCallback | None = None) -> Engine:
+             dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
+             vram_budget: int | str | None = None) -> Engine:
+        """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
+        card's free memory minus a margin. A model or context that does not fit is refused."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
         dev = resolve_device(device)
         started = time.perf_counter()
-        loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context, progress=progress)
-        cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
-        runner = TorchRunner(loaded.model, cache, dev)
+        reason = _cuda_runner_unavailable(dev, dtype)
+        if reason is None:
+            loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget)
+        else:
+            if dev.type == "cuda":
+                log.warning("using the PyTorch reference runner on %s: %s", dev, reason)
+            loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
+                                progress=progress)
+            cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
+            runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         return cls(loaded, runner, max_batch_size)
 
@@ -96,6 +106,9 @@ class Engine:
             return
         self.closed = True
         self._scheduler.close()
+        close_runner = getattr(self.runner, "close", None)
+        if close_runner is not None:
+            close_runner()
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
         if torch.cuda.is_available():
@@ -106,4 +119,28 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None) -> str | None:
+    """None when the CUDA runner (own kernels, CUDA graphs) can serve this load, else why not."""
+    if dev.type != "cuda":
+        return "not a CUDA device"
+    if dtype not in (None, torch.float16):
+        return f"the CUDA runner computes in float16, {dtype} was asked for"
+    from app.kernels import unavailable_reason
+
+    return unavailable_reason()
+
+
+def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
+                  progress: ProgressCallback | None, vram_budget: int | str | None):
+    """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
+    from app.engine.cuda_runner import create_cuda_runner, load_packed
+    from app.engine.memory import parse_size
+
+    budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
+    loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
+    runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
+                                device=dev, vram_budget=budget, label=loaded.model_id)
+    return loaded, runner
 

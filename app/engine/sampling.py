@@ -24,6 +24,13 @@ class RequestSampler:
         self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy without penalties: the token is the argmax of the raw logits (a runner may take
+        it on the device)."""
+        p = self.params
+        return p.greedy and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
         self.output_counts[token_id] += 1

@@ -124,13 +124,22 @@ class Scheduler:
             self._accept(seq, logits)
 
     def _decode(self, seqs: list[Sequence]) -> None:
-        logits = self.runner.decode([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
-        for seq, row in zip(seqs, logits):
+        args = ([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
+        greedy = getattr(self.runner, "decode_greedy", None)  # argmax on the device: B ids cross the bus
+        if greedy is not None and all(s.sampler.plain_greedy for s in seqs):
+            for seq, token in zip(seqs, greedy(*args)):
+                seq.cached += 1
+                self._accept_token(seq, token)
+            return
+        for seq, row in zip(seqs, self.runner.decode(*args)):
             seq.cached += 1
             self._accept(seq, row)
 
     def _accept(self, seq: Sequence, logits) -> None:
-        seq.accept(seq.sampler.sample(logits), self.runner.max_context)
+        self._accept_token(seq, seq.sampler.sample(logits))
+
+    def _accept_token(self, seq: Sequence, token: int) -> None:
+        seq.accept(token, self.runner.max_context)
         if seq.finished is not None:
             self._retire(seq)
 

@@ -1,0 +1,187 @@
+"""One decode step over static buffers, and its CUDA graphs (one per batch-size bucket).
+
+The step reads token ids, positions, slots and sequence lengths from one static int32
+tensor ``inputs [4, rows]`` and writes logits and greedy tokens into static buffers; every
+activation lives in a buffer carved from one allocation (:class:`DecodeBuffers`). So the
+whole step (embedding lookup, all layers, final norm, lm_head, argmax) is captured once
+per bucket and replayed; the host only uploads 16 bytes per row and reads back the tokens.
+
+A batch is padded to its bucket with rows whose slot is -1 and length 0: RoPE + KV write
+skips them (slot out of range) and attention returns zeros, so a pad row touches no cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from app.engine.kv_cache import StaticKVCache
+from app.engine.runtime_weights import DequantTables, ModelWeights, lookup_rows
+from app.kernels.attention import DecodeAttentionWorkspace
+
+INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
+PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
+BUCKETS = (1, 2, 4, 8)
+ALIGN = 256
+
+
+@dataclass(eq=False)
+class DecodeBuffers:
+    inputs: torch.Tensor  # int32 [4, R]: ids, positions, slots, seq_lens
+    hidden: torch.Tensor  # fp16 [R, H]: the residual stream
+    normed: torch.Tensor  # fp16 [R, H]
+    qkv: torch.Tensor  # fp16 [R, (Hq + 2 Hkv) D]
+    q: torch.Tensor  # fp16 [R, Hq, D] (rotated)
+    attn: torch.Tensor  # fp16 [R, Hq, D]
+    act: torch.Tensor  # fp16 [R, I]: silu(gate) * up
+    logits: torch.Tensor  # fp16 [R, V]
+    tokens: torch.Tensor  # int64 [R]: argmax of logits
+    part_o: torch.Tensor  # fp32 [R, Hq, splits, D]: attention partials
+    part_ml: torch.Tensor  # fp32 [R, Hq, splits, 2]
+    arena: torch.Tensor | None = None
+
+    @classmethod
+    def allocate(cls, spec, rows: int, splits: int, device) -> DecodeBuffers:
+        hq, d = spec.num_heads, spec.head_dim
+        layout = {
+            "inputs": ((len(INPUT_ROWS), rows), torch.int32),
+            "hidden": ((rows, spec.hidden_size), torch.float16),
+            "normed": ((rows, spec.hidden_size), torch.float16),
+            "qkv": ((rows, spec.q_size + 2 * spec.kv_size), torch.float16),
+            "q": ((rows, hq, d), torch.float16),
+            "attn": ((rows, hq, d), torch.float16),
+            "act": ((rows, spec.intermediate_size), torch.float16),
+            "logits": ((rows, spec.vocab_size), torch.float16),
+            "tokens": ((rows,), torch.int64),
+            "part_o": ((rows, hq, splits, d), torch.float32),
+            "part_ml": ((rows, hq, splits, 2), torch.float32),
+        }
+        arena, views = carve(layout, device)
+        buffers = cls(**views, arena=arena)
+        buffers.inputs.copy_(pad_inputs(rows))
+        return buffers
+
+    @property
+    def rows(self) -> int:
+        return self.inputs.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.arena.numel()
+
+    @property
+    def workspace(self) -> DecodeAttentionWorkspace:
+        return DecodeAttentionWorkspace(self.part_o, self.part_ml)
+
+    def views(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arena"}
+
+
+def carve(layout: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> tuple[torch.Tensor, dict]:
+    """One uint8 allocation cut into 256-byte aligned tensors (no per-tensor allocator rounding)."""
+    sizes = {name: _numel(shape) * torch.empty((), dtype=dtype).element_size() for name, (shape, dtype) in layout.items()}
+    total = sum(-(-n // ALIGN) * ALIGN for n in sizes.values())
+    arena = torch.zeros(total, dtype=torch.uint8, device=device)
+    views, offset = {}, 0
+    for name, (shape, dtype) in layout.items():
+        views[name] = arena[offset:offset + sizes[name]].view(dtype).view(shape)
+        offset += -(-sizes[name] // ALIGN) * ALIGN
+    return arena, views
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def pad_inputs(rows: int) -> torch.Tensor:
+    """[4, rows] int32 of pad rows (what the buffers hold between steps and during capture)."""
+    return torch.tensor(PAD_ROW, dtype=torch.int32)[:, None].repeat(1, rows)
+
+
+class DecodeStep:
+    """The decode step itself, on the first ``b`` rows of the buffers (eager or captured)."""
+
+    def __init__(self, weights: ModelWeights, ops, cache: StaticKVCache, rope: tuple[torch.Tensor, torch.Tensor],
+                 buffers: DecodeBuffers, tables: DequantTables):
+        self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
+        self.cos, self.sin = rope
+        self.spec = weights.spec
+
+    def run(self, b: int) -> None:
+        s, w, ops, bf = self.spec, self.w, self.ops, self.buffers
+        ids, positions, slots, seq_lens = (bf.inputs[r, :b] for r in range(len(INPUT_ROWS)))
+        h, y, qkv, q, attn, act = bf.hidden[:b], bf.normed[:b], bf.qkv[:b], bf.q[:b], bf.attn[:b], bf.act[:b]
+        workspace = bf.workspace
+        lookup_rows(w.embed, ids, self.tables, out=h)
+        for i, layer in enumerate(w.layers):
+            k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
+            ops.rms_norm(h, layer.input_norm, s.rms_norm_eps, out=y)
+            ops.linear(y, layer.qkv, out=qkv)
+            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
+                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
+            ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
+            ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h)  # h += o_proj(attn)
+            ops.rms_norm(h, layer.post_norm, s.rms_norm_eps, out=y)
+            ops.gate_up(y, layer.gate_up, out=act)
+            ops.linear(act, layer.down, residual=h, out=h)  # h += down(act)
+        ops.rms_norm(h, w.final_norm, s.rms_norm_eps, out=y)
+        ops.linear(y, w.lm_head, out=bf.logits[:b])
+        bf.tokens[:b].copy_(torch.argmax(bf.logits[:b], dim=-1))
+
+
+def decode_buckets(num_slots: int, rows: int, batch_invariant_linears: bool) -> list[int]:
+    """Batch sizes that get a graph. cuBLAS (dense linears) may pick another algorithm for
+    another M, so a model with dense linears always runs all ``rows``: greedy output then
+    does not depend on what else is in the batch. The GEMV kernels are batch-invariant."""
+    if not batch_invariant_linears:
+        return [rows]
+    return sorted({b for b in BUCKETS if b < rows} | {rows})
+
+
+class DecodeGraphs:
+    """Runs :class:`DecodeStep` for a bucket: a replayed CUDA graph, or eagerly."""
+
+    def __init__(self, step: DecodeStep, buckets: list[int], use_graphs: bool):
+        self.step = step
+        self.buckets = sorted(buckets)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if use_graphs:
+            self._capture()
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} is larger than the largest graph ({self.buckets[-1]})")
+
+    def run(self, b: int) -> None:
+        graph = self.graphs.get(b)
+        if graph is None:
+            self.step.run(b)
+        else:
+            graph.replay()
+
+    def _capture(self) -> None:
+        # Warm up on a side stream first: kernels compile, cuBLAS makes its handles; the
+        # buffers hold pad rows, so nothing is written to the KV cache.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in self.buckets:
+                self.step.run(b)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = None
+        for b in reversed(self.buckets):  # largest first: the others reuse its memory pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.step.run(b)
+            pool = graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def close(self) -> None:
+        self.graphs.clear()

@@ -1,0 +1,147 @@
+"""The operations one decode step is made of, on the GPU kernels or on their references.
+
+:class:`KernelOps` launches app.kernels (W4/W3 GEMV with fused epilogues, RMSNorm, RoPE +
+KV write, flash-decoding attention). :class:`ReferenceOps` computes the same thing with
+``app.kernels.reference`` on any device, with the kernels' preconditions (fp16, contiguous,
+int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
+buffer layout fails there, not on the GPU.
+
+Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
+PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
+the decode graphs capture static buffers, nothing is allocated per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.engine.runtime_weights import LinearWeight
+from app.kernels import reference as ref
+
+
+def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out = fp16(x W^T + b) (+ residual, rounded again: the unfused PyTorch rounding)."""
+    if residual is None:
+        if w.bias is None:
+            return torch.mm(x, w.dense.t(), out=out)
+        return torch.addmm(w.bias, x, w.dense.t(), out=out)
+    return torch.add(residual, F.linear(x, w.dense, w.bias), out=out)  # out may be residual
+
+
+def dense_gate_up(x: torch.Tensor, w: LinearWeight, out: torch.Tensor) -> torch.Tensor:
+    gate_up = F.linear(x, w.dense, w.bias)  # [M, 2I]
+    half = w.out_features // 2
+    return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
+
+
+class KernelOps:
+    """app.kernels on the GPU (needs ``app.kernels.available()``)."""
+
+    name = "kernels"
+
+    def __init__(self):
+        from app import kernels
+
+        self.k = kernels
+
+    def linear(self, x, w: LinearWeight, *, out, residual=None):
+        if not w.quantized:
+            return dense_linear(x, w, residual, out)
+        if w.bits == 4:
+            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out)
+        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out)
+
+    def gate_up(self, x, w: LinearWeight, *, out):
+        if not w.quantized:
+            return dense_gate_up(x, w, out)
+        if w.bias is not None:  # the fused kernel has no bias epilogue
+            return _biased_gate_up(self, x, w, out)
+        if w.bits == 4:
+            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out)
+        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out)
+
+    def rms_norm(self, x, weight, eps, *, out, residual=None):
+        if residual is None:
+            return self.k.rms_norm(x, weight, eps, out=out)
+        return self.k.rms_norm(x, weight, eps, residual=residual, out=out, residual_out=residual)
+
+    def rope_kv_write(self, qkv, cos, sin, positions, slots, k_cache, v_cache, *, num_q_heads, num_kv_heads, q_out):
+        return self.k.rope_kv_write(qkv, cos, sin, positions, slots, k_cache, v_cache, num_q_heads=num_q_heads,
+                                    num_kv_heads=num_kv_heads, q_out=q_out)
+
+    def attention(self, q, k_cache, v_cache, seq_lens, slots, *, workspace, out):
+        return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
+
+
+def _biased_gate_up(ops, x, w: LinearWeight, out):
+    """Gate/up with an MLP bias (no Qwen/Llama config has one): two GEMVs, then SiLU * up."""
+    half = w.out_features // 2
+    gate_up = torch.empty((x.shape[0], w.out_features), dtype=torch.float16, device=x.device)
+    ops.linear(x, w, out=gate_up)
+    return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
+
+
+class ReferenceOps:
+    """The kernels' PyTorch references (app.kernels.reference), with the kernels' checks."""
+
+    name = "reference"
+
+    def linear(self, x, w: LinearWeight, *, out, residual=None):
+        _check_fp16(x=x, out=out)
+        if not w.quantized:
+            return dense_linear(x, w, residual, out)
+        if w.bits == 4:
+            y = ref.gemv_w4_ref(x, w.qa, w.scales, w.bias, residual)
+        else:
+            y = ref.gemv_w3_ref(x, w.qa, w.qb, w.scales, w.bias, residual)
+        return out.copy_(y)
+
+    def gate_up(self, x, w: LinearWeight, *, out):
+        _check_fp16(x=x, out=out)
+        if not w.quantized:
+            return dense_gate_up(x, w, out)
+        if w.bias is not None:
+            return _biased_gate_up(self, x, w, out)
+        if w.bits == 4:
+            return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
+        return out.copy_(ref.gate_up_silu_w3_ref(x, w.qa, w.qb, w.scales))
+
+    def rms_norm(self, x, weight, eps, *, out, residual=None):
+        _check_fp16(x=x, weight=weight, out=out)
+        if residual is None:
+            return out.copy_(ref.rms_norm_ref(x, weight, eps))
+        y, h = ref.rms_norm_ref(x, weight, eps, residual)
+        residual.copy_(h)
+        return out.copy_(y), residual
+
+    def rope_kv_write(self, qkv, cos, sin, positions, slots, k_cache, v_cache, *, num_q_heads, num_kv_heads, q_out):
+        _check_fp16(qkv=qkv, k_cache=k_cache, v_cache=v_cache, q_out=q_out)
+        _check_index(positions=positions, slots=slots)
+        if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            raise TypeError("rope tables must be fp32 (the kernel reads fp32)")
+        q = ref.rope_kv_write_ref(qkv, cos, sin, positions, slots, k_cache, v_cache,
+                                  num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+        return q_out.copy_(q)
+
+    def attention(self, q, k_cache, v_cache, seq_lens, slots, *, workspace, out):
+        _check_fp16(q=q, k_cache=k_cache, v_cache=v_cache, out=out)
+        _check_index(seq_lens=seq_lens, slots=slots)
+        return out.copy_(ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots))
+
+
+def _check_fp16(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != torch.float16 or not t.is_contiguous():
+            raise TypeError(f"{name}: the kernels need a contiguous fp16 tensor, got {t.dtype} "
+                            f"contiguous={t.is_contiguous()}")
+
+
+def _check_index(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            raise TypeError(f"{name}: the kernels need a contiguous int32 vector, got {t.dtype} {tuple(t.shape)}")
+
+
+def default_ops(device: torch.device):
+    return KernelOps() if device.type == "cuda" else ReferenceOps()

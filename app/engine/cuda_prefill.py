@@ -1,0 +1,144 @@
+"""Prefill of a prompt chunk on the GPU: dequantize weight tiles + cuBLAS GEMM, SDPA attention.
+
+Decode reads each weight once per token, so it uses the GEMV kernels; a prompt of T tokens
+reuses each weight T times, so here each quantized weight is dequantized tile by tile into
+one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda_dequant
+when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Attention is
+PyTorch's scaled_dot_product_attention over the slot's cached keys, one query group at a
+time (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
+
+The KV cache is written by the same RoPE + KV kernel as decode, and every rounding point
+is the reference model's, so prefill and decode agree to fp16 summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.engine.kv_cache import StaticKVCache
+from app.engine.runtime_weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
+
+TILE_ROW_MULTIPLE = 16
+
+
+def causal_attention(q: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor, start: int) -> torch.Tensor:
+    """q [T, Hq, D] at positions start..start+T-1 over keys 0..start+T-1 of one slot -> [T, Hq*D].
+
+    k_slot, v_slot: [Hkv, L, D] (the slot's cache, already holding this chunk's keys).
+    """
+    t, hq, d = q.shape
+    hkv = k_slot.shape[0]
+    group = hq // hkv
+    end = start + t
+    keys, values = k_slot[None, :, :end], v_slot[None, :, :end]  # [1, Hkv, S, D]
+    grouped = q.view(t, hkv, group, d).permute(2, 1, 0, 3).contiguous()  # [G, Hkv, T, D]
+    mask = None
+    if start:  # query i sees keys 0..start+i (the chunk's own keys causally)
+        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
+    out = torch.empty_like(grouped)
+    for g in range(group):
+        out[g] = F.scaled_dot_product_attention(grouped[g][None], keys, values, attn_mask=mask,
+                                                is_causal=mask is None)[0]
+    return out.permute(2, 1, 0, 3).reshape(t, hq * d)  # back to head h = kv * G + g
+
+
+class GemmPrefill:
+    def __init__(self, weights: ModelWeights, ops, cache: StaticKVCache, rope: tuple[torch.Tensor, torch.Tensor],
+                 tables: DequantTables, *, chunk: int, tile_elements: int, dequant_kernel=None):
+        self.w, self.ops, self.cache, self.tables = weights, ops, cache, tables
+        self.cos, self.sin = rope
+        self.spec = weights.spec
+        self.chunk = chunk
+        self.dequant_kernel = dequant_kernel  # app.engine.cuda_dequant.DequantKernel or None
+        widest = max(self.spec.hidden_size, self.spec.intermediate_size)
+        # at least one 16-row tile of the widest weight, whatever the plan says
+        self.tile = torch.empty(max(tile_elements, TILE_ROW_MULTIPLE * widest), dtype=torch.float16,
+                                device=weights.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tile.numel() * 2
+
+    def run(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """Prefill ``ids`` at positions start.. of ``slot``; fp16 logits [V] of the last token."""
+        last = None
+        for offset in range(0, len(ids), self.chunk):
+            last = self._chunk(slot, ids[offset:offset + self.chunk], start + offset)
+        return self._logits(*last)
+
+    def _chunk(self, slot: int, ids: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s, w, ops, dev = self.spec, self.w, self.ops, self.w.device
+        t = len(ids)
+        ids_t = torch.tensor(ids, dtype=torch.int32).to(dev)
+        positions = torch.arange(start, start + t, dtype=torch.int32, device=dev)
+        slots = torch.full((t,), slot, dtype=torch.int32, device=dev)
+        h = lookup_rows(w.embed, ids_t, self.tables, out=torch.empty((t, s.hidden_size), dtype=torch.float16,
+                                                                     device=dev))
+        y = torch.empty_like(h)
+        pending = None  # the last sublayer's output, added to h by the next norm (fused)
+        for i, layer in enumerate(w.layers):
+            k_cache, v_cache = self.cache.k[i], self.cache.v[i]
+            self._norm(pending, h, layer.input_norm, y)
+            qkv = self.linear(y, layer.qkv)  # [T, (Hq + 2 Hkv) D]
+            q = torch.empty((t, s.num_heads, s.head_dim), dtype=torch.float16, device=dev)
+            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
+                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
+            attn = causal_attention(q, k_cache[slot], v_cache[slot], start)
+            self._norm(self.linear(attn, layer.o), h, layer.post_norm, y)
+            pending = self.linear(self.gate_up(y, layer.gate_up), layer.down)
+        return pending[-1:], h[-1:]
+
+    def _norm(self, pending: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
+        eps = self.spec.rms_norm_eps
+        if pending is None:
+            self.ops.rms_norm(h, weight, eps, out=y)
+        else:
+            self.ops.rms_norm(pending, weight, eps, out=y, residual=h)  # h = h + pending; y = norm(h)
+
+    def _logits(self, pending: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(h)
+        self._norm(pending, h, self.w.final_norm, y)
+        logits = torch.empty((1, self.spec.vocab_size), dtype=torch.float16, device=h.device)
+        return self.ops.linear(y, self.w.lm_head, out=logits)[0]  # GEMV for one token
+
+    # -- linears over T tokens ------------------------------------------------------------
+    def _tile_rows(self, k: int) -> int:
+        return max(TILE_ROW_MULTIPLE, self.tile.numel() // k // TILE_ROW_MULTIPLE * TILE_ROW_MULTIPLE)
+
+    def _dequant(self, w: LinearWeight, start: int, stop: int) -> torch.Tensor:
+        out = self.tile[: (stop - start) * w.in_features].view(stop - start, w.in_features)
+        if self.dequant_kernel is not None:
+            return self.dequant_kernel(w, start, stop, out)
+        return dequantize_rows(w, start, stop, self.tables, out=out)
+
+    def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        """x [T, K] @ W^T (+ b) -> [T, N] fp16."""
+        if not w.quantized:
+            return F.linear(x, w.dense, w.bias)
+        n = w.out_features
+        rows = self._tile_rows(w.in_features)
+        if rows >= n:
+            return F.linear(x, self._dequant(w, 0, n), w.bias)
+        out = torch.empty((x.shape[0], n), dtype=torch.float16, device=x.device)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            bias = None if w.bias is None else w.bias[r0:r1]
+            out[:, r0:r1] = F.linear(x, self._dequant(w, r0, r1), bias)
+        return out
+
+    def gate_up(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+        """silu(x Wg^T) * (x Wu^T) -> [T, I], gate and up tiles of the same rows together."""
+        inter = w.out_features // 2
+        if not w.quantized:
+            gate_up = F.linear(x, w.dense, w.bias)
+            return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        act = torch.empty((x.shape[0], inter), dtype=torch.float16, device=x.device)
+        rows = self._tile_rows(w.in_features)
+        for r0 in range(0, inter, rows):
+            r1 = min(inter, r0 + rows)
+            gate = F.linear(x, self._dequant(w, r0, r1), None if w.bias is None else w.bias[r0:r1])
+            up = F.linear(x, self._dequant(w, inter + r0, inter + r1),
+                          None if w.bias is None else w.bias[inter + r0:inter + r1])
+            torch.mul(F.silu(gate), up, out=act[:, r0:r1])
+        return act

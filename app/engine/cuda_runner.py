@@ -1,0 +1,239 @@
+"""CudaRunner: the Runner protocol on the GPU (app.engine.runner) with the project's kernels.
+
+- Weights resident in one allocation, W4/W3 through the GEMV kernels, dense fp16 linears
+  through cuBLAS; fp16 activations; the static KV cache and every decode buffer allocated
+  once, after the VRAM plan (app.engine.memory) said they fit.
+- Decode: the whole step (embedding -> layers -> norm -> lm_head -> argmax) is one CUDA
+  graph per batch bucket (app.engine.cuda_graphs); :meth:`decode_greedy` copies back only
+  the token ids, :meth:`decode` the logits rows (for sampling and penalties).
+- Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda_prefill);
+  "graph" = the decode graph with up to 8 consecutive tokens of one sequence as its rows
+  (row j attends to positions 0..start+j), for budgets with no room for a GEMM workspace.
+
+With ``ReferenceOps`` and no graphs the same runner runs on the CPU (the test suite).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from app.engine.cuda_dequant import dequant_kernel_or_none
+from app.engine.cuda_graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
+from app.engine.cuda_ops import default_ops
+from app.engine.cuda_prefill import GemmPrefill
+from app.engine.kv_cache import StaticKVCache
+from app.engine.layers import rope_tables
+from app.engine.loading import LoadedModel, load_model
+from app.engine.memory import (
+    GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
+    resolve_budget,
+)
+from app.engine.runtime_weights import (
+    DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CudaRunner:
+    def __init__(self, weights: ModelWeights, *, num_slots: int, max_context: int, plan: MemoryPlan | None = None,
+                 ops=None, use_graphs: bool | None = None, prefill_mode: str | None = None,
+                 dequant_kernel=None):
+        self.weights = weights
+        self.spec = spec = weights.spec
+        self.device = weights.device
+        self.ops = ops or default_ops(self.device)
+        self.plan = plan
+        self.max_context, self.num_slots = max_context, num_slots
+        self.cache = StaticKVCache(spec, num_slots, max_context, torch.float16, self.device)
+        cos, sin = rope_tables(spec, max_context)  # fp32 [P, D]: what the RoPE kernel reads
+        self.rope = (cos.to(self.device), sin.to(self.device))
+        self.tables = DequantTables(self.device)
+        rows = plan.decode_rows if plan else max(num_slots, GRAPH_PREFILL_ROWS)
+        splits = plan.attention_splits if plan else self._splits()
+        self.buffers = DecodeBuffers.allocate(spec, rows, splits, self.device)
+        self._host_inputs = torch.empty((len(INPUT_ROWS), rows), dtype=torch.int32,
+                                        pin_memory=self.device.type == "cuda")
+        # Marks when the GPU has read _host_inputs (pinned: the copy is asynchronous).
+        self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
+        self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
+        invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
+                                                                           layer.down)) and weights.lm_head.quantized
+        use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.graphs = DecodeGraphs(self.step, decode_buckets(num_slots, rows, invariant), use_graphs)
+        self.prefill_mode = prefill_mode or (plan.prefill_mode if plan else "gemm")
+        self.gemm = None
+        if self.prefill_mode == "gemm":
+            chunk = plan.prefill_chunk if plan else PREFILL_CHUNKS[0]
+            tile = plan.tile_elements if plan else MIN_TILE_ELEMENTS
+            self.gemm = GemmPrefill(weights, self.ops, self.cache, self.rope, self.tables, chunk=chunk,
+                                    tile_elements=tile, dequant_kernel=dequant_kernel)
+        self.budget_capped = False  # set by create_cuda_runner; close() lifts the cap
+
+    def _splits(self) -> int:
+        if self.device.type != "cuda":
+            return 1
+        return attention_splits(self.spec, self.max_context, torch.cuda.get_device_properties(self.device)
+                                .multi_processor_count)
+
+    # -- the Runner protocol --------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """Run ``ids`` at positions start.. of ``slot``; float32 logits [V] (CPU) of the last."""
+        self.cache.check_range(slot, start, len(ids))
+        if self.gemm is not None:
+            logits = self.gemm.run(slot, ids, start)
+        else:
+            logits = self._prefill_through_graph(slot, ids, start)
+        return logits.to("cpu").float()
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], ids: list[int], positions: list[int]) -> torch.Tensor:
+        """One token per sequence; float32 logits [B, V] on the CPU."""
+        self._decode(slots, ids, positions)
+        return self.buffers.logits[: len(ids)].to("cpu").float()
+
+    @torch.inference_mode()
+    def decode_greedy(self, slots: list[int], ids: list[int], positions: list[int]) -> list[int]:
+        """One token per sequence, argmax taken on the GPU: only B ids cross the bus."""
+        self._decode(slots, ids, positions)
+        return self.buffers.tokens[: len(ids)].tolist()
+
+    def _decode(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
+        for slot, pos in zip(slots, positions):
+            self.cache.check_range(slot, pos, 1)
+        rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
+        self._run_rows(rows)
+
+    def _prefill_through_graph(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """Up to ``rows`` consecutive tokens per replay; token j attends to 0..start+j."""
+        step = self.buffers.rows
+        for offset in range(0, len(ids), step):
+            chunk = ids[offset:offset + step]
+            first = start + offset
+            self._run_rows([(tok, first + j, slot, first + j + 1) for j, tok in enumerate(chunk)])
+        return self.buffers.logits[len(chunk) - 1]
+
+    def _run_rows(self, rows: list[tuple[int, int, int, int]]) -> None:
+        """Upload rows of (id, position, slot, seq_len) padded to their bucket, run the step."""
+        bucket = self.graphs.bucket_for(len(rows))
+        host = self._host_inputs
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # the previous upload has left the pinned buffer
+        host.copy_(torch.tensor(rows + [PAD_ROW] * (host.shape[1] - len(rows)), dtype=torch.int32).t())
+        self.buffers.inputs.copy_(host, non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
+        self.graphs.run(bucket)
+
+    # -- lifecycle and accounting -------------------------------------------------------------
+    def memory_info(self) -> dict:
+        info = {"device": str(self.device), "weights_bytes": self.weights.nbytes, "kv_cache_bytes": self.cache.nbytes,
+                "decode_buffers_bytes": self.buffers.nbytes, "prefill_mode": self.prefill_mode,
+                "prefill_workspace_bytes": self.gemm.nbytes if self.gemm else 0}
+        if self.device.type == "cuda":
+            info.update(cuda_allocated_bytes=torch.cuda.memory_allocated(self.device),
+                        cuda_reserved_bytes=torch.cuda.memory_reserved(self.device),
+                        cuda_peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device))
+        if self.plan is not None:
+            info.update(self.plan.as_dict())
+        return info
+
+    def close(self) -> None:
+        self.graphs.close()
+        if self.budget_capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self.budget_capped = False
+
+
+def cap_allocator(device: torch.device, budget: int) -> None:
+    """Cap PyTorch's allocator at what it holds now + ``budget``: a planning mistake becomes an
+    out-of-memory error, never a silent spill into system memory (Windows pages a full card)."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
+def _keep_packed(model, dtype: torch.dtype) -> None:
+    """Quantized backend "packed": no dense copies; the CUDA runner reads the packed tensors."""
+
+
+def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None) -> LoadedModel:
+    """Load on the CPU in fp16; a quantized checkpoint keeps only its packed tensors."""
+    cpu = torch.device("cpu")
+    from app.quant import checkpoint, modules
+
+    if checkpoint.is_checkpoint(path):
+        modules.BACKENDS.setdefault("packed", _keep_packed)
+        return checkpoint.load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16,
+                                               max_context=max_context, progress=progress, backend="packed")
+    return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress)
+
+
+def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
+          vram_budget: int | None, prefill_mode: str, label: str):
+    """The VRAM plan and the dequantization kernel (None: PyTorch dequantizes), before any allocation."""
+    gpu = GpuInfo.of(device)
+    budget = resolve_budget(vram_budget, gpu)
+    linears = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    dequant, why = dequant_kernel_or_none(device) if any(w.quantized for w in linears) else (None, None)
+    if why:
+        log.warning("prefill dequantizes with PyTorch ops: %s", why)
+    plan = plan_memory(weights.spec, nbytes, num_slots=num_slots, max_context=max_context, budget_bytes=budget,
+                       gpu=gpu, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
+                       quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
+                       prefill_mode=prefill_mode, label=label)
+    log.info("%s", plan.describe())
+    return plan, dequant
+
+
+def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
+    cap_allocator(device, budget)
+    try:
+        runner = build()
+    except BaseException:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        raise
+    runner.budget_capped = True
+    return runner
+
+
+def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
+                       vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
+                       use_graphs: bool = True) -> CudaRunner:
+    """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
+
+    Raises :class:`app.engine.memory.VramBudgetError` before anything is allocated on the GPU
+    when the model, the cache or the runtime do not fit.
+    """
+    module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
+                      for t in store.values() if t is not None}
+    plan, dequant = _plan(weights_from_model(model), arena_nbytes(list(module_tensors.values())),
+                          num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
+                          prefill_mode=prefill_mode, label=label)
+    del module_tensors
+
+    def build() -> CudaRunner:
+        module_to_arena(model, device)
+        return CudaRunner(weights_from_model(model), num_slots=num_slots, max_context=max_context, plan=plan,
+                          use_graphs=use_graphs, dequant_kernel=dequant)
+
+    return _build_capped(device, plan.budget_bytes, build)
+
+
+def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: int, device: torch.device,
+                       vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
+                       use_graphs: bool = True, dequant: bool = True) -> CudaRunner:
+    """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests)."""
+    plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()), num_slots=num_slots,
+                         max_context=max_context, device=device, vram_budget=vram_budget,
+                         prefill_mode=prefill_mode, label=label)
+
+    def build() -> CudaRunner:
+        return CudaRunner(weights_to_arena(weights, device), num_slots=num_slots, max_context=max_context, plan=plan,
+                          use_graphs=use_graphs, dequant_kernel=kernel if dequant else None)
+
+    return _build_capped(device, plan.budget_bytes, build)

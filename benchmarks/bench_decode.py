@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Whole-model decode and prefill on the GPU (CudaRunner, CUDA graphs) vs peers, same run.
+
+Synthetic weights with the exact shapes of Qwen2.5-3B (recipe ``w4``) and Qwen2.5-7B
+(``mixed``, ``q4``), quantized layouts filled with random words (speed does not depend on
+values). Per model:
+
+- decode tokens/s at batch 1, 2, 4, 8: 128 greedy steps after 512-token prompts, host loop
+  included (upload ids, replay, read back argmax ids); and the replayed graph alone (events);
+- prefill tokens/s and time to first token for 512- and 2048-token prompts (GEMM prefill
+  with the CUDA dequantizer, with the PyTorch dequantizer, and through the decode graph);
+- peak VRAM (allocator reserved), weight bytes per token, bandwidth as a fraction of the
+  device-to-device copy measured in the same run;
+- peers, graphed, linear layers of a decode step only (attention, norms excluded, which
+  favours them): PyTorch bf16 (cuBLAS) and ``aten._weight_int4pack_mm`` (tinygemm, W4 g128);
+  our linear layers alone on the same footing;
+- budgeted runs: 7B mixed with a 4096-token cache and 3B w4 with 8192 inside --vram-budget
+  3.2GiB (the allocator is capped there: exceeding it is an error), 7B q4 must be refused.
+
+    python3 benchmarks/bench_decode.py [--quick] [--commit SHA] [--out docs/results/decode_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+
+from app.engine.cuda_ops import KernelOps  # noqa: E402
+from app.engine.cuda_runner import runner_for_weights  # noqa: E402
+from app.engine.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
+from app.engine.runtime_weights import synthetic_weights  # noqa: E402
+from app.engine.spec import ModelSpec  # noqa: E402
+from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+
+DEV = torch.device("cuda")
+QWEN25_7B_CONFIG = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+                        vocab_size=152064, num_hidden_layers=28, tie_word_embeddings=False)
+MODELS = {"3B": QWEN25_3B_CONFIG, "7B": QWEN25_7B_CONFIG}
+RUNS = [("3B", "w4"), ("7B", "mixed"), ("7B", "q4")]
+TARGETS = {("7B", "mixed"): 900, ("3B", "w4"): 1300}  # decode tokens/s at batch 1 (brief)
+LLAMA_CPP = {"3B": dict(model="Q4_0", prefill_512=16180, decode=461), "7B": dict(model="Q4_0", prefill_512=11051,
+                                                                                   decode=334)}
+BUDGET_RUNS = [("7B", "mixed", 4096), ("3B", "w4", 8192), ("7B", "q4", 4096)]
+PROMPT, DECODE_STEPS = 512, 128
+
+
+def spec_of(model: str) -> ModelSpec:
+    config = {k: v for k, v in MODELS[model].items() if k != "model_type"}
+    return ModelSpec.from_hf_config({"architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 32768,
+                                     "rms_norm_eps": 1e-6, **config})
+
+
+def fresh() -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def decode_tokens_per_s(runner, batch: int, vocab: int) -> tuple[float, float]:
+    """(host-loop tokens/s over DECODE_STEPS, graph-only step µs) after PROMPT-token prompts."""
+    for slot in range(batch):
+        runner.prefill(slot, prompt_ids(PROMPT, slot, vocab), 0)
+    slots, tokens, pos = list(range(batch)), [1] * batch, [PROMPT] * batch
+    runner.decode_greedy(slots, tokens, pos)  # warm
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        pos = [p + 1 for p in pos]
+        tokens = runner.decode_greedy(slots, tokens, pos)
+    elapsed = time.perf_counter() - started
+    graph = runner.graphs.graphs[runner.graphs.bucket_for(batch)]
+    step_us = time_us(lambda _i: graph.replay(), graph=False, launches=10, trials=10)
+    return batch * DECODE_STEPS / elapsed, step_us
+
+
+def prefill_time(runner, n: int, vocab: int, repeats: int = 3) -> float:
+    ids = prompt_ids(n, 99, vocab)
+    runner.prefill(0, ids[:64], 0)  # warm: cuBLAS heuristics, SDPA
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        runner.prefill(0, ids, 0)  # returns CPU logits: includes the sync
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def bench_model(model: str, recipe: str, copy_gbps: float, quick: bool) -> dict:
+    spec = spec_of(model)
+    weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
+    fresh()
+    runner = runner_for_weights(weights, num_slots=8, max_context=4096, device=DEV, label=f"Qwen2.5-{model}")
+    w = runner.weights
+    out = dict(model=f"Qwen2.5-{model}", recipe=recipe, weights_bytes=w.nbytes, bytes_per_token=w.bytes_per_token,
+               plan=runner.plan.describe(), prefill_mode=runner.prefill_mode, decode={}, prefill={})
+    for batch in (1, 2, 4, 8):
+        tps, step_us = decode_tokens_per_s(runner, batch, spec.vocab_size)
+        out["decode"][batch] = dict(tokens_per_s=tps, graph_step_us=step_us, graph_tokens_per_s=batch * 1e6 / step_us)
+    step1 = out["decode"][1]["graph_step_us"]
+    out["bandwidth_gbps"] = w.bytes_per_token / step1 / 1e3
+    out["frac_copy"] = out["bandwidth_gbps"] / copy_gbps
+    for n in (512,) if quick else (512, 2048):
+        seconds = prefill_time(runner, n, spec.vocab_size)
+        out["prefill"][f"gemm_{n}"] = dict(ttft_s=seconds, tokens_per_s=n / seconds)
+    out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    out["linears_only_us"] = linears_only_us(runner)
+    gemm = runner.gemm
+    if gemm is not None and gemm.dequant_kernel is not None:
+        gemm.dequant_kernel, kernel = None, gemm.dequant_kernel
+        seconds = prefill_time(runner, 512, spec.vocab_size, repeats=1)
+        out["prefill"]["gemm_torch_dequant_512"] = dict(ttft_s=seconds, tokens_per_s=512 / seconds)
+        gemm.dequant_kernel = kernel
+    runner.gemm, gemm = None, runner.gemm  # prefill through the decode graph, 8 tokens a replay
+    seconds = prefill_time(runner, 512, spec.vocab_size, repeats=1)
+    out["prefill"]["graph_512"] = dict(ttft_s=seconds, tokens_per_s=512 / seconds)
+    runner.close()
+    del runner, gemm, w
+    fresh()
+    out["peers"] = peer_stacks(spec, model, recipe, copy_gbps)
+    return out
+
+
+def linears_only_us(runner) -> float:
+    """Our linear layers of one decode step (batch 1), graphed: the peers' footing."""
+    ops, w, s = KernelOps(), runner.weights, runner.spec
+    x = torch.randn(1, s.hidden_size, device=DEV).half()
+    xi = torch.randn(1, s.intermediate_size, device=DEV).half()
+    outs = dict(qkv=torch.empty(1, s.q_size + 2 * s.kv_size, device=DEV).half(), h=torch.empty_like(x),
+                act=torch.empty_like(xi), logits=torch.empty(1, s.vocab_size, device=DEV).half())
+
+    def step(_i):
+        for layer in w.layers:
+            ops.linear(x, layer.qkv, out=outs["qkv"])
+            ops.linear(x, layer.o, out=outs["h"])
+            ops.gate_up(x, layer.gate_up, out=outs["act"])
+            ops.linear(xi, layer.down, out=outs["h"])
+        ops.linear(x, w.lm_head, out=outs["logits"])
+
+    return time_us(step, graph=True, launches=1, trials=20)
+
+
+def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> dict:
+    """bf16 cuBLAS and int4 tinygemm linear stacks (batch 1, graphed, distinct weights per layer)."""
+    h, i, qkv = spec.hidden_size, spec.intermediate_size, spec.q_size + 2 * spec.kv_size
+    shapes = [(qkv, h), (h, spec.q_size), (2 * i, h), (h, i)]
+    out = {}
+    try:
+        layers = [[torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for n, k in shapes]
+                  for _ in range(spec.num_layers)]
+        head = torch.randn(spec.vocab_size, h, device=DEV, dtype=torch.bfloat16)
+        xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
+        xh = torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
+        nbytes = 2 * (sum(n * k for n, k in shapes) * spec.num_layers + spec.vocab_size * h)
+
+        def bf16_step(_i):
+            for layer in layers:
+                for x, wt in zip(xs, layer):
+                    F.linear(x, wt)
+            F.linear(xh, head)
+
+        us = time_us(bf16_step, graph=True, launches=1, trials=20)
+        out["bf16_cublas"] = dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
+        del layers, head
+        fresh()
+        out["int4_tinygemm"] = int4_stack(spec, shapes, xs, xh, copy_gbps)
+    except (RuntimeError, NotImplementedError) as e:
+        out["error"] = str(e).splitlines()[0][:300]
+    return out
+
+
+def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
+    def pack(n, k):
+        q = torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV)
+        q = q | (torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV) << 4)
+        packed = torch.ops.aten._convert_weight_to_int4pack(q, 8)
+        return packed, torch.rand(k // 128, n, 2, device=DEV).to(torch.bfloat16)
+
+    layers = [[pack(n, k) for n, k in shapes] for _ in range(spec.num_layers)]
+    head = pack(spec.vocab_size, spec.hidden_size)
+    nbytes = sum(n * k // 2 + n * (k // 128) * 4 for n, k in shapes) * spec.num_layers + (
+        spec.vocab_size * spec.hidden_size // 2 + spec.vocab_size * spec.hidden_size // 128 * 4)
+
+    def step(_i):
+        for layer in layers:
+            for x, (wt, sz) in zip(xs, layer):
+                torch.ops.aten._weight_int4pack_mm(x, wt, 128, sz)
+        torch.ops.aten._weight_int4pack_mm(xh, head[0], 128, head[1])
+
+    us = time_us(step, graph=True, launches=1, trials=20)
+    return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
+
+
+def bench_budget(model: str, recipe: str, context: int, budget: str) -> dict:
+    """Inside --vram-budget: prefill 512 + 128 decode steps at batch 1; peak reserved must fit."""
+    spec = spec_of(model)
+    weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=2)
+    fresh()
+    row = dict(model=f"Qwen2.5-{model}", recipe=recipe, context=context, budget=budget,
+               budget_bytes=parse_size(budget))
+    try:
+        runner = runner_for_weights(weights, num_slots=1, max_context=context, device=DEV,
+                                    vram_budget=parse_size(budget), label=f"Qwen2.5-{model} {recipe}")
+    except VramBudgetError as e:
+        return row | dict(fits=False, message=str(e))
+    try:
+        tps, step_us = decode_tokens_per_s(runner, 1, spec.vocab_size)
+        ttft = prefill_time(runner, 512, spec.vocab_size, repeats=1)
+        fill = prefill_time(runner, context - 1, spec.vocab_size, repeats=1)  # the whole context
+        row |= dict(fits=True, plan=runner.plan.describe(), prefill_mode=runner.prefill_mode,
+                    decode_tokens_per_s=tps, graph_step_us=step_us, ttft_512_s=ttft, full_context_prefill_s=fill,
+                    peak_reserved_bytes=torch.cuda.max_memory_reserved(),
+                    within_budget=torch.cuda.max_memory_reserved() <= parse_size(budget))
+    except torch.OutOfMemoryError as e:
+        row |= dict(fits=True, error=f"out of memory inside the budget: {str(e).splitlines()[0][:200]}")
+    finally:
+        runner.close()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/decode_h200.json")
+    ap.add_argument("--only", choices=[f"{m}-{r}" for m, r in RUNS], action="append")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(DEV)
+    copy = copy_bandwidth_gbps()
+    result = dict(gpu=props.name, sms=props.multi_processor_count, date=dt.date.today().isoformat(),
+                  commit=args.commit, torch=torch.__version__, copy_gbps=copy, models=[], budget=[])
+    for model, recipe in RUNS:
+        if args.only and f"{model}-{recipe}" not in args.only:
+            continue
+        result["models"].append(bench_model(model, recipe, copy, args.quick))
+        print(json.dumps(result["models"][-1]), flush=True)
+    for model, recipe, context in BUDGET_RUNS:
+        result["budget"].append(bench_budget(model, recipe, context, "3.2GiB"))
+        print(json.dumps(result["budget"][-1]), flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{r['gpu']} ({r['sms']} SMs), copy {r['copy_gbps']:.0f} GB/s, torch {r['torch']}, commit {r['commit']}")
+    print(f"{'model':<18}{'B=1 tok/s':>10}{'graph':>8}{'B=2':>7}{'B=4':>7}{'B=8':>7}{'%copy':>7}"
+          f"{'lin-only':>9}{'bf16':>7}{'int4':>7}{'pf512':>8}{'pf2048':>8}{'ttft512':>8}{'peakGiB':>8}")
+    for m in r["models"]:
+        d, p, peers = m["decode"], m["prefill"], m["peers"]
+        lin = 1e6 / m["linears_only_us"]
+        print(f"{m['model'] + ' ' + m['recipe']:<18}{d[1]['tokens_per_s']:>10.0f}{d[1]['graph_tokens_per_s']:>8.0f}"
+              f"{d[2]['tokens_per_s']:>7.0f}{d[4]['tokens_per_s']:>7.0f}{d[8]['tokens_per_s']:>7.0f}"
+              f"{100 * m['frac_copy']:>6.0f}%{lin:>9.0f}{peers.get('bf16_cublas', {}).get('tokens_per_s', 0):>7.0f}"
+              f"{peers.get('int4_tinygemm', {}).get('tokens_per_s', 0):>7.0f}"
+              f"{p['gemm_512']['tokens_per_s']:>8.0f}{p.get('gemm_2048', {}).get('tokens_per_s', 0):>8.0f}"
+              f"{p['gemm_512']['ttft_s'] * 1e3:>7.0f}ms{m['peak_reserved_bytes'] / GiB:>8.2f}")
+    print("\nratios (batch 1 decode, host loop):")
+    for m in r["models"]:
+        size = m["model"].split("-")[1]
+        tps = m["decode"][1]["tokens_per_s"]
+        peers = m["peers"]
+        target = TARGETS.get((size, m["recipe"]))
+        parts = [f"vs llama.cpp {LLAMA_CPP[size]['model']} {tps / LLAMA_CPP[size]['decode']:.2f}x",
+                 f"prefill vs llama.cpp {m['prefill']['gemm_512']['tokens_per_s'] / LLAMA_CPP[size]['prefill_512']:.2f}x"]
+        for name in ("bf16_cublas", "int4_tinygemm"):
+            if name in peers:
+                parts.append(f"vs {name} (linears only) {tps / peers[name]['tokens_per_s']:.2f}x")
+        if target:
+            parts.append(f"vs target {target}: {tps / target:.2f}x")
+        print(f"  {m['model']} {m['recipe']}: " + ", ".join(parts))
+    print("\nbudget 3.2 GiB:")
+    for b in r["budget"]:
+        if not b["fits"]:
+            print(f"  {b['model']} {b['recipe']} ctx {b['context']}: refused: {b['message']}")
+        elif "error" in b:
+            print(f"  {b['model']} {b['recipe']} ctx {b['context']}: {b['error']}")
+        else:
+            print(f"  {b['model']} {b['recipe']} ctx {b['context']}: peak {b['peak_reserved_bytes'] / GiB:.3f} GiB "
+                  f"within={b['within_budget']}, decode {b['decode_tokens_per_s']:.0f} tok/s, prefill "
+                  f"{b['prefill_mode']} ttft512 {b['ttft_512_s'] * 1e3:.0f} ms, full context {b['full_context_prefill_s']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
