@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -42,7 +43,7 @@ from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
 from app.engine.cuda_ops import KernelOps  # noqa: E402
 from app.engine.cuda_runner import runner_for_weights  # noqa: E402
 from app.engine.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
-from app.engine.runtime_weights import synthetic_weights  # noqa: E402
+from app.engine.weight_factories import synthetic_weights  # noqa: E402
 from app.engine.spec import ModelSpec  # noqa: E402
 from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
@@ -162,29 +163,32 @@ def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> d
     """bf16 cuBLAS and int4 tinygemm linear stacks (batch 1, graphed, distinct weights per layer)."""
     h, i, qkv = spec.hidden_size, spec.intermediate_size, spec.q_size + 2 * spec.kv_size
     shapes = [(qkv, h), (h, spec.q_size), (2 * i, h), (h, i)]
+    xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
+    xh = torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
     out = {}
-    try:
-        layers = [[torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for n, k in shapes]
-                  for _ in range(spec.num_layers)]
-        head = torch.randn(spec.vocab_size, h, device=DEV, dtype=torch.bfloat16)
-        xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
-        xh = torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
-        nbytes = 2 * (sum(n * k for n, k in shapes) * spec.num_layers + spec.vocab_size * h)
-
-        def bf16_step(_i):
-            for layer in layers:
-                for x, wt in zip(xs, layer):
-                    F.linear(x, wt)
-            F.linear(xh, head)
-
-        us = time_us(bf16_step, graph=True, launches=1, trials=20)
-        out["bf16_cublas"] = dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
-        del layers, head
+    for name, stack in (("bf16_cublas", bf16_stack), ("int4_tinygemm", int4_stack)):
+        try:
+            out[name] = stack(spec, shapes, xs, xh, copy_gbps)
+        except (RuntimeError, NotImplementedError) as e:
+            out[name + "_error"] = str(e).splitlines()[0][:300]
         fresh()
-        out["int4_tinygemm"] = int4_stack(spec, shapes, xs, xh, copy_gbps)
-    except (RuntimeError, NotImplementedError) as e:
-        out["error"] = str(e).splitlines()[0][:300]
     return out
+
+
+def bf16_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
+    layers = [[torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for n, k in shapes]
+              for _ in range(spec.num_layers)]
+    head = torch.randn(spec.vocab_size, spec.hidden_size, device=DEV, dtype=torch.bfloat16)
+    nbytes = 2 * (sum(n * k for n, k in shapes) * spec.num_layers + head.numel())
+
+    def step(_i):
+        for layer in layers:
+            for x, wt in zip(xs, layer):
+                F.linear(x, wt)
+        F.linear(xh, head)
+
+    us = time_us(step, graph=True, launches=1, trials=20)
+    return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
 
 
 def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
@@ -229,7 +233,7 @@ def bench_budget(model: str, recipe: str, context: int, budget: str) -> dict:
                     decode_tokens_per_s=tps, graph_step_us=step_us, ttft_512_s=ttft, full_context_prefill_s=fill,
                     peak_reserved_bytes=torch.cuda.max_memory_reserved(),
                     within_budget=torch.cuda.max_memory_reserved() <= parse_size(budget))
-    except torch.OutOfMemoryError as e:
+    except torch.cuda.OutOfMemoryError as e:
         row |= dict(fits=True, error=f"out of memory inside the budget: {str(e).splitlines()[0][:200]}")
     finally:
         runner.close()
@@ -250,16 +254,30 @@ def main() -> None:
     for model, recipe in RUNS:
         if args.only and f"{model}-{recipe}" not in args.only:
             continue
-        result["models"].append(bench_model(model, recipe, copy, args.quick))
-        print(json.dumps(result["models"][-1]), flush=True)
+        record(result, "models", lambda: bench_model(model, recipe, copy, args.quick), args.out)
     for model, recipe, context in BUDGET_RUNS:
-        result["budget"].append(bench_budget(model, recipe, context, "3.2GiB"))
-        print(json.dumps(result["budget"][-1]), flush=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        if args.only and f"{model}-{recipe}" not in args.only:
+            continue
+        record(result, "budget", lambda: bench_budget(model, recipe, context, "3.2GiB"), args.out)
     print_table(result)
 
 
+def record(result: dict, key: str, run, out: str) -> None:
+    """Run one measurement; a failure is recorded (with its traceback printed) and the rest goes on."""
+    try:
+        result[key].append(run())
+    except Exception as e:  # a bug in one configuration must not lose the others' numbers
+        traceback.print_exc()
+        result.setdefault("errors", []).append(f"{key}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        fresh()
+        return
+    print(json.dumps(result[key][-1]), flush=True)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")  # after each: a timeout keeps what was done
+
+
 def print_table(r: dict) -> None:
+    for error in r.get("errors", []):
+        print("ERROR", error)
     print(f"\n{r['gpu']} ({r['sms']} SMs), copy {r['copy_gbps']:.0f} GB/s, torch {r['torch']}, commit {r['commit']}")
     print(f"{'model':<18}{'B=1 tok/s':>10}{'graph':>8}{'B=2':>7}{'B=4':>7}{'B=8':>7}{'%copy':>7}"
           f"{'lin-only':>9}{'bf16':>7}{'int4':>7}{'pf512':>8}{'pf2048':>8}{'ttft512':>8}{'peakGiB':>8}")

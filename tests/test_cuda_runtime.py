@@ -25,10 +25,8 @@ from app.engine.memory import (
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
-from app.engine.runtime_weights import (
-    DequantTables, LinearWeight, dequantize_rows, dequantized_linear, lookup_rows, quantize_linear,
-    quantize_weights, weights_from_model,
-)
+from app.engine.runtime_weights import DequantTables, LinearWeight, dequantize_rows, lookup_rows, weights_from_model
+from app.engine.weight_factories import dequantized_linear, quantize_linear, quantize_weights
 from app.engine.cuda_runner import CudaRunner
 from app.engine.spec import ModelSpec
 from app.errors import ContextLengthError

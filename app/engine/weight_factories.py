@@ -1,0 +1,100 @@
+"""Runtime weights made up or re-quantized: synthetic models for benchmarks, RTN for tests.
+
+:func:`synthetic_weights` gives random weights with a real model's exact shapes (the speed of
+a GEMV does not depend on the values); :func:`quantize_weights` quantizes a dense
+:class:`~app.engine.runtime_weights.ModelWeights` by a recipe with round-to-nearest (the
+product's quantizer is app.quant); :func:`dequantized_linear` is the fp32 reference of any
+weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.engine.runtime_weights import LayerWeights, LinearWeight, ModelWeights
+from app.engine.spec import ModelSpec
+from app.quant.core import GROUP_SIZE
+
+_HF_NAMES = {"qkv": "self_attn.q_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_proj", "down": "mlp.down_proj"}
+
+
+def recipe_bits(recipe, layer: int, part: str) -> int:
+    """Bits a recipe gives our fused ``part`` of ``layer`` (its first HF member decides)."""
+    if part in ("embed", "lm_head"):
+        return recipe.bits_for("model.embed_tokens" if part == "embed" else "lm_head")
+    return recipe.bits_for(f"model.layers.{layer}.{_HF_NAMES[part]}")
+
+
+def _random_linear(n: int, k: int, bits: int, bias: bool, name: str, device, gen: torch.Generator,
+                   pool: torch.Tensor) -> LinearWeight:
+    """Random weights of realistic magnitude: |W x| ~ 0.5 for a unit-RMS x (values do not change speed)."""
+    b = (torch.rand(n, generator=gen, device=device) * 0.1 - 0.05).half() if bias else None
+    if bits == 16:
+        dense = (torch.randn(n, k, generator=gen, device=device) * (0.5 / k ** 0.5)).half()
+        return LinearWeight(16, n, k, dense=dense, bias=b, name=name)
+    scales = ((torch.rand(n, k // GROUP_SIZE, generator=gen, device=device) + 0.5) * (0.1 / k ** 0.5)).half()
+
+    def words(cols: int) -> torch.Tensor:
+        # random words from a pool tiled over the tensor: bytes, not values, set the speed
+        return pool.repeat(-(-n * cols // pool.numel()))[: n * cols].view(n, cols)
+
+    if bits == 4:
+        return LinearWeight(4, n, k, qa=words(k // 8), scales=scales, bias=b, name=name)
+    return LinearWeight(3, n, k, qa=words(k // 16), qb=words(k // 32), scales=scales, bias=b, name=name)
+
+
+def synthetic_weights(spec: ModelSpec, recipe, device: torch.device | str, seed: int = 0) -> ModelWeights:
+    """Random weights with ``spec``'s exact shapes, quantized as ``recipe`` says (benchmarks)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pool = torch.randint(-2**31, 2**31 - 1, (1 << 22,), generator=gen, dtype=torch.int32, device=device)
+    h, i = spec.hidden_size, spec.intermediate_size
+    qkv_rows = spec.q_size + 2 * spec.kv_size
+    layers = []
+    for n in range(spec.num_layers):
+        def lin(part, rows, cols, bias=False):
+            return _random_linear(rows, cols, recipe_bits(recipe, n, part), bias, f"layers.{n}.{part}", device, gen,
+                                  pool)
+        norm = lambda: (torch.rand(h, generator=gen, device=device) * 0.2 + 0.9).half()  # noqa: E731
+        layers.append(LayerWeights(norm(), norm(), lin("qkv", qkv_rows, h, spec.attention_bias), lin("o", h, spec.q_size),
+                                   lin("gate_up", 2 * i, h, spec.mlp_bias), lin("down", h, i, spec.mlp_bias)))
+    embed = _random_linear(spec.vocab_size, h, recipe_bits(recipe, 0, "embed"), False, "embed_tokens", device, gen,
+                           pool)
+    head = embed if spec.tie_word_embeddings else _random_linear(
+        spec.vocab_size, h, recipe_bits(recipe, 0, "lm_head"), False, "lm_head", device, gen, pool)
+    final = (torch.rand(h, generator=gen, device=device) * 0.2 + 0.9).half()
+    return ModelWeights(spec, embed, layers, final, head)
+
+
+def quantize_linear(w: LinearWeight, bits: int) -> LinearWeight:
+    """Round-to-nearest W4/W3 of a dense LinearWeight (tests; the product quantizer is app.quant)."""
+    from app.quant.tensor import quantize
+
+    if bits == 16 or w.quantized:
+        return w
+    qt = quantize(w.dense.float(), bits, name=w.name, method="rtn")
+    t = qt.tensors
+    return LinearWeight(bits, w.out_features, w.in_features, qa=t.get("qweight", t.get("qlow")), qb=t.get("qhigh"),
+                        scales=t["scales"], bias=w.bias, name=w.name)
+
+
+def quantize_weights(weights: ModelWeights, recipe) -> ModelWeights:
+    layers = [LayerWeights(layer.input_norm, layer.post_norm,
+                           *(quantize_linear(getattr(layer, part), recipe_bits(recipe, n, part))
+                             for part in ("qkv", "o", "gate_up", "down")))
+              for n, layer in enumerate(weights.layers)]
+    embed = quantize_linear(weights.embed, recipe_bits(recipe, 0, "embed"))
+    tied = weights.lm_head is weights.embed
+    head = embed if tied else quantize_linear(weights.lm_head, recipe_bits(recipe, 0, "lm_head"))
+    return ModelWeights(weights.spec, embed, layers, weights.final_norm, head)
+
+
+def dequantized_linear(w: LinearWeight) -> torch.Tensor:
+    """W [N, K] in fp32 exactly as app.quant dequantizes it (the reference of every path)."""
+    from app.quant.w3 import dequantize_w3
+    from app.quant.w4 import dequantize_w4
+
+    if w.bits == 16:
+        return w.dense.float()
+    if w.bits == 4:
+        return dequantize_w4(w.qa, w.scales, torch.float32)
+    return dequantize_w3(w.qa, w.qb, w.scales, torch.float32)
