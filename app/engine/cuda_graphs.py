@@ -80,7 +80,8 @@ class DecodeBuffers:
 
 def carve(layout: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> tuple[torch.Tensor, dict]:
     """One uint8 allocation cut into 256-byte aligned tensors (no per-tensor allocator rounding)."""
-    sizes = {name: _numel(shape) * torch.empty((), dtype=dtype).element_size() for name, (shape, dtype) in layout.items()}
+    sizes = {name: _numel(shape) * torch.empty((), dtype=dtype).element_size()
+             for name, (shape, dtype) in layout.items()}
     total = sum(-(-n // ALIGN) * ALIGN for n in sizes.values())
     arena = torch.zeros(total, dtype=torch.uint8, device=device)
     views, offset = {}, 0

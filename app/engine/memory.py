@@ -152,7 +152,8 @@ class MemoryPlan:
     def describe(self) -> str:
         return (f"VRAM plan {gib(self.total_bytes)} of {gib(self.budget_bytes)}: weights {gib(self.weights_bytes)}, "
                 f"KV cache {gib(self.kv_cache_bytes)} ({self.num_slots} x {self.max_context} tokens), "
-                f"decode {self.decode_bytes / MiB:.0f} MiB, prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB, "
+                f"decode {self.decode_bytes / MiB:.0f} MiB, "
+                f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB, "
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
 

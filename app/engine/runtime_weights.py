@@ -175,7 +175,8 @@ def arena_nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(_aligned(t.numel() * t.element_size()) for t in tensors)
 
 
-def pack_into_arena(tensors: list[torch.Tensor], device: torch.device | str) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def pack_into_arena(tensors: list[torch.Tensor],
+                    device: torch.device | str) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Copy ``tensors`` into one uint8 device buffer; returns it and id(tensor) -> view."""
     arena = torch.empty(arena_nbytes(tensors), dtype=torch.uint8, device=device)
     views: dict[int, torch.Tensor] = {}
@@ -310,7 +311,8 @@ def unsigned_values(w: LinearWeight, rows: slice, tables: DequantTables) -> torc
     return low | (high << 2)
 
 
-def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """u uint8 [R, K] and fp16 scales [R, K/128] -> fp16(q * scale) [R, K] (exact as app.quant)."""
     r, k = u.shape
     w = out if out is not None else torch.empty((r, k), dtype=torch.float16, device=u.device)

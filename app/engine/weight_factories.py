@@ -55,8 +55,9 @@ def synthetic_weights(spec: ModelSpec, recipe, device: torch.device | str, seed:
             return _random_linear(rows, cols, recipe_bits(recipe, n, part), bias, f"layers.{n}.{part}", device, gen,
                                   pool)
         norm = lambda: (torch.rand(h, generator=gen, device=device) * 0.2 + 0.9).half()  # noqa: E731
-        layers.append(LayerWeights(norm(), norm(), lin("qkv", qkv_rows, h, spec.attention_bias), lin("o", h, spec.q_size),
-                                   lin("gate_up", 2 * i, h, spec.mlp_bias), lin("down", h, i, spec.mlp_bias)))
+        layers.append(LayerWeights(norm(), norm(), lin("qkv", qkv_rows, h, spec.attention_bias),
+                                   lin("o", h, spec.q_size), lin("gate_up", 2 * i, h, spec.mlp_bias),
+                                   lin("down", h, i, spec.mlp_bias)))
     embed = _random_linear(spec.vocab_size, h, recipe_bits(recipe, 0, "embed"), False, "embed_tokens", device, gen,
                            pool)
     head = embed if spec.tie_word_embeddings else _random_linear(
