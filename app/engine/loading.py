@@ -51,6 +51,11 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
         raise ModelLoadError(f"{path}: model folder not found")
     if not path.is_dir():
         raise ModelLoadError(f"{path}: not a folder (give the model's folder, not a file)")
+    if (path / "manifest.json").is_file():  # a quantized checkpoint (qwen-tray quantize)
+        from app.quant.checkpoint import load_quantized_model
+
+        return load_quantized_model(path, device, adapter=adapter, dtype=dtype, max_context=max_context,
+                                    progress=progress)
     spec = ModelSpec.from_hf_folder(path)
     tokenizer = Tokenizer.from_folder(path)
     lora = LoraAdapter(adapter) if adapter else None

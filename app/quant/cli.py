@@ -1,0 +1,53 @@
+"""``qwen-tray quantize``: a Hugging Face folder (+ LoRA) -> a quantized checkpoint folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "quantize", help="quantize a model folder into a W4/W3 checkpoint",
+        description="Quantize a Hugging Face model folder (Qwen2 / Llama) into a layered W4/W3 checkpoint, "
+                    "one layer at a time. Run the same command again to resume an interrupted run.")
+    p.add_argument("--model", required=True, type=Path, metavar="HF_DIR", help="the source model folder")
+    p.add_argument("--adapter", type=Path, metavar="LORA_DIR", help="a PEFT LoRA adapter to merge first")
+    p.add_argument("--recipe", required=True, metavar="RECIPE",
+                   help="w4, mixed, q4 or a .toml/.json recipe file (docs/FORMATS.md)")
+    p.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
+                   help="calibrated (default): clipping search weighted by the activations of a calibration "
+                        "text; search: the same without calibration; rtn: round to nearest; awq: calibrated + "
+                        "AWQ column scaling (docs/results/quality.md compares them)")
+    p.add_argument("--calibration", type=Path, metavar="TEXT_FILE",
+                   help="calibration text for calibrated/awq (default: CPython's LICENSE.txt)")
+    p.add_argument("--calibration-tokens", type=int, default=512, metavar="N", help="tokens of it to use (default 512)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the clipping search runs")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the checkpoint folder to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from app.quant.quantizer import QuantizeJob, quantize_model
+    from app.quant.recipe import load_recipe
+
+    job = QuantizeJob(model=args.model, out=args.out, recipe=load_recipe(args.recipe), method=args.method,
+                      adapter=args.adapter, calibration=args.calibration,
+                      calibration_tokens=args.calibration_tokens, device=args.device)
+    started = time.perf_counter()
+    with tqdm(desc=f"quantizing {args.model.name}", unit="file", file=sys.stderr, disable=None) as bar:
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.total = total
+            bar.set_postfix_str(stage, refresh=False)
+            bar.n = done
+            bar.refresh()
+
+        manifest = quantize_model(job, progress)
+    print(f"wrote {args.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
+          f"{manifest.total_bytes / 2**30:.3f} GiB, {manifest.bits_per_weight:.3f} bits/weight "
+          f"in {time.perf_counter() - started:.1f} s")
+    return 0

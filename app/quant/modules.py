@@ -1,0 +1,260 @@
+"""Quantized modules swapped into a :class:`~app.engine.models.decoder.DecoderModel`.
+
+- :class:`QuantLinear` replaces a ``Linear``: it holds the packed tensors of docs/FORMATS.md
+  as buffers (``qweight``/``scales`` for W4, ``qlow``/``qhigh``/``scales`` for W3) and an
+  fp16-or-wider ``bias``. ``forward`` calls ``self.backend(self, x)``, a function chosen at
+  load: the CPU path (:func:`use_dense_backend`) dequantizes once into ``dense_weight`` and
+  runs ``F.linear``; the CUDA path sets a backend that calls the GEMV kernels on the packed
+  tensors directly (``module.packed_tensors()``, ``module.in_features``,
+  ``module.padded_in_features``).
+- :class:`QuantEmbedding` is a QuantLinear over the ``[vocab, hidden]`` table with a row
+  lookup as well; a tied ``lm_head`` is its linear ``forward``.
+- :class:`QuantizedDecoderModel` is a DecoderModel whose ``embed``/``logits`` go through
+  a QuantEmbedding when the embedding is quantized.
+
+Padding: a weight whose logical K (``in_features``) is not a multiple of 128 is stored with
+zero columns up to ``padded_in_features`` (docs/FORMATS.md, "Checkpoint layout"). The
+padded columns quantize to exactly 0, so a kernel gives the exact result when it reads an
+``x`` zero-padded to ``padded_in_features``; the dense backend simply drops the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.engine.models.decoder import DecoderModel
+from app.engine.spec import ModelSpec
+from app.engine.weights import Target, hf_weight_map
+from app.errors import ModelLoadError
+from app.quant.tensor import FORMATS, QuantizedTensor
+
+Backend = Callable[["QuantLinear", torch.Tensor], torch.Tensor]
+LookupBackend = Callable[["QuantEmbedding", torch.Tensor], torch.Tensor]
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ b) with W stored quantized; the arithmetic is the backend's."""
+
+    def __init__(self, qt: QuantizedTensor, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        n, padded_k = qt.shape
+        if not 0 < in_features <= padded_k or padded_k - in_features >= 128:
+            raise ValueError(f"{qt.name}: logical K={in_features} does not fit stored K={padded_k}")
+        self.name = qt.name
+        self.format = qt.format
+        self.bits = qt.bits
+        self.out_features = n
+        self.in_features = in_features
+        self.padded_in_features = padded_k
+        for key in FORMATS[qt.format][1]:
+            self.register_buffer(key, qt.tensors[key])
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.backend: Backend | None = None
+        self.dense_weight: torch.Tensor | None = None  # set by the dense backend only
+
+    def packed_tensors(self) -> dict[str, torch.Tensor]:
+        """The format's tensors by name (qweight, scales | qlow, qhigh, scales)."""
+        return {key: getattr(self, key) for key in FORMATS[self.format][1]}
+
+    def quantized(self) -> QuantizedTensor:
+        return QuantizedTensor(self.format, (self.out_features, self.padded_in_features),
+                               self.packed_tensors(), name=self.name)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The logical weight [N, K] (padding columns dropped)."""
+        return self.quantized().dequantize(dtype)[:, : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend is None:
+            raise RuntimeError(f"{self.name}: no backend chosen (load the model through load_quantized_model)")
+        return self.backend(self, x)
+
+    def extra_repr(self) -> str:
+        pad = f" (stored {self.padded_in_features})" if self.padded_in_features != self.in_features else ""
+        return f"{self.format}, in={self.in_features}{pad}, out={self.out_features}, bias={self.bias is not None}"
+
+
+class QuantEmbedding(QuantLinear):
+    """A quantized [vocab, hidden] table: ``lookup(ids)`` rows, ``forward(h)`` tied logits."""
+
+    def __init__(self, qt: QuantizedTensor, embedding_dim: int):
+        super().__init__(qt, embedding_dim)
+        self.num_embeddings = qt.shape[0]
+        self.embedding_dim = embedding_dim
+        self.lookup_backend: LookupBackend | None = None
+        self.compute_dtype = torch.float32
+
+    # evaluate.perplexity and the KV cache read the table's device and dtype.
+    @property
+    def device(self) -> torch.device:
+        return self.scales.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.lookup_backend is None:
+            raise RuntimeError(f"{self.name}: no backend chosen (load the model through load_quantized_model)")
+        return self.lookup_backend(self, ids)
+
+
+class QuantizedDecoderModel(DecoderModel):
+    """DecoderModel whose embedding (and tied head) may be a :class:`QuantEmbedding`."""
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed_tokens, QuantEmbedding):
+            return self.embed_tokens.lookup(ids)
+        return super().embed(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None and isinstance(self.embed_tokens, QuantEmbedding):
+            return self.embed_tokens(hidden)
+        return super().logits(hidden)
+
+
+# -- the dense backend: dequantize once, then plain PyTorch (the CPU path) ----------------
+
+def dense_linear(module: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, module.dense_weight, module.bias)
+
+
+def dense_lookup(module: QuantEmbedding, ids: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, module.dense_weight)
+
+
+def use_dense_backend(model: nn.Module, dtype: torch.dtype) -> None:
+    """Give every quantized module of ``model`` a dense ``dtype`` copy of its weight.
+
+    The copy is made from the packed tensors (fp32 math, then cast), so the model computes
+    exactly ``F.linear(x, dequantized W)``: the reference the GEMV kernels are held to.
+    """
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.dense_weight = module.dequantize(dtype).contiguous()  # [N, K] logical
+            module.backend = dense_linear
+        if isinstance(module, QuantEmbedding):
+            module.lookup_backend = dense_lookup
+            module.compute_dtype = dtype
+
+
+BACKENDS: dict[str, Callable[[nn.Module, torch.dtype], None]] = {"dense": use_dense_backend}
+
+
+def quantized_nbytes(model: nn.Module) -> int:
+    """Bytes of the packed tensors of every quantized module (what a GPU must hold)."""
+    return sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, QuantLinear)
+               for t in m.packed_tensors().values())
+
+
+# -- building a model from checkpoint weights ---------------------------------------------
+
+WeightItem = tuple[str, tuple[int, ...], "QuantizedTensor | torch.Tensor"]  # HF name, logical shape, weight
+
+
+def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total: int, max_positions: int,
+                          device: torch.device, dtype: torch.dtype, *, backend: str = "dense",
+                          progress: Callable[[str, int, int], None] | None = None) -> QuantizedDecoderModel:
+    """A QuantizedDecoderModel on ``device`` from (HF name, logical shape, weight) items.
+
+    Quantized parts of a fused matrix (q/k/v -> qkv_proj, gate/up -> gate_up_proj) are
+    concatenated row-wise (groups are per row, so packed rows stack like dense ones); fp16
+    tensors are copied into their (fused) parameters in ``dtype``. The skeleton is built on
+    the meta device, so no dense weight is ever allocated for a quantized module.
+    """
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"unknown quantized backend {backend!r} (known: {', '.join(BACKENDS)})")
+    targets = hf_weight_map(spec)
+    with torch.device("meta"):
+        model = QuantizedDecoderModel(spec, max_positions)
+    quantized: dict[str, list[tuple[int, str, QuantizedTensor, int]]] = {}
+    dense: list[tuple[str, Target, torch.Tensor]] = []
+    for done, (name, shape, weight) in enumerate(weights, 1):
+        target = targets.get(name)
+        if target is None:
+            raise ModelLoadError(f"checkpoint tensor {name!r} is not part of a {spec.architecture} model")
+        if isinstance(weight, QuantizedTensor):
+            quantized.setdefault(target.param, []).append((target.row_offset, name, weight, shape[1]))
+        else:
+            dense.append((name, target, weight))
+        if progress is not None:
+            progress("weights", done, total)
+    loaded = {name for parts in quantized.values() for _, name, _, _ in parts} | {name for name, _, _ in dense}
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    for param, parts in quantized.items():
+        _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
+    _materialize(model, device, dtype)
+    model.init_rope()
+    _copy_dense(model, dense)
+    BACKENDS[backend](model, dtype)
+    return model.eval()
+
+
+def _fuse(param: str, parts: list[tuple[int, str, QuantizedTensor, int]], targets: dict[str, Target],
+          device: torch.device) -> tuple[QuantizedTensor, int]:
+    """Row-concatenate the quantized parts of one (fused) parameter -> (tensor, logical K)."""
+    expected = sorted(n for n, t in targets.items() if t.param == param)
+    names = sorted(name for _, name, _, _ in parts)
+    if names != expected:
+        raise ModelLoadError(f"{param}: parts {', '.join(expected)} must all be quantized with the same bits "
+                             f"(quantized: {', '.join(names)})")
+    parts = sorted(parts, key=lambda p: p[0])
+    first = parts[0][2]
+    if any(qt.format != first.format or qt.shape[1] != first.shape[1] or k != parts[0][3] for _, _, qt, k in parts):
+        raise ModelLoadError(f"{param}: fused parts {', '.join(names)} have different formats or K")
+    rows = 0
+    for offset, name, qt, _ in parts:
+        if offset != rows:
+            raise ModelLoadError(f"{name}: has {qt.shape[0]} rows where the model expects {offset - rows} more")
+        rows += qt.shape[0]
+    keys = FORMATS[first.format][1]
+    tensors = {key: torch.cat([qt.tensors[key] for _, _, qt, _ in parts]).to(device) for key in keys}  # [sum N, .]
+    name = param.removesuffix(".weight")
+    return QuantizedTensor(first.format, (rows, first.shape[1]), tensors, name=name), parts[0][3]
+
+
+def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int],
+             dtype: torch.dtype) -> None:
+    qt, k = fused
+    if param == "embed_tokens":
+        if qt.shape[0] != model.spec.vocab_size or k != model.spec.hidden_size:
+            raise ModelLoadError(f"model.embed_tokens: shape ({qt.shape[0]}, {k}) does not match the spec")
+        del model.embed_tokens  # the meta Parameter; a module takes its name
+        model.embed_tokens = QuantEmbedding(qt, k)
+        return
+    path = param.removesuffix(".weight")
+    old = model.get_submodule(path)
+    if (qt.shape[0], k) != (old.out_features, old.in_features):
+        raise ModelLoadError(f"{path}: shape ({qt.shape[0]}, {k}) does not match the spec "
+                             f"({old.out_features}, {old.in_features})")
+    # filled from the checkpoint's fp16 bias by _copy_dense
+    bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
+    parent, _, attr = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear(qt, k, bias))
+
+
+def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Allocate every parameter/buffer still on the meta device (norms, fp16 weights, biases)."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                data = torch.empty(p.shape, device=device, dtype=dtype)
+                module._parameters[name] = nn.Parameter(data, requires_grad=False)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty(b.shape, device=device, dtype=dtype)
+
+
+def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]]) -> None:
+    params = dict(model.named_parameters())
+    for name, target, tensor in dense:
+        dest = params[target.param].data[target.row_offset:target.row_offset + tensor.shape[0]]
+        if dest.shape != tensor.shape:
+            raise ModelLoadError(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
+        dest.copy_(tensor)

@@ -1,0 +1,429 @@
+"""Streaming quantizer: a Hugging Face folder (+ LoRA) -> a layered checkpoint.
+
+The source is read tensor by tensor (safetensors ``safe_open``); one decoder layer is
+quantized and written at a time, and the embedding / ``lm_head`` tables are read and
+quantized in row chunks, so peak memory is about one layer (source dtype) plus one tensor in
+fp32 plus the packed output, whatever the model size (docs/FORMATS.md has the measurements).
+
+Resuming: a journal (``.quantize-journal.json``) records each finished file's size and
+sha256 and the settings of the run. Run the same command again after an interruption and
+finished files whose checksum still matches are skipped; anything else is redone. The
+manifest is written last (atomically) and the journal removed, so a folder with
+``manifest.json`` is always complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from app.engine.lora import LoraAdapter
+from app.engine.spec import ModelSpec
+from app.engine.tokenizer import Tokenizer
+from app.engine.weights import TensorSource
+from app.errors import ModelLoadError, QwenTrayError
+from app.quant import calibration as calib
+from app.quant.checkpoint import (
+    COPIED_FILES,
+    EMBEDDINGS_FILE,
+    FORMAT_VERSION,
+    FP16,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    TensorEntry,
+    check_file,
+    layer_file,
+    padded_k,
+    write_atomic,
+    write_manifest,
+    write_tensor_file,
+)
+from app.quant.core import row_chunks
+from app.quant.recipe import Recipe, hf_tensor_shapes
+from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor, quantize
+
+METHODS = ("rtn", "search", "calibrated", "awq")
+CALIBRATED_METHODS = ("calibrated", "awq")  # need a calibration text run through the model
+JOURNAL = ".quantize-journal.json"
+# Rows of the embedding / lm_head read from the source at once (~4 M values: 16 MiB in fp32).
+TABLE_CHUNK_ELEMENTS = 1 << 22
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class QuantizeJob:
+    """What to quantize, how, and where to (``qwen-tray quantize`` arguments)."""
+
+    model: Path
+    out: Path
+    recipe: Recipe
+    # rtn | search (data-free clipping search) | calibrated (search weighted by calibration
+    # activations; the best on the starter model) | awq (calibrated + AWQ column scaling)
+    method: str = "calibrated"
+    adapter: Path | None = None
+    calibration: Path | None = None  # text file for calibrated/awq; default: CPython's LICENSE.txt
+    calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
+    device: str = "cpu"  # where the clipping search runs ("cuda" is ~20x faster)
+
+    def __post_init__(self) -> None:
+        self.model, self.out = Path(self.model), Path(self.out)
+        self.adapter = Path(self.adapter) if self.adapter else None
+        if self.method not in METHODS:
+            raise QwenTrayError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 16 <= self.calibration_tokens <= calib.MAX_CALIBRATION_TOKENS:
+            raise QwenTrayError(f"calibration tokens must be 16..{calib.MAX_CALIBRATION_TOKENS}, "
+                                f"got {self.calibration_tokens}")
+        if not self.model.is_dir():
+            raise ModelLoadError(f"{self.model}: model folder not found")
+        if self.out.resolve() == self.model.resolve():
+            raise QwenTrayError(f"{self.out}: --out must not be the model folder")
+
+
+def check_fused_bits(recipe: Recipe, spec: ModelSpec) -> None:
+    """q/k/v (and gate/up) are fused into one matrix at load, so they need the same bits."""
+    groups = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+    for i in range(spec.num_layers):
+        for block, names in groups:
+            bits = {n: recipe.bits_for(f"model.layers.{i}.{block}.{n}") for n in names}
+            if len(set(bits.values())) > 1:
+                detail = ", ".join(f"{n}={b}" for n, b in bits.items())
+                raise QwenTrayError(f"recipe {recipe.name}: model.layers.{i}.{block} gives {detail} bits, but "
+                                    f"{'/'.join(names)} are fused into one matrix; give them the same bits")
+
+
+def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manifest:
+    """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest."""
+    spec = ModelSpec.from_hf_folder(job.model)
+    config = json.loads((job.model / "config.json").read_text(encoding="utf-8"))
+    shapes = dict(hf_tensor_shapes(config))
+    check_fused_bits(job.recipe, spec)
+    adapter = _open_adapter(job.adapter, shapes)
+    with TensorSource(job.model) as source:
+        _check_source_names(source, shapes, spec)
+    journal = Journal(job.out, _fingerprint(job))
+    run = _Run(job, spec, shapes, adapter)
+    units = [(layer_file(i), i) for i in range(spec.num_layers)] + [(EMBEDDINGS_FILE, None)]
+    for done, (file_name, index) in enumerate(units):
+        if progress is not None:
+            progress(file_name, done, len(units))
+        if journal.finished(file_name):
+            continue
+        tensors = run.layer(index) if index is not None else run.tables()
+        journal.record(file_name, write_tensor_file(job.out / file_name, tensors.stored), tensors.entries)
+        del tensors  # before the next layer is read
+    if progress is not None:
+        progress("done", len(units), len(units))
+    copied = _copy_side_files(job.model, job.out)
+    manifest = Manifest(spec=spec, recipe=job.recipe, method=job.method, files=journal.files,
+                        tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model.name,
+                        adapter=job.adapter.name if job.adapter else None)
+    write_manifest(job.out, manifest)
+    journal.remove()
+    return manifest
+
+
+@dataclass
+class _Quantized:
+    stored: dict[str, torch.Tensor] = field(default_factory=dict)  # safetensors name -> tensor
+    entries: dict[str, TensorEntry] = field(default_factory=dict)  # HF name -> manifest entry
+
+
+class _Run:
+    """One quantize run's state: the source, the adapter and (for awq) the calibration.
+
+    The source is reopened for every layer: safetensors maps the file, and the pages a
+    layer touched stay resident (counted in RSS) until the mapping is dropped.
+    """
+
+    def __init__(self, job: QuantizeJob, spec: ModelSpec, shapes: dict, adapter: LoraAdapter | None):
+        self.job, self.spec, self.shapes, self.adapter = job, spec, shapes, adapter
+        self.calibration: calib.Calibration | None = None
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        out = {}
+        with TensorSource(self.job.model) as source:
+            for name in names:
+                t = source.get(name)
+                if tuple(t.shape) != self.shapes[name]:
+                    raise ModelLoadError(f"{self.job.model}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                         f"expected {self.shapes[name]} from config.json")
+                out[name] = self.adapter.merge(name, t) if self.adapter else t
+        return out
+
+    def layer_names(self, index: int) -> list[str]:
+        prefix = f"model.layers.{index}."
+        return [name for name in self.shapes if name.startswith(prefix)]
+
+    def layer(self, index: int) -> _Quantized:
+        out = _Quantized()
+        names = self.layer_names(index)
+        if self.job.method not in CALIBRATED_METHODS:
+            for name in names:  # one tensor mapped at a time: its pages leave RSS with it
+                t = self.read([name])[name]
+                _store(out, name, t, layer_file(index), self._bits(name), self.job, None)
+            return out
+        tensors = self.read(names)
+        stats = self._calibrated(index).run_layer(index, tensors)
+        if self.job.method == "awq":
+            importance = calib.apply_awq(index, tensors, stats, self.job.recipe)
+        else:
+            importance = calib.activation_importance(index, stats, self.job.recipe)
+        for name in names:
+            _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, importance.get(name))
+        return out
+
+    def _calibrated(self, index: int) -> calib.Calibration:
+        """The calibration state at layer ``index`` (after a resume: replayed through float layers)."""
+        if self.calibration is None:
+            tokenizer = Tokenizer.from_folder(self.job.model)
+            ids = calib.calibration_ids(tokenizer, self.job.calibration, self.job.calibration_tokens,
+                                        self.spec.vocab_size)
+            self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids))
+        while self.calibration.next_layer < index:
+            i = self.calibration.next_layer
+            self.calibration.run_layer(i, self.read(self.layer_names(i)))
+        return self.calibration
+
+    def _embedding_rows(self, ids: list[int]) -> torch.Tensor:
+        """Rows ``ids`` of the embedding table, read in chunks -> [T, hidden] fp32."""
+        name = "model.embed_tokens.weight"
+        wanted = torch.tensor(ids)
+        out = torch.empty(len(ids), self.shapes[name][1])
+        for rows, chunk in _table_chunks(self.job.model, name, self.shapes[name]):
+            hit = (wanted >= rows.start) & (wanted < rows.stop)
+            out[hit] = chunk[wanted[hit] - rows.start].float()
+        return out
+
+    def tables(self) -> _Quantized:
+        """Embedding, lm_head (untied models) and the final norm."""
+        out = _Quantized()
+        norm = self.read(["model.norm.weight"])["model.norm.weight"]
+        head = "lm_head.weight" if "lm_head.weight" in self.shapes else "model.embed_tokens.weight"
+        head_importance = None
+        if self.job.method in CALIBRATED_METHODS and self._bits(head) != 16:
+            calibration = self._calibrated(self.spec.num_layers)
+            head_importance = calibration.head_stats(norm, self.spec.rms_norm_eps).mean_sq
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in self.shapes:
+                self._store_table(out, name, head_importance if name == head else None)
+        _store(out, "model.norm.weight", norm, EMBEDDINGS_FILE, 16, self.job, None)
+        return out
+
+    def _store_table(self, out: _Quantized, name: str, importance: torch.Tensor | None) -> None:
+        shape, module = self.shapes[name], name.removesuffix(".weight")
+        bits = self._bits(name)
+        if bits == 16 or (self.adapter and module in self.adapter.pairs):
+            # kept fp16, or a LoRA on the table (rare): the whole tensor at once
+            _store(out, name, self.read([name])[name], EMBEDDINGS_FILE, bits, self.job, importance)
+            return
+        n, k = shape
+        fmt = FORMAT_OF_BITS[bits]
+        packed = {key: torch.empty(s, dtype=dt) for key, (s, dt) in
+                  QuantizedTensor.expected_shapes(fmt, n, padded_k(k)).items()}  # [N, ...] per packed tensor
+        for rows, chunk in _table_chunks(self.job.model, name, shape):
+            qt = _quantize_weight(f"{module}[{rows.start}:{rows.stop}]", chunk, bits, self.job, importance)
+            for key, t in qt.tensors.items():
+                packed[key][rows] = t
+        out.stored.update(QuantizedTensor(fmt, (n, padded_k(k)), packed, name=module).state_dict(module))
+        out.entries[name] = TensorEntry(EMBEDDINGS_FILE, fmt, shape)
+
+    def _bits(self, name: str) -> int:
+        shape = self.shapes[name]
+        if not name.endswith(".weight") or len(shape) != 2:
+            return 16
+        if self.spec.tie_word_embeddings and name == "model.embed_tokens.weight":
+            return self.job.recipe.bits_for("model.embed_tokens")  # also the head: one table
+        return self.job.recipe.bits_for(name.removesuffix(".weight"))
+
+
+def _store(out: _Quantized, name: str, t: torch.Tensor, file_name: str, bits: int, job: QuantizeJob,
+           importance: torch.Tensor | None) -> None:
+    if bits == 16:
+        out.stored[name] = _to_fp16(name, t)
+        out.entries[name] = TensorEntry(file_name, FP16, tuple(t.shape))
+        return
+    module = name.removesuffix(".weight")
+    qt = _quantize_weight(module, t, bits, job, importance)
+    out.stored.update(qt.state_dict(module))
+    out.entries[name] = TensorEntry(file_name, qt.format, tuple(t.shape))
+
+
+def _quantize_weight(name: str, w: torch.Tensor, bits: int, job: QuantizeJob,
+                     importance: torch.Tensor | None) -> QuantizedTensor:
+    """Quantize W [N, K], zero-padding K up to a multiple of 128 (the padding quantizes to 0).
+
+    W stays in its dtype: the quantizer widens it to fp32 one row chunk at a time.
+    """
+    k = w.shape[1]
+    pad = padded_k(k) - k
+    wf = F.pad(w, (0, pad)) if pad else w  # [N, K + pad]
+    if importance is not None and pad:
+        importance = F.pad(importance.float(), (0, pad))
+    method = "rtn" if job.method == "rtn" else "search"
+    device = job.device if method == "search" else None
+    return quantize(wf, bits, name=name, method=method, importance=importance, device=device)
+
+
+def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
+    t16 = t.to(torch.float16)
+    if not bool(torch.isfinite(t16).all()):
+        raise QwenTrayError(f"{name}: values are NaN/Inf or exceed the fp16 range (norms and biases are kept fp16)")
+    return t16
+
+
+def _table_chunks(folder: Path, name: str, shape: tuple[int, int]):
+    """Yield (row slice, rows of ``name``) without reading the whole table.
+
+    The file is reopened for every chunk: pages read through one mapping stay resident
+    until it is dropped, which would grow RSS by the whole table (622 MB for Qwen2.5-3B).
+    """
+    path = str(_file_of(folder, name))
+    for rows in row_chunks(shape[0], shape[1], TABLE_CHUNK_ELEMENTS):
+        with safe_open(path, framework="pt") as handle:
+            chunk = handle.get_slice(name)[rows.start:rows.stop]
+        yield rows, chunk
+
+
+def _file_of(folder: Path, name: str) -> Path:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return folder / json.loads(index.read_text(encoding="utf-8"))["weight_map"][name]
+    return folder / "model.safetensors"
+
+
+def _open_adapter(path: Path | None, shapes: dict) -> LoraAdapter | None:
+    if path is None:
+        return None
+    adapter = LoraAdapter(path)
+    modules = {n.removesuffix(".weight") for n in shapes if n.endswith(".weight")}
+    unknown = sorted(set(adapter.pairs) - modules)
+    if unknown:
+        raise ModelLoadError(f"{adapter.weights_path}: LoRA modules not found in the base model: {', '.join(unknown[:3])}")
+    return adapter
+
+
+def _check_source_names(source: TensorSource, shapes: dict, spec: ModelSpec) -> None:
+    available = set(source.names())
+    missing = sorted(set(shapes) - available)
+    if missing:
+        raise ModelLoadError(f"{source.folder}: missing tensors {', '.join(missing[:4])}")
+    leftover = sorted(n for n in available - set(shapes) if not n.endswith(_IGNORED_SUFFIXES)
+                      and not (spec.tie_word_embeddings and n == "lm_head.weight"))
+    if leftover:
+        raise ModelLoadError(f"{source.folder}: unexpected tensors {', '.join(leftover[:4])} (not a {spec.architecture}?)")
+
+
+def _copy_side_files(src: Path, out: Path) -> list[str]:
+    copied = []
+    for name in COPIED_FILES:
+        if (src / name).is_file():
+            tmp = out / f".{name}.tmp"
+            shutil.copyfile(src / name, tmp)
+            tmp.replace(out / name)
+            copied.append(name)
+    return copied
+
+
+# -- resuming -------------------------------------------------------------------------------
+
+def _file_fingerprint(path: Path) -> list:
+    """Size and a hash of the part that identifies the file (a safetensors header, or all of a small file)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if path.suffix == ".safetensors":
+            head = f.read(8)
+            head += f.read(int.from_bytes(head, "little") if len(head) == 8 else 0)
+        else:
+            head = f.read(1 << 20)
+    return [size, hashlib.sha256(head).hexdigest()]
+
+
+def _folder_fingerprint(folder: Path) -> dict:
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
+    return {name: _file_fingerprint(folder / name) for name in names}
+
+
+def _fingerprint(job: QuantizeJob) -> dict:
+    """Everything that changes the output: a resume with other settings must not mix files."""
+    fp = {"format_version": FORMAT_VERSION, "method": job.method, "source": _folder_fingerprint(job.model),
+          "recipe": {"rules": [list(r) for r in job.recipe.rules], "default_bits": job.recipe.default_bits},
+          "adapter": _folder_fingerprint(job.adapter) if job.adapter else None}
+    if job.method in CALIBRATED_METHODS:
+        path = job.calibration or calib.default_calibration_file()
+        fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
+    return fp
+
+
+class Journal:
+    """Finished files of an interrupted run, with their checksums and tensor entries."""
+
+    def __init__(self, out: Path, fingerprint: dict):
+        self.out, self.path = out, out / JOURNAL
+        self.fingerprint = fingerprint
+        self.files: dict[str, FileEntry] = {}
+        self.tensors: dict[str, TensorEntry] = {}
+        if (out / MANIFEST).exists():
+            raise QwenTrayError(f"{out}: already holds a finished checkpoint; choose another --out or delete it")
+        if self.path.is_file():
+            self._load()
+        elif out.exists() and any(out.iterdir()):
+            raise QwenTrayError(f"{out}: folder is not empty and holds no unfinished quantization; choose a new --out")
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob(".*.tmp"):  # a file being written when the last run was killed
+            stale.unlink()
+        self._save()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            same = data["fingerprint"] == self.fingerprint
+            files = {n: FileEntry(int(f["bytes"]), str(f["sha256"])) for n, f in data["files"].items()}
+            tensors = {n: TensorEntry(t["file"], t["format"], tuple(t["shape"])) for n, t in data["tensors"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise QwenTrayError(f"{self.path}: unreadable resume journal ({e}); delete the folder and start again") from None
+        if not same:
+            raise QwenTrayError(f"{self.out}: holds an unfinished quantization of another model, recipe or method; "
+                                "delete it or choose another --out")
+        self.files, self.tensors = files, tensors
+
+    def finished(self, file_name: str) -> bool:
+        """True if ``file_name`` was written by a previous run and its checksum still matches."""
+        entry = self.files.get(file_name)
+        if entry is None:
+            return False
+        try:
+            check_file(self.out / file_name, entry)
+            return True
+        except ModelLoadError:
+            self._forget(file_name)
+            return False
+
+    def _forget(self, file_name: str) -> None:
+        self.files.pop(file_name, None)
+        self.tensors = {n: t for n, t in self.tensors.items() if t.file != file_name}
+
+    def record(self, file_name: str, entry: FileEntry, tensors: dict[str, TensorEntry]) -> None:
+        self._forget(file_name)
+        self.files[file_name] = entry
+        self.tensors.update(tensors)
+        self._save()
+
+    def _save(self) -> None:
+        data = {"fingerprint": self.fingerprint,
+                "files": {n: {"bytes": f.bytes, "sha256": f.sha256} for n, f in self.files.items()},
+                "tensors": {n: t.to_dict() for n, t in self.tensors.items()}}
+        write_atomic(self.path, json.dumps(data, indent=1).encode("utf-8"))
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
