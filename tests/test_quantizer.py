@@ -22,8 +22,9 @@ from safetensors.torch import save_file
 
 from app.errors import QwenTrayError
 from app.quant.checkpoint import EMBEDDINGS_FILE, MANIFEST, layer_file, read_manifest
-from app.quant.quantizer import JOURNAL, QuantizeJob, quantize_model
+from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.recipe import load_recipe
+from app.quant.resume import JOURNAL, fingerprint
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, LAYERS = 2048, 11008, 16, 2, 128, 16384, 2
 LAYER_PARAMS = HIDDEN * (HEADS + 2 * KV_HEADS) * HEAD_DIM + HEADS * HEAD_DIM * HIDDEN + 3 * HIDDEN * INTER
@@ -113,15 +114,22 @@ def test_peak_memory_stays_near_one_layer(uninterrupted, model_3b_shaped):
     assert 4.0 < m.bits_per_weight < 4.3  # w4 everywhere: 4 bits + a fp16 scale per 128 + fp16 norms/biases
 
 
+def _journal_lists(out: Path, file_name: str) -> bool:
+    try:  # written atomically: it is either absent or complete
+        return file_name in json.loads((out / JOURNAL).read_text())["files"]
+    except FileNotFoundError:
+        return False
+
+
 def test_killed_run_resumes_to_the_same_checkpoint(uninterrupted, model_3b_shaped, tmp_path, capsys):
     full, _ = uninterrupted
     out = tmp_path / "ckpt"
     child = subprocess.Popen([sys.executable, "-m", "app.cli", *quantize_args(model_3b_shaped, out)], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(tmp_path))
     first = out / layer_file(0)
-    try:
+    try:  # kill as soon as the journal records the first layer as finished
         deadline = time.monotonic() + 300
-        while not first.exists() and child.poll() is None and time.monotonic() < deadline:
+        while not _journal_lists(out, layer_file(0)) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         child.send_signal(signal.SIGKILL)
@@ -143,15 +151,13 @@ def test_killed_run_resumes_to_the_same_checkpoint(uninterrupted, model_3b_shape
 
 
 def test_resume_redoes_a_finished_file_whose_checksum_changed(uninterrupted, model_3b_shaped, tmp_path):
-    from app.quant.quantizer import _fingerprint
-
     full, _ = uninterrupted
     out = tmp_path / "ckpt"
     shutil.copytree(full, out)
     job = QuantizeJob(model=model_3b_shaped, out=out, recipe=load_recipe("w4"), method="search")  # as the CLI run
     # turn the finished checkpoint back into an interrupted run whose layer 1 then got damaged
     manifest = json.loads((out / MANIFEST).read_text())
-    journal = {"fingerprint": _fingerprint(job), "files": manifest["files"], "tensors": manifest["tensors"]}
+    journal = {"fingerprint": fingerprint(job), "files": manifest["files"], "tensors": manifest["tensors"]}
     (out / MANIFEST).unlink()
     (out / JOURNAL).write_text(json.dumps(journal))
     damaged = bytearray((out / layer_file(1)).read_bytes())

@@ -14,7 +14,6 @@ manifest is written last (atomically) and the journal removed, so a folder with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -34,26 +33,20 @@ from app.quant import calibration as calib
 from app.quant.checkpoint import (
     COPIED_FILES,
     EMBEDDINGS_FILE,
-    FORMAT_VERSION,
     FP16,
-    MANIFEST,
-    FileEntry,
     Manifest,
     TensorEntry,
-    check_file,
     layer_file,
     padded_k,
-    write_atomic,
     write_manifest,
     write_tensor_file,
 )
 from app.quant.core import row_chunks
 from app.quant.recipe import Recipe, hf_tensor_shapes
+from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor, quantize
 
-METHODS = ("rtn", "search", "calibrated", "awq")
-CALIBRATED_METHODS = ("calibrated", "awq")  # need a calibration text run through the model
-JOURNAL = ".quantize-journal.json"
+METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 # Rows of the embedding / lm_head read from the source at once (~4 M values: 16 MiB in fp32).
 TABLE_CHUNK_ELEMENTS = 1 << 22
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -111,7 +104,7 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manife
     adapter = _open_adapter(job.adapter, shapes)
     with TensorSource(job.model) as source:
         _check_source_names(source, shapes, spec)
-    journal = Journal(job.out, _fingerprint(job))
+    journal = Journal(job.out, fingerprint(job))
     run = _Run(job, spec, shapes, adapter)
     units = [(layer_file(i), i) for i in range(spec.num_layers)] + [(EMBEDDINGS_FILE, None)]
     for done, (file_name, index) in enumerate(units):
@@ -333,97 +326,3 @@ def _copy_side_files(src: Path, out: Path) -> list[str]:
             tmp.replace(out / name)
             copied.append(name)
     return copied
-
-
-# -- resuming -------------------------------------------------------------------------------
-
-def _file_fingerprint(path: Path) -> list:
-    """Size and a hash of the part that identifies the file (a safetensors header, or all of a small file)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if path.suffix == ".safetensors":
-            head = f.read(8)
-            head += f.read(int.from_bytes(head, "little") if len(head) == 8 else 0)
-        else:
-            head = f.read(1 << 20)
-    return [size, hashlib.sha256(head).hexdigest()]
-
-
-def _folder_fingerprint(folder: Path) -> dict:
-    names = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
-    return {name: _file_fingerprint(folder / name) for name in names}
-
-
-def _fingerprint(job: QuantizeJob) -> dict:
-    """Everything that changes the output: a resume with other settings must not mix files."""
-    fp = {"format_version": FORMAT_VERSION, "method": job.method, "source": _folder_fingerprint(job.model),
-          "recipe": {"rules": [list(r) for r in job.recipe.rules], "default_bits": job.recipe.default_bits},
-          "adapter": _folder_fingerprint(job.adapter) if job.adapter else None}
-    if job.method in CALIBRATED_METHODS:
-        path = job.calibration or calib.default_calibration_file()
-        fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
-    return fp
-
-
-class Journal:
-    """Finished files of an interrupted run, with their checksums and tensor entries."""
-
-    def __init__(self, out: Path, fingerprint: dict):
-        self.out, self.path = out, out / JOURNAL
-        self.fingerprint = fingerprint
-        self.files: dict[str, FileEntry] = {}
-        self.tensors: dict[str, TensorEntry] = {}
-        if (out / MANIFEST).exists():
-            raise QwenTrayError(f"{out}: already holds a finished checkpoint; choose another --out or delete it")
-        if self.path.is_file():
-            self._load()
-        elif out.exists() and any(out.iterdir()):
-            raise QwenTrayError(f"{out}: folder is not empty and holds no unfinished quantization; choose a new --out")
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in out.glob(".*.tmp"):  # a file being written when the last run was killed
-            stale.unlink()
-        self._save()
-
-    def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            same = data["fingerprint"] == self.fingerprint
-            files = {n: FileEntry(int(f["bytes"]), str(f["sha256"])) for n, f in data["files"].items()}
-            tensors = {n: TensorEntry(t["file"], t["format"], tuple(t["shape"])) for n, t in data["tensors"].items()}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise QwenTrayError(f"{self.path}: unreadable resume journal ({e}); delete the folder and start again") from None
-        if not same:
-            raise QwenTrayError(f"{self.out}: holds an unfinished quantization of another model, recipe or method; "
-                                "delete it or choose another --out")
-        self.files, self.tensors = files, tensors
-
-    def finished(self, file_name: str) -> bool:
-        """True if ``file_name`` was written by a previous run and its checksum still matches."""
-        entry = self.files.get(file_name)
-        if entry is None:
-            return False
-        try:
-            check_file(self.out / file_name, entry)
-            return True
-        except ModelLoadError:
-            self._forget(file_name)
-            return False
-
-    def _forget(self, file_name: str) -> None:
-        self.files.pop(file_name, None)
-        self.tensors = {n: t for n, t in self.tensors.items() if t.file != file_name}
-
-    def record(self, file_name: str, entry: FileEntry, tensors: dict[str, TensorEntry]) -> None:
-        self._forget(file_name)
-        self.files[file_name] = entry
-        self.tensors.update(tensors)
-        self._save()
-
-    def _save(self) -> None:
-        data = {"fingerprint": self.fingerprint,
-                "files": {n: {"bytes": f.bytes, "sha256": f.sha256} for n, f in self.files.items()},
-                "tensors": {n: t.to_dict() for n, t in self.tensors.items()}}
-        write_atomic(self.path, json.dumps(data, indent=1).encode("utf-8"))
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
