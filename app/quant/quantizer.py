@@ -27,8 +27,8 @@ from safetensors import safe_open
 from app.engine.lora import LoraAdapter
 from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import TensorSource
-from app.errors import ModelLoadError, QwenTrayError
+from app.engine.weights import TensorSource, hf_weight_map
+from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
 from app.quant import calibration as calib
 from app.quant.checkpoint import (
     COPIED_FILES,
@@ -98,8 +98,7 @@ def check_fused_bits(recipe: Recipe, spec: ModelSpec) -> None:
 def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manifest:
     """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest."""
     spec = ModelSpec.from_hf_folder(job.model)
-    config = json.loads((job.model / "config.json").read_text(encoding="utf-8"))
-    shapes = dict(hf_tensor_shapes(config))
+    shapes = _expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
     adapter = _open_adapter(job.adapter, shapes)
     with TensorSource(job.model) as source:
@@ -293,6 +292,18 @@ def _file_of(folder: Path, name: str) -> Path:
     if index.is_file():
         return folder / json.loads(index.read_text(encoding="utf-8"))["weight_map"][name]
     return folder / "model.safetensors"
+
+
+def _expected_shapes(folder: Path, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, from config.json, with the biases the spec says the model has."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["model_type"] = "qwen2" if spec.attention_bias else "llama"  # hf_tensor_shapes reads q/k/v bias from it
+    config["attention_bias"] = spec.attention_bias and spec.architecture != "Qwen2ForCausalLM"
+    shapes = dict(hf_tensor_shapes(config))
+    differ = sorted(set(shapes) ^ set(hf_weight_map(spec)))
+    if differ:  # e.g. an o_proj bias (Llama attention_bias), which the engine does not support
+        raise UnsupportedModelError(f"{folder / 'config.json'}: tensors {', '.join(differ[:3])} are not supported")
+    return shapes
 
 
 def _open_adapter(path: Path | None, shapes: dict) -> LoraAdapter | None:
