@@ -177,9 +177,10 @@ NOTES = """## Reading these numbers
   of 32), and it is a 135M model: re-quantizing it to symmetric groups of 128 costs far more
   than on a bf16 Qwen2.5-3B/7B (not measured here: no such weights on this machine). The
   textbook absmax row, computed apart from `app.quant`, shows the 4-bit loss is the format's.
-- Clipping by weight error alone (`search`) is worse than RTN on this model: the large
-  weights it clips meet large activations. Weighting the error by the activations
-  (`calibrated`) turns it into the best method; AWQ scaling on top does not help here.
+- Clipping by weight error alone (`search`) is worse than RTN on this model, presumably
+  because the large weights it clips meet large activations. Weighting the error by the
+  activations (`calibrated`) turns it into the best method; AWQ scaling on top does not
+  help here (its alpha is chosen under RTN, not under the search that follows).
 - Hidden size 576 is not a multiple of 128: those weights are stored padded to 640 columns
   (docs/FORMATS.md), which the bits/weight column includes."""
 

@@ -202,6 +202,8 @@ CORRUPTIONS = {
                        "format version 2"),
     "manifest not json": (lambda d: (d / MANIFEST).write_text("{nope"), "manifest.json", "JSON"),
     "manifest field": (lambda d: _rewrite_manifest(d, lambda m: m.pop("tensors")), "manifest.json", "tensors"),
+    "spec vs weights": (lambda d: _rewrite_manifest(d, lambda m: m["spec"].update(intermediate_size=192)),
+                        "manifest.json", "up_proj.weight: lands at row 160"),
 }
 
 

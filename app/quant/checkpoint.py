@@ -356,5 +356,5 @@ def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Pat
     max_positions = context_length(manifest.spec.max_position_embeddings, max_context)
     weights = ((name, entry.shape, weight) for name, entry, weight in iter_weights(path, manifest))
     model = build_quantized_model(manifest.spec, weights, len(manifest.tensors), max_positions, device, dtype,
-                                  backend=backend, progress=progress)
+                                  backend=backend, progress=progress, where=str(path / MANIFEST))
     return LoadedModel(path, path.name, manifest.spec, tokenizer, model, dtype)

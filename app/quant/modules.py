@@ -158,16 +158,29 @@ WeightItem = tuple[str, tuple[int, ...], "QuantizedTensor | torch.Tensor"]  # HF
 
 def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total: int, max_positions: int,
                           device: torch.device, dtype: torch.dtype, *, backend: str = "dense",
-                          progress: Callable[[str, int, int], None] | None = None) -> QuantizedDecoderModel:
+                          progress: Callable[[str, int, int], None] | None = None,
+                          where: str = "checkpoint") -> QuantizedDecoderModel:
     """A QuantizedDecoderModel on ``device`` from (HF name, logical shape, weight) items.
 
     Quantized parts of a fused matrix (q/k/v -> qkv_proj, gate/up -> gate_up_proj) are
     concatenated row-wise (groups are per row, so packed rows stack like dense ones); fp16
     tensors are copied into their (fused) parameters in ``dtype``. The skeleton is built on
-    the meta device, so no dense weight is ever allocated for a quantized module.
+    the meta device, so no dense weight is ever allocated for a quantized module. Errors
+    (a manifest that does not describe this model) start with ``where``.
     """
     if backend not in BACKENDS:
-        raise ModelLoadError(f"unknown quantized backend {backend!r} (known: {', '.join(BACKENDS)})")
+        raise ValueError(f"unknown quantized backend {backend!r} (known: {', '.join(BACKENDS)})")
+    try:
+        return _build(spec, weights, total, max_positions, device, dtype, backend, progress)
+    except _Mismatch as e:  # errors reading the weights name their file already and pass through
+        raise ModelLoadError(f"{where}: {e}") from None
+
+
+class _Mismatch(ModelLoadError):
+    """The weights do not describe the model of the spec."""
+
+
+def _build(spec, weights, total, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
     targets = hf_weight_map(spec)
     with torch.device("meta"):
         model = QuantizedDecoderModel(spec, max_positions)
@@ -176,7 +189,7 @@ def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total:
     for done, (name, shape, weight) in enumerate(weights, 1):
         target = targets.get(name)
         if target is None:
-            raise ModelLoadError(f"checkpoint tensor {name!r} is not part of a {spec.architecture} model")
+            raise _Mismatch(f"tensor {name!r} is not part of a {spec.architecture} model")
         if isinstance(weight, QuantizedTensor):
             quantized.setdefault(target.param, []).append((target.row_offset, name, weight, shape[1]))
         else:
@@ -186,7 +199,7 @@ def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total:
     loaded = {name for parts in quantized.values() for _, name, _, _ in parts} | {name for name, _, _ in dense}
     missing = sorted(set(targets) - loaded)
     if missing:
-        raise ModelLoadError(f"checkpoint lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     for param, parts in quantized.items():
         _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
     _materialize(model, device, dtype)
@@ -202,16 +215,16 @@ def _fuse(param: str, parts: list[tuple[int, str, QuantizedTensor, int]], target
     expected = sorted(n for n, t in targets.items() if t.param == param)
     names = sorted(name for _, name, _, _ in parts)
     if names != expected:
-        raise ModelLoadError(f"{param}: parts {', '.join(expected)} must all be quantized with the same bits "
+        raise _Mismatch(f"{param}: parts {', '.join(expected)} must all be quantized with the same bits "
                              f"(quantized: {', '.join(names)})")
     parts = sorted(parts, key=lambda p: p[0])
     first = parts[0][2]
     if any(qt.format != first.format or qt.shape[1] != first.shape[1] or k != parts[0][3] for _, _, qt, k in parts):
-        raise ModelLoadError(f"{param}: fused parts {', '.join(names)} have different formats or K")
+        raise _Mismatch(f"{param}: fused parts {', '.join(names)} have different formats or K")
     rows = 0
     for offset, name, qt, _ in parts:
         if offset != rows:
-            raise ModelLoadError(f"{name}: has {qt.shape[0]} rows where the model expects {offset - rows} more")
+            raise _Mismatch(f"{name}: lands at row {rows} of {param}, the spec puts it at row {offset}")
         rows += qt.shape[0]
     keys = FORMATS[first.format][1]
     tensors = {key: torch.cat([qt.tensors[key] for _, _, qt, _ in parts]).to(device) for key in keys}  # [sum N, .]
@@ -224,14 +237,14 @@ def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTen
     qt, k = fused
     if param == "embed_tokens":
         if qt.shape[0] != model.spec.vocab_size or k != model.spec.hidden_size:
-            raise ModelLoadError(f"model.embed_tokens: shape ({qt.shape[0]}, {k}) does not match the spec")
+            raise _Mismatch(f"model.embed_tokens: shape ({qt.shape[0]}, {k}) does not match the spec")
         del model.embed_tokens  # the meta Parameter; a module takes its name
         model.embed_tokens = QuantEmbedding(qt, k)
         return
     path = param.removesuffix(".weight")
     old = model.get_submodule(path)
     if (qt.shape[0], k) != (old.out_features, old.in_features):
-        raise ModelLoadError(f"{path}: shape ({qt.shape[0]}, {k}) does not match the spec "
+        raise _Mismatch(f"{path}: shape ({qt.shape[0]}, {k}) does not match the spec "
                              f"({old.out_features}, {old.in_features})")
     # filled from the checkpoint's fp16 bias by _copy_dense
     bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
@@ -256,5 +269,5 @@ def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]])
     for name, target, tensor in dense:
         dest = params[target.param].data[target.row_offset:target.row_offset + tensor.shape[0]]
         if dest.shape != tensor.shape:
-            raise ModelLoadError(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
+            raise _Mismatch(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
         dest.copy_(tensor)
