@@ -132,10 +132,11 @@ class _Quantized:
 
 
 class _Run:
-    """One quantize run's state: the source, the adapter and (for awq) the calibration.
+    """One quantize run's state: the source, the adapter and (calibrated/awq) the calibration.
 
-    The source is reopened for every layer: safetensors maps the file, and the pages a
-    layer touched stay resident (counted in RSS) until the mapping is dropped.
+    The source is reopened for every read: safetensors maps the file, and the pages read
+    through a mapping stay resident (counted in RSS) until it is dropped, so a mapping must
+    not outlive the tensors read through it.
     """
 
     def __init__(self, job: QuantizeJob, spec: ModelSpec, shapes: dict, adapter: LoraAdapter | None):
