@@ -89,8 +89,9 @@ class _StatsProbe:
         self.count = 0
 
     def __call__(self, module, args) -> None:
-        x = args[0].reshape(-1, args[0].shape[-1]).double()  # [tokens, K]
-        abs_sum, sq_sum = x.abs().sum(0), x.square().sum(0)
+        x = args[0].reshape(-1, args[0].shape[-1])  # [tokens, K]
+        abs_sum = x.abs().sum(0, dtype=torch.float64)  # fp64 sums, no fp64 copy of x
+        sq_sum = x.square().sum(0, dtype=torch.float64)
         self.abs_sum = abs_sum if self.abs_sum is None else self.abs_sum + abs_sum
         self.sq_sum = sq_sum if self.sq_sum is None else self.sq_sum + sq_sum
         self.count += x.shape[0]
