@@ -131,6 +131,33 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits):
     assert torch.equal(lookup_rows(q, ids, tables, out), want[ids.long()])
 
 
+def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
+    """The bit arithmetic of app/engine/cuda_dequant.py's kernels, word by word, in PyTorch int64."""
+    words = (q.qa.long() & 0xFFFFFFFF).view(q.out_features, -1)  # unsigned 32-bit words
+    s = q.scales.float().repeat_interleave(128, dim=1)  # [N, K]
+    if q.bits == 4:  # word j: pair m = (nibble m -> k = 8j + 2m, nibble 4+m -> 8j + 2m + 1)
+        even = torch.stack([(words >> (4 * m)) & 15 for m in range(4)], -1)
+        odd = torch.stack([(words >> (16 + 4 * m)) & 15 for m in range(4)], -1)
+        u, offset = torch.stack((even, odd), -1).view(q.out_features, -1), 8
+    else:  # qhigh word j with qlow words 2j, 2j+1: pair m -> k = 32j + 2m, +1
+        high = (q.qb.long() & 0xFFFFFFFF)
+        low = words.view(q.out_features, -1, 2)
+        pairs = []
+        for m in range(16):
+            lw, f = low[..., m >> 3], 2 * (m & 7)
+            pairs.append(torch.stack((((lw >> f) & 3) | (((high >> m) & 1) << 2),
+                                      ((lw >> (16 + f)) & 3) | (((high >> (16 + m)) & 1) << 2)), -1))
+        u, offset = torch.stack(pairs, -2).view(q.out_features, -1), 4
+    return ((u - offset).float() * s).half()  # fp32 product (exact), one rounding
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+def test_dequant_kernel_bit_mapping_emulated(bits):
+    g = torch.Generator().manual_seed(20 + bits)
+    q = quantize_linear(LinearWeight(16, 37, 384, dense=(torch.randn(37, 384, generator=g) * 0.05).half()), bits)
+    assert torch.equal(emulate_dequant_kernel(q), dequantized_linear(q).half())
+
+
 # -- the runner against the reference model --------------------------------------------------
 
 def tiny_spec(arch: str = "qwen2") -> ModelSpec:
