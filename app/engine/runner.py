@@ -55,5 +55,7 @@ class TorchRunner:
         return self.model(tokens, start, slot, self.cache, all_logits=True)
 
     def memory_info(self) -> dict:
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        from app.quant.modules import quantized_nbytes  # packed weights are buffers, not parameters
+
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters()) + quantized_nbytes(self.model)
         return {"weights_bytes": weights, "kv_cache_bytes": self.cache.nbytes, "device": str(self.device)}
