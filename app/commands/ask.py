@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 def _ask_local(args, messages, params) -> int:
     from app.engine import Engine
     from app.settings import load_settings
-    from app.ui_progress import load_progress_bar
+    from app.progress import load_progress_bar
 
     path = load_settings().resolve_model(args.model)
     with load_progress_bar(f"loading {path.name}") as progress:
