@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from app.errors import QwenTrayError
@@ -46,15 +45,11 @@ def run_add_starter(args: argparse.Namespace) -> int:
 
     out = models_dir() / STARTER_MODEL_NAME
     if args.force or not (out / "config.json").is_file():
-        from tqdm import tqdm
+        from app.progress import load_progress_bar
 
-        with tqdm(desc=f"converting {STARTER_MODEL_NAME}", unit="tensor", file=sys.stderr, disable=None) as bar:
-            def progress(done: int, total: int) -> None:
-                bar.total = total
-                bar.n = done
-                bar.refresh()
-
-            convert_gguf_to_hf(find_starter_gguf(), out, progress=progress, overwrite=args.force)
+        with load_progress_bar(f"converting {STARTER_MODEL_NAME}") as progress:
+            convert_gguf_to_hf(find_starter_gguf(), out, progress=lambda done, total: progress("tensors", done, total),
+                               overwrite=args.force)
     settings = load_settings()
     settings.add_model(STARTER_MODEL_NAME, out)
     save_settings(settings)
