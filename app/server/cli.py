@@ -40,6 +40,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--max-batch-size", type=int, default=4, help="requests generated together (KV-cache slots)")
     parser.add_argument("--max-context", type=int, default=None, help="tokens per request, prompt + answer")
+    parser.add_argument("--vram-budget", default=None, metavar="SIZE",
+                        help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
     parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
                         help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
     parser.add_argument("--api-key", default=None,
@@ -82,7 +84,7 @@ def _load_engine(args: argparse.Namespace):
             log.info("loading: %s done", stage)
 
     return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size,
-                       max_context=args.max_context, progress=progress)
+                       max_context=args.max_context, vram_budget=args.vram_budget, progress=progress)
 
 
 def run_serve(args: argparse.Namespace) -> int:
