@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
 
-from app.engine.cuda_ops import KernelOps  # noqa: E402
-from app.engine.cuda_runner import runner_for_weights  # noqa: E402
-from app.engine.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
-from app.engine.weight_factories import synthetic_weights  # noqa: E402
+from app.engine.cuda.ops import KernelOps  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights  # noqa: E402
+from app.engine.cuda.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
+from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.spec import ModelSpec  # noqa: E402
 from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 

@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.memory import (
+from app.engine.cuda.memory import (
     GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget, model_weight_bytes,
     parse_size, plan_memory, resolve_budget,
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
-from app.engine.runtime_weights import DequantTables, LinearWeight, dequantize_rows, lookup_rows, weights_from_model
-from app.engine.weight_factories import dequantized_linear, quantize_linear, quantize_weights
-from app.engine.cuda_runner import CudaRunner
+from app.engine.cuda.weights import DequantTables, LinearWeight, dequantize_rows, lookup_rows, weights_from_model
+from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
+from app.engine.cuda.runner import CudaRunner
 from app.engine.spec import ModelSpec
 from app.errors import ContextLengthError
 from app.quant.recipe import BUILTIN_RECIPES
@@ -132,7 +132,7 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits):
 
 
 def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
-    """The bit arithmetic of app/engine/cuda_dequant.py's kernels, word by word, in PyTorch int64."""
+    """The bit arithmetic of app/engine/cuda/dequant.py's kernels, word by word, in PyTorch int64."""
     words = (q.qa.long() & 0xFFFFFFFF).view(q.out_features, -1)  # unsigned 32-bit words
     s = q.scales.float().repeat_interleave(128, dim=1)  # [N, K]
     if q.bits == 4:  # word j: pair m = (nibble m -> k = 8j + 2m, nibble 4+m -> 8j + 2m + 1)
@@ -296,7 +296,7 @@ def gpu_runner(weights, **kw) -> CudaRunner:
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
-    from app.engine.cuda_dequant import DequantKernel
+    from app.engine.cuda.dequant import DequantKernel
 
     g = torch.Generator().manual_seed(10 + bits)
     dense = LinearWeight(16, 1000, 1152, dense=(torch.randn(1000, 1152, generator=g) * 0.05).half())
@@ -318,7 +318,7 @@ def test_gpu_runner_matches_fp32_reference_over_50_steps(arch, recipe, prefill_m
     model = random_model(spec, seed=5)
     weights = runtime_weights(model, recipe)
     ref = TorchRunner(model, StaticKVCache(spec, 2, 256, torch.float32, "cpu"), torch.device("cpu"))
-    from app.engine.cuda_dequant import DequantKernel
+    from app.engine.cuda.dequant import DequantKernel
 
     runner = gpu_runner(weights, num_slots=2, max_context=256, prefill_mode=prefill_mode,
                         dequant_kernel=DequantKernel(torch.device("cuda")))
@@ -420,7 +420,7 @@ def tiny_checkpoint(tmp_path_factory, qwen_tokenizer_dir):
 
 
 def test_quantized_checkpoint_loads_packed_and_runs(tiny_checkpoint):
-    from app.engine.cuda_runner import load_packed
+    from app.engine.cuda.runner import load_packed
     from app.quant.checkpoint import load_quantized_model
     from app.quant.modules import QuantLinear
 

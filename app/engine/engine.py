@@ -135,8 +135,8 @@ def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None) -> st
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
                   progress: ProgressCallback | None, vram_budget: int | str | None):
     """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
-    from app.engine.cuda_runner import create_cuda_runner, load_packed
-    from app.engine.memory import parse_size
+    from app.engine.cuda.runner import create_cuda_runner, load_packed
+    from app.engine.cuda.memory import parse_size
 
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
     loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)

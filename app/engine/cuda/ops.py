@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.engine.runtime_weights import LinearWeight
+from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
 
 

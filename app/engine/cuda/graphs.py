@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.runtime_weights import DequantTables, ModelWeights, lookup_rows
+from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import DecodeAttentionWorkspace
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")

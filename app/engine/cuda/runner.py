@@ -2,11 +2,11 @@
 
 - Weights resident in one allocation, W4/W3 through the GEMV kernels, dense fp16 linears
   through cuBLAS; fp16 activations; the static KV cache and every decode buffer allocated
-  once, after the VRAM plan (app.engine.memory) said they fit.
+  once, after the VRAM plan (app.engine.cuda.memory) said they fit.
 - Decode: the whole step (embedding -> layers -> norm -> lm_head -> argmax) is one CUDA
-  graph per batch bucket (app.engine.cuda_graphs); :meth:`decode_greedy` copies back only
+  graph per batch bucket (app.engine.cuda.graphs); :meth:`decode_greedy` copies back only
   the token ids, :meth:`decode` the logits rows (for sampling and penalties).
-- Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda_prefill);
+- Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill);
   "graph" = the decode graph with up to 8 consecutive tokens of one sequence as its rows
   (row j attends to positions 0..start+j), for budgets with no room for a GEMM workspace.
 
@@ -20,18 +20,18 @@ from pathlib import Path
 
 import torch
 
-from app.engine.cuda_dequant import dequant_kernel_or_none
-from app.engine.cuda_graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
-from app.engine.cuda_ops import default_ops
-from app.engine.cuda_prefill import GemmPrefill
+from app.engine.cuda.dequant import dequant_kernel_or_none
+from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
+from app.engine.cuda.ops import default_ops
+from app.engine.cuda.prefill import GemmPrefill
 from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
-from app.engine.memory import (
+from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
     resolve_budget,
 )
-from app.engine.runtime_weights import (
+from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
 
@@ -206,7 +206,7 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
                        use_graphs: bool = True) -> CudaRunner:
     """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
 
-    Raises :class:`app.engine.memory.VramBudgetError` before anything is allocated on the GPU
+    Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
     when the model, the cache or the runtime do not fit.
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)

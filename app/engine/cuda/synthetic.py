@@ -2,7 +2,7 @@
 
 :func:`synthetic_weights` gives random weights with a real model's exact shapes (the speed of
 a GEMV does not depend on the values); :func:`quantize_weights` quantizes a dense
-:class:`~app.engine.runtime_weights.ModelWeights` by a recipe with round-to-nearest (the
+:class:`~app.engine.cuda.weights.ModelWeights` by a recipe with round-to-nearest (the
 product's quantizer is app.quant); :func:`dequantized_linear` is the fp32 reference of any
 weight.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.runtime_weights import LayerWeights, LinearWeight, ModelWeights
+from app.engine.cuda.weights import LayerWeights, LinearWeight, ModelWeights
 from app.engine.spec import ModelSpec
 from app.quant.core import GROUP_SIZE
 

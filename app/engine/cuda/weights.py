@@ -1,4 +1,4 @@
-"""The weights of a decoder as the CUDA runtime reads them (app.engine.cuda_runner).
+"""The weights of a decoder as the CUDA runtime reads them (app.engine.cuda.runner).
 
 :class:`LinearWeight` is one projection: dense fp16 ``[N, K]`` or packed W4/W3 (layouts in
 docs/FORMATS.md). :class:`ModelWeights` is the whole model, taken from a ``DecoderModel``

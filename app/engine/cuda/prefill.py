@@ -2,7 +2,7 @@
 
 Decode reads each weight once per token, so it uses the GEMV kernels; a prompt of T tokens
 reuses each weight T times, so here each quantized weight is dequantized tile by tile into
-one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda_dequant
+one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda.dequant
 when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Attention is
 PyTorch's scaled_dot_product_attention over the slot's cached keys, one query group at a
 time (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.runtime_weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
+from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
 
 TILE_ROW_MULTIPLE = 16
 
@@ -50,7 +50,7 @@ class GemmPrefill:
         self.cos, self.sin = rope
         self.spec = weights.spec
         self.chunk = chunk
-        self.dequant_kernel = dequant_kernel  # app.engine.cuda_dequant.DequantKernel or None
+        self.dequant_kernel = dequant_kernel  # app.engine.cuda.dequant.DequantKernel or None
         widest = max(self.spec.hidden_size, self.spec.intermediate_size)
         # at least one 16-row tile of the widest weight, whatever the plan says
         self.tile = torch.empty(max(tile_elements, TILE_ROW_MULTIPLE * widest), dtype=torch.float16,
