@@ -408,7 +408,7 @@ def test_engine_batched_greedy_equals_alone(tiny_qwen_dir, recipe):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory, qwen_tokenizer_dir):
     """A tiny Qwen2 with kernel-friendly shapes, quantized by app.quant with the 'mixed' recipe."""
-    from conftest import build_tiny_model
+    from tests.conftest import build_tiny_model
 
     from app.quant.quantizer import QuantizeJob, quantize_model
 
