@@ -124,14 +124,7 @@ def load_hf_weights(model: torch.nn.Module, source: TensorSource, spec: ModelSpe
     """
     params = dict(model.named_parameters())
     plan = hf_weight_map(spec)
-    available = set(source.names())
-    missing = sorted(set(plan) - available)
-    if missing:
-        raise ModelLoadError(f"{source.folder}: missing tensors {_short(missing)}")
-    leftover = sorted(n for n in available - set(plan) if not n.endswith(_IGNORED_SUFFIXES)
-                      and not (spec.tie_word_embeddings and n == "lm_head.weight"))
-    if leftover:
-        raise ModelLoadError(f"{source.folder}: unexpected tensors {_short(leftover)} (not a {spec.architecture}?)")
+    check_tensor_names(source, set(plan), spec)
     for done, (name, target) in enumerate(plan.items(), 1):
         tensor = source.get(name)
         if transform is not None:
@@ -139,6 +132,18 @@ def load_hf_weights(model: torch.nn.Module, source: TensorSource, spec: ModelSpe
         _copy_into(params[target.param], tensor, target, name, source.folder)
         if progress is not None:
             progress(done, len(plan))
+
+
+def check_tensor_names(source: TensorSource, expected: set[str], spec: ModelSpec) -> None:
+    """Refuse a checkpoint that lacks an expected tensor or carries ones the model does not have."""
+    available = set(source.names())
+    missing = sorted(expected - available)
+    if missing:
+        raise ModelLoadError(f"{source.folder}: missing tensors {_short(missing)}")
+    leftover = sorted(n for n in available - expected if not n.endswith(_IGNORED_SUFFIXES)
+                      and not (spec.tie_word_embeddings and n == "lm_head.weight"))
+    if leftover:
+        raise ModelLoadError(f"{source.folder}: unexpected tensors {_short(leftover)} (not a {spec.architecture}?)")
 
 
 def _copy_into(param: torch.Tensor, tensor: torch.Tensor, target: Target, name: str, folder: Path) -> None:

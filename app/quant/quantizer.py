@@ -27,7 +27,7 @@ from safetensors import safe_open
 from app.engine.lora import LoraAdapter
 from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import TensorSource, hf_weight_map
+from app.engine.weights import TensorSource, check_tensor_names, hf_weight_map
 from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
 from app.quant import calibration as calib
 from app.quant.checkpoint import (
@@ -49,7 +49,6 @@ from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor, quantize
 METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 # Rows of the embedding / lm_head read from the source at once (~4 M values: 16 MiB in fp32).
 TABLE_CHUNK_ELEMENTS = 1 << 22
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 Progress = Callable[[str, int, int], None]
 
@@ -102,7 +101,7 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manife
     check_fused_bits(job.recipe, spec)
     adapter = _open_adapter(job.adapter, shapes)
     with TensorSource(job.model) as source:
-        _check_source_names(source, shapes, spec)
+        check_tensor_names(source, set(shapes), spec)
     journal = Journal(job.out, fingerprint(job))
     run = _Run(job, spec, shapes, adapter)
     units = [(layer_file(i), i) for i in range(spec.num_layers)] + [(EMBEDDINGS_FILE, None)]
@@ -316,17 +315,6 @@ def _open_adapter(path: Path | None, shapes: dict) -> LoraAdapter | None:
     if unknown:
         raise ModelLoadError(f"{adapter.weights_path}: LoRA modules not found in the base model: {', '.join(unknown[:3])}")
     return adapter
-
-
-def _check_source_names(source: TensorSource, shapes: dict, spec: ModelSpec) -> None:
-    available = set(source.names())
-    missing = sorted(set(shapes) - available)
-    if missing:
-        raise ModelLoadError(f"{source.folder}: missing tensors {', '.join(missing[:4])}")
-    leftover = sorted(n for n in available - set(shapes) if not n.endswith(_IGNORED_SUFFIXES)
-                      and not (spec.tie_word_embeddings and n == "lm_head.weight"))
-    if leftover:
-        raise ModelLoadError(f"{source.folder}: unexpected tensors {', '.join(leftover[:4])} (not a {spec.architecture}?)")
 
 
 def _copy_side_files(src: Path, out: Path) -> list[str]:
