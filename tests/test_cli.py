@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -12,38 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_one_line_error
+
 
 def run_cli(*args: str, home: Path, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "QWEN_TRAY_HOME": str(home), "PYTHONIOENCODING": "utf-8"}
     return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin, capture_output=True, text=True,
                           env=env, timeout=timeout, encoding="utf-8")
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """Run the CLI in this process (no interpreter start-up); an escaping exception fails the test."""
-    from app.cli import main
-
-    monkeypatch.setenv("QWEN_TRAY_HOME", str(tmp_path))
-
-    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode != 0
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr
-    assert len(err.splitlines()) == 1, proc.stderr
-    assert err.startswith("qwen-tray: error: ")
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def test_ask_streams_an_answer_from_a_model_folder(tmp_path, tiny_qwen_dir):

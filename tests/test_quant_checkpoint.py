@@ -6,11 +6,8 @@ quantized model must produce the same greedy tokens (it computes with exactly th
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,35 +24,9 @@ from app.quant.checkpoint import MANIFEST, dequantized_state_dict, read_manifest
 from app.quant.modules import QuantEmbedding, QuantLinear
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.recipe import Recipe, load_recipe
-from tests.conftest import build_tiny_model
+from tests.conftest import assert_one_line_error, build_tiny_model
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """The CLI in this process; an exception escaping main() fails the test (no traceback allowed)."""
-    from app.cli import main
-
-    monkeypatch.setenv("QWEN_TRAY_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    err = proc.stderr.strip()
-    assert len(err.splitlines()) == 1, proc.stderr
-    assert err.startswith("qwen-tray: error: ")
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def reference_folder(checkpoint: Path, out: Path) -> Path:
