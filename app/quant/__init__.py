@@ -8,19 +8,27 @@
 - :mod:`app.quant.recipe`: which tensor gets how many bits, and what a model then weighs.
 """
 
-from app.quant.awq import ActivationStats, AwqResult, awq_search
-from app.quant.core import GROUP_SIZE, quantized_nbytes
-from app.quant.recipe import BUILTIN_RECIPES, ModelPlan, Recipe, hf_tensor_shapes, load_recipe, plan_model
-from app.quant.search import search_scales
-from app.quant.tensor import QuantizedTensor, quantize
-from app.quant.w3 import dequantize_w3, embedding_lookup_w3_ref, pack_w3, quantize_w3, unpack_w3, w3_matmul_ref
-from app.quant.w4 import dequantize_w4, embedding_lookup_ref, pack_w4, quantize_w4, unpack_w4, w4_matmul_ref
+import importlib
 
-__all__ = [
-    "GROUP_SIZE", "quantized_nbytes",
-    "pack_w4", "unpack_w4", "quantize_w4", "dequantize_w4", "w4_matmul_ref", "embedding_lookup_ref",
-    "pack_w3", "unpack_w3", "quantize_w3", "dequantize_w3", "w3_matmul_ref", "embedding_lookup_w3_ref",
-    "search_scales", "ActivationStats", "AwqResult", "awq_search",
-    "QuantizedTensor", "quantize",
-    "Recipe", "BUILTIN_RECIPES", "load_recipe", "plan_model", "ModelPlan", "hf_tensor_shapes",
-]
+# Names are imported on first use (PEP 562), so `qwen-tray --help`, which imports the quant
+# CLI, does not pay for importing torch.
+_EXPORTS = {
+    "awq": ("ActivationStats", "AwqResult", "awq_search"),
+    "core": ("GROUP_SIZE", "quantized_nbytes"),
+    "recipe": ("BUILTIN_RECIPES", "ModelPlan", "Recipe", "hf_tensor_shapes", "load_recipe", "plan_model"),
+    "search": ("search_scales",),
+    "tensor": ("QuantizedTensor", "quantize"),
+    "w3": ("dequantize_w3", "embedding_lookup_w3_ref", "pack_w3", "quantize_w3", "unpack_w3", "w3_matmul_ref"),
+    "w4": ("dequantize_w4", "embedding_lookup_ref", "pack_w4", "quantize_w4", "unpack_w4", "w4_matmul_ref"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'app.quant' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"app.quant.{module}"), name)
+    globals()[name] = value
+    return value
