@@ -154,7 +154,8 @@ def cap_allocator(device: torch.device, budget: int) -> None:
     out-of-memory error, never a silent spill into system memory (Windows pages a full card)."""
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget) / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
 
 
 def _keep_packed(model, dtype: torch.dtype) -> None:
