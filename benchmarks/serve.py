@@ -7,6 +7,7 @@ For each concurrency level C it keeps C streaming chat requests in flight (each 
 fixed number of output tokens: ``ignore_eos``), and reports aggregate output tokens/s,
 time to first token (TTFT) and time per output token (TPOT, after the first) percentiles.
 Results go to ``docs/results/serve-<model>.json``. Stdlib only (plus app.server.sse).
+As a library: ``benchmark(parse_args([url, ...]))`` returns the report (serve_synthetic.py).
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ def run_level(target: Target, model: str, concurrency: int, requests: int, args)
         "concurrency": concurrency, "requests": requests, "succeeded": len(ok),
         "errors": sorted({t.error for t in timings if not t.ok})[:5],
         "wall_s": wall, "completion_tokens": tokens, "output_tokens_per_s": tokens / wall if wall else 0.0,
+        # with ignore_eos every request should give exactly max_tokens: min/max show one that did not
+        "completion_tokens_min": min((t.completion_tokens for t in ok), default=None),
+        "completion_tokens_max": max((t.completion_tokens for t in ok), default=None),
         "requests_per_s": len(ok) / wall if wall else 0.0,
         "ttft_s": percentiles([t.ttft_s for t in ok]),
         "tpot_s": percentiles([t.tpot_s for t in ok if t.tpot_s is not None]),
@@ -190,13 +194,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+class ServeBenchError(Exception):
+    """The server cannot be benchmarked (it does not list its models)."""
+
+
+def benchmark(args: argparse.Namespace) -> dict:
+    """Measure every level of ``args.concurrency`` against ``args.url`` (a table row printed per
+    level); returns the report. Library entry point: build ``args`` with :func:`parse_args`."""
     target = Target(args.url, args.api_key, args.timeout)
     status, models = target.get_json(target.prefix + "/models")
     if status != 200:
-        print(f"error: {args.url}/models answered HTTP {status}: {models}", file=sys.stderr)
-        return 1
+        raise ServeBenchError(f"{args.url}/models answered HTTP {status}: {models}")
     model = args.model or models["data"][0]["id"]
     _, health = target.get_json(target.root + "/health")
     levels_wanted = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -208,19 +216,36 @@ def main(argv: list[str] | None = None) -> int:
         requests = args.requests or max(8, 4 * concurrency)
         levels.append(run_level(target, model, concurrency, requests, args))
         print(table_row(levels[-1]), flush=True)
-    report = {
+    return {
         "benchmark": "serve", "url": args.url, "model": model, "server_health": health,
         "max_tokens": args.max_tokens, "prompt_words": args.prompt_words, "ignore_eos": not args.no_ignore_eos,
         "client": {"python": platform.python_version(), "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
     }
-    out = args.out or RESULTS_DIR / f"serve-{model.replace('/', '_')}.json"
+
+
+def write_report(out: Path, report: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     tmp.replace(out)  # atomic: a half-written result never replaces a good one
+
+
+def all_succeeded(report: dict) -> bool:
+    return all(lv["succeeded"] == lv["requests"] for lv in report["levels"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        report = benchmark(args)
+    except ServeBenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = args.out or RESULTS_DIR / f"serve-{report['model'].replace('/', '_')}.json"
+    write_report(out, report)
     print(f"wrote {out}")
-    return 0 if all(lv["succeeded"] == lv["requests"] for lv in levels) else 1
+    return 0 if all_succeeded(report) else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_NORMAL, Generation, Request
 from app.engine.runner import TorchRunner
 from app.engine.scheduler import Scheduler
-from app.engine.tokenizer import Message
+from app.engine.spec import ModelSpec
+from app.engine.tokenizer import Message, Tokenizer
 from app.errors import ContextLengthError, QwenTrayError
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,14 @@ class Engine:
             runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         return cls(loaded, runner, max_batch_size)
+
+    @classmethod
+    def from_runner(cls, runner, spec: ModelSpec, tokenizer: Tokenizer, *, model_id: str) -> Engine:
+        """An engine over a runner that already holds its weights (e.g. synthetic weights in a
+        benchmark): no folder is read; one request per KV-cache slot of the runner."""
+        loaded = LoadedModel(path=None, model_id=model_id, spec=spec, tokenizer=tokenizer, model=None,
+                             dtype=torch.float16)  # no DecoderModel: the runner owns the weights
+        return cls(loaded, runner, runner.num_slots)
 
     # -- requests -------------------------------------------------------------------------
     def chat(self, messages: list[Message], params: SamplingParams | None = None,
