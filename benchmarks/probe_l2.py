@@ -139,7 +139,7 @@ def profile_step(model: str, recipe: str) -> dict:
 
     spec = spec_of(model)
     runner = runner_for_weights(synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1), num_slots=8,
-                                max_context=4096, device=DEV, label=model)
+                                max_context=4096, device=torch.device(DEV), label=model)
     runner.prefill(0, list(range(1, 513)), 0)
     runner.decode_greedy([0], [1], [512])
     graph = runner.graphs.graphs[1]
