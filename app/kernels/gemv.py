@@ -31,7 +31,8 @@ SOURCE = "gemv.cu"
 @dataclass(frozen=True)
 class GemvConfig:
     """How a GEMV is split: ``tiles`` 16-row tiles per warp (gate+up tiles when gated),
-    ``warps`` per block (they split K), ``unroll`` groups of 128 loaded per warp at once."""
+    ``warps`` per block (they split K), ``unroll`` groups of 128 per pipeline stage (each warp
+    holds two stages: the next one's loads are in flight while the current one computes)."""
 
     tiles: int = 1
     warps: int = 8
