@@ -247,7 +247,7 @@ def test_gemv_config_validates_and_names_instances():
                                            (11008, 2048, True, 132), (3584, 18944, False, 132), (256, 128, False, 8)])
 def test_default_gemv_config_is_valid(n, k, gated, sms):
     cfg = default_gemv_config(n, k, gated, sms)
-    assert cfg.warps <= max(1, k // 256) and cfg.grid(n, gated)[0] >= 1 and cfg.unroll == 1
+    assert cfg.warps <= max(1, k // 128) and cfg.grid(n, gated)[0] >= 1 and cfg.unroll == 1
     assert cfg.out_rows_per_block(gated) * cfg.grid(n, gated)[0] >= n
 
 
