@@ -8,7 +8,8 @@ values). Per model:
 - decode tokens/s at batch 1, 2, 4, 8: 128 greedy steps after 512-token prompts, host loop
   included (upload ids, replay, read back argmax ids); and the replayed graph alone (events);
 - prefill tokens/s and time to first token for 512- and 2048-token prompts (GEMM prefill
-  with the CUDA dequantizer, with the PyTorch dequantizer, and through the decode graph);
+  with its first chunk replayed from a CUDA graph, all eager, with the PyTorch dequantizer,
+  and through the decode graph); short-prompt TTFT (64 and 512 tokens) graph vs eager;
 - peak VRAM (allocator reserved), weight bytes per token, bandwidth as a fraction of the
   device-to-device copy measured in the same run;
 - peers, graphed, linear layers of a decode step only (attention, norms excluded, which
@@ -105,6 +106,21 @@ def prefill_time(runner, n: int, vocab: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+def short_prompt_ttft(runner, vocab: int) -> dict:
+    """Median prefill time (to CPU logits) of a 64- and a 512-token prompt at position 0: the
+    first chunk replayed from its bucket's CUDA graph vs the eager GEMM prefill."""
+    out = {}
+    graphs = runner.padded_prefill
+    for n, repeats in ((64, 20), (512, 5)):
+        row = {}
+        for mode in ("graph", "eager") if graphs else ("eager",):
+            runner.padded_prefill = mode == "graph"
+            row[f"{mode}_s"] = prefill_time(runner, n, vocab, repeats=repeats)
+        out[n] = row
+    runner.padded_prefill = graphs
+    return out
+
+
 def bench_model(model: str, recipe: str, copy_gbps: float, quick: bool) -> dict:
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
@@ -122,9 +138,15 @@ def bench_model(model: str, recipe: str, copy_gbps: float, quick: bool) -> dict:
     for n in (512,) if quick else (512, 2048):
         seconds = prefill_time(runner, n, spec.vocab_size)
         out["prefill"][f"gemm_{n}"] = dict(ttft_s=seconds, tokens_per_s=n / seconds)
+    out["ttft"] = short_prompt_ttft(runner, spec.vocab_size)
     out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    info = runner.memory_info()
+    out["prefill_graphs"] = dict(buckets=info["prefill_graph_buckets"],
+                                 reserved_bytes=info["prefill_graph_reserved_bytes"],
+                                 planned_bytes=runner.plan.prefill_graph_bytes)
     out["linears_only_us"] = linears_only_us(runner)
     gemm = runner.gemm
+    runner.padded_prefill = False  # below: eager variants (a graph has its dequantizer baked in)
     if gemm is not None and gemm.dequant_kernel is not None:
         gemm.dequant_kernel, kernel = None, gemm.dequant_kernel
         seconds = prefill_time(runner, 512, spec.vocab_size, repeats=1)
@@ -241,6 +263,8 @@ def _budget_case(model: str, recipe: str, context: int, budget: str) -> dict:
         fill = prefill_time(runner, context - 1, spec.vocab_size, repeats=1)  # the whole context
         peak = torch.cuda.max_memory_reserved()
         row |= dict(fits=True, plan=runner.plan.describe(), planned_bytes=runner.plan.total_bytes,
+                    planned_prefill_graph_bytes=runner.plan.prefill_graph_bytes,
+                    prefill_graph_reserved_bytes=runner.memory_info()["prefill_graph_reserved_bytes"],
                     prefill_mode=runner.prefill_mode, decode_tokens_per_s=tps, graph_step_us=step_us,
                     ttft_512_s=ttft, full_context_prefill_s=fill, peak_reserved_bytes=peak,
                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
@@ -305,6 +329,14 @@ def print_table(r: dict) -> None:
               f"{peers.get('int4_tinygemm', {}).get('tokens_per_s', 0):>7.0f}"
               f"{p['gemm_512']['tokens_per_s']:>8.0f}{p.get('gemm_2048', {}).get('tokens_per_s', 0):>8.0f}"
               f"{p['gemm_512']['ttft_s'] * 1e3:>7.0f}ms{m['peak_reserved_bytes'] / GiB:>8.2f}")
+    print("\nTTFT at position 0, prefill to CPU logits (first chunk from a CUDA graph vs eager GEMM prefill):")
+    for m in r["models"]:
+        parts = [f"{n} tokens " + " / ".join(f"{k[:-2]} {v * 1e3:.1f} ms" for k, v in row.items())
+                 for n, row in m.get("ttft", {}).items()]
+        g = m.get("prefill_graphs", {})
+        print(f"  {m['model']} {m['recipe']}: " + ", ".join(parts) + (
+            f"; graph pool {g['reserved_bytes'] / 2**20:.0f} MiB reserved, {g['planned_bytes'] / 2**20:.0f} MiB planned"
+            if g else ""))
     print("\nratios (batch 1 decode, host loop):")
     for m in r["models"]:
         size = m["model"].split("-")[1]
@@ -327,7 +359,9 @@ def print_table(r: dict) -> None:
         elif "error" in b:
             print(f"  {b['model']} {b['recipe']} ctx {b['context']}: {b['error']}")
         else:
+            graphs = b.get("prefill_graph_reserved_bytes", 0) / 2**20, b.get("planned_prefill_graph_bytes", 0) / 2**20
             print(f"  {b['model']} {b['recipe']} ctx {b['context']}: peak {b['peak_reserved_bytes'] / GiB:.3f} GiB "
+                  f"(planned {b['planned_bytes'] / GiB:.3f}; prefill graphs {graphs[0]:.0f} of {graphs[1]:.0f} MiB) "
                   f"within={b['within_budget']}, decode {b['decode_tokens_per_s']:.0f} tok/s, prefill "
                   f"{b['prefill_mode']} ttft512 {b['ttft_512_s'] * 1e3:.0f} ms, "
                   f"full context {b['full_context_prefill_s']:.2f} s")

@@ -2,7 +2,7 @@
 
 A 4 GB laptop card has no room for surprises, and Windows does not fail an over-full card:
 it silently pages VRAM into system memory and decode drops to a few tokens/s. So the runner
-plans weights + KV cache + decode buffers + prefill workspace + library overheads against a
+plans weights + KV cache + decode buffers + prefill workspace and graph pool + library overheads against a
 budget (``--vram-budget``, default: what the card has free at load minus a margin), refuses
 with a one-line :class:`VramBudgetError` that says what would fit, and caps PyTorch's
 allocator at the budget so a mistake here is an error, never a spill.
@@ -109,15 +109,39 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     return rows * (per_row + attention)
 
 
+def prefill_activation_bytes(spec: ModelSpec, tokens: int, tile_elements: int) -> int:
+    """Activations of one pass of the GEMM prefill over ``tokens`` tokens (an upper bound: the
+    attention's and the MLP's are summed, though they are never live together): residual, norm
+    and sublayer outputs; qkv, q and the attention's copies of it; the MLP's activation and,
+    per gate/up tile, its gate, up and silu(gate) outputs (a tile covers at most I rows)."""
+    h, qkv, inter = spec.hidden_size, spec.q_size + 2 * spec.kv_size, spec.intermediate_size
+    tile_rows = min(inter, max(1, tile_elements // min(h, inter)))
+    return tokens * (3 * h + qkv + 4 * spec.q_size + inter + 3 * tile_rows) * FP16
+
+
 def prefill_gemm_bytes(spec: ModelSpec, chunk: int, max_context: int, tile_elements: int, capability,
                        torch_dequant: bool) -> int:
-    """Peak workspace of the dequantize + cuBLAS prefill of one ``chunk`` of tokens."""
-    h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
-    tile_rows = max(1, tile_elements // min(h, spec.intermediate_size))
-    activations = chunk * (3 * h + qkv + 4 * spec.q_size + spec.intermediate_size + 2 * tile_rows) * FP16
+    """Peak workspace of the eager dequantize + cuBLAS prefill of one ``chunk`` of tokens."""
     mask = chunk * max_context * (1 + FP16)  # bool mask and its fp16 form for chunks after the first
     tile = tile_elements * (FP16 + (TORCH_DEQUANT_BYTES if torch_dequant else 0))
-    return activations + mask + tile + cublas_workspace_bytes(capability) + LARGE_SEGMENT
+    return (prefill_activation_bytes(spec, chunk, tile_elements) + mask + tile + cublas_workspace_bytes(capability)
+            + LARGE_SEGMENT)
+
+
+def prefill_graph_bytes(spec: ModelSpec, chunk: int, max_context: int, tile_elements: int, capability,
+                        torch_dequant: bool) -> int:
+    """What the first-chunk prefill graphs keep reserved for as long as they live, on top of the
+    eager workspace (an eager chunk after the first can run while they are held).
+
+    Their private pool: the activations of the largest bucket (min(chunk, context) tokens; no
+    mask, a first chunk attends causally) and the PyTorch dequantizer's temporaries when it
+    runs; the capture stream's cuBLAS workspace; one allocator segment of rounding. The
+    dequantized tile is the eager path's buffer, shared; the smaller buckets share the pool.
+    """
+    bucket = min(chunk, max_context)
+    temporaries = tile_elements * TORCH_DEQUANT_BYTES if torch_dequant else 0
+    return (prefill_activation_bytes(spec, bucket, tile_elements) + temporaries + cublas_workspace_bytes(capability)
+            + LARGE_SEGMENT)
 
 
 @dataclass(frozen=True)
@@ -127,6 +151,7 @@ class MemoryPlan:
     kv_cache_bytes: int
     decode_bytes: int  # static decode buffers + graph pool
     prefill_bytes: int  # 0 when prefill runs through the decode graph
+    prefill_graph_bytes: int  # pool of the first-chunk prefill graphs; 0 without them
     fixed_bytes: int  # kernel modules, RoPE tables, cuBLAS for dense decode
     num_slots: int
     max_context: int
@@ -138,7 +163,8 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.decode_bytes + self.prefill_bytes + self.fixed_bytes
+        return (self.weights_bytes + self.kv_cache_bytes + self.decode_bytes + self.prefill_bytes
+                + self.prefill_graph_bytes + self.fixed_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -153,17 +179,20 @@ class MemoryPlan:
         return (f"VRAM plan {gib(self.total_bytes)} of {gib(self.budget_bytes)}: weights {gib(self.weights_bytes)}, "
                 f"KV cache {gib(self.kv_cache_bytes)} ({self.num_slots} x {self.max_context} tokens), "
                 f"decode {self.decode_bytes / MiB:.0f} MiB, "
-                f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB, "
+                f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB"
+                f"{f' + graphs {self.prefill_graph_bytes / MiB:.0f} MiB' if self.prefill_graph_bytes else ''}, "
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
 
 def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_context: int, budget_bytes: int,
                 gpu: GpuInfo, dense_decode: bool = False, quantized: bool = True, torch_dequant: bool = False,
-                prefill_mode: str = "auto", label: str = "the model") -> MemoryPlan:
+                prefill_mode: str = "auto", prefill_graphs: bool = True, label: str = "the model") -> MemoryPlan:
     """Fit weights, KV cache and runtime into ``budget_bytes`` or raise :class:`VramBudgetError`.
 
     ``dense_decode``: some linears run through cuBLAS inside the decode graphs (own workspace).
     ``quantized``: the GEMM prefill dequantizes tiles (a dense model needs no tile).
+    ``prefill_graphs``: the GEMM prefill may capture its first chunk in CUDA graphs; the plan
+    prefers the GEMM prefill with graphs, then without them, then the graph prefill.
     """
     if prefill_mode not in ("auto", "gemm", "graph"):
         raise QwenTrayError(f"prefill mode must be auto, gemm or graph, got {prefill_mode!r}")
@@ -176,17 +205,19 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
                 fixed_bytes=fixed, num_slots=num_slots, max_context=max_context, decode_rows=rows,
                 attention_splits=splits)
     if prefill_mode != "graph":
-        for chunk in PREFILL_CHUNKS:
-            tile = _largest_tile(spec, chunk, max_context, left, gpu.capability, quantized, torch_dequant)
-            if tile:
-                workspace = prefill_gemm_bytes(spec, chunk, max_context, tile, gpu.capability, torch_dequant)
-                return MemoryPlan(**base, prefill_bytes=workspace, prefill_mode="gemm", prefill_chunk=chunk,
-                                  tile_elements=tile)
+        dequant = torch_dequant and quantized
+        for graphs in (True, False) if prefill_graphs else (False,):
+            for chunk in PREFILL_CHUNKS:
+                tile = _largest_tile(spec, chunk, max_context, left, gpu.capability, quantized, dequant, graphs)
+                if tile:
+                    workspace, pool = _gemm_prefill_bytes(spec, chunk, max_context, tile, gpu.capability, dequant)
+                    return MemoryPlan(**base, prefill_bytes=workspace, prefill_graph_bytes=pool if graphs else 0,
+                                      prefill_mode="gemm", prefill_chunk=chunk, tile_elements=tile)
         if prefill_mode == "gemm":
             raise VramBudgetError(f"{label}: no room for the GEMM prefill in the {gib(budget_bytes)} VRAM budget "
                                   f"({gib(left)} left after weights and KV cache); use the graph prefill")
-    return MemoryPlan(**base, prefill_bytes=0, prefill_mode="graph", prefill_chunk=GRAPH_PREFILL_ROWS,
-                      tile_elements=0)
+    return MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
+                      prefill_chunk=GRAPH_PREFILL_ROWS, tile_elements=0)
 
 
 def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int):
@@ -199,15 +230,23 @@ def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, con
     return rows, splits, decode, fixed, kv_bytes_per_token(spec) * slots * context
 
 
-def _largest_tile(spec, chunk, max_context, left, capability, quantized, torch_dequant) -> int:
-    """Largest power-of-two tile (>= MIN_TILE_ELEMENTS) whose prefill fits in ``left``, else 0.
+def _gemm_prefill_bytes(spec, chunk, max_context, tile, capability, torch_dequant) -> tuple[int, int]:
+    """(eager workspace, prefill graph pool) of the GEMM prefill."""
+    return (prefill_gemm_bytes(spec, chunk, max_context, tile, capability, torch_dequant),
+            prefill_graph_bytes(spec, chunk, max_context, tile, capability, torch_dequant))
+
+
+def _largest_tile(spec, chunk, max_context, left, capability, quantized, torch_dequant, graphs) -> int:
+    """Largest power-of-two tile (>= MIN_TILE_ELEMENTS) whose prefill (with its graphs' pool
+    when ``graphs``) fits in ``left``, else 0.
 
     A bigger tile only saves launches, so it may take at most half of the room left: the
     rest stays free (KV cache growth is planned, fragmentation is not).
     """
     tile = MAX_TILE_ELEMENTS if quantized else MIN_TILE_ELEMENTS
     while tile >= MIN_TILE_ELEMENTS:
-        need = prefill_gemm_bytes(spec, chunk, max_context, tile, capability, torch_dequant and quantized)
+        workspace, pool = _gemm_prefill_bytes(spec, chunk, max_context, tile, capability, torch_dequant)
+        need = workspace + (pool if graphs else 0)
         limit = left if tile == MIN_TILE_ELEMENTS else left // 2
         if need <= limit:
             return tile

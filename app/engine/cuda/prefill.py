@@ -4,14 +4,20 @@ Decode reads each weight once per token, so it uses the GEMV kernels; a prompt o
 reuses each weight T times, so here each quantized weight is dequantized tile by tile into
 one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda.dequant
 when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Attention is
-PyTorch's scaled_dot_product_attention over the slot's cached keys, one query group at a
-time (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
+PyTorch's scaled_dot_product_attention over the slot's cached keys: one call with
+``enable_gqa`` (torch >= 2.5) when the chunk starts at position 0, else one call per query
+group (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
 
 The KV cache is written by the same RoPE + KV kernel as decode, and every rounding point
 is the reference model's, so prefill and decode agree to fp16 summation order.
+
+:class:`GemmPrefill` runs eagerly; app.engine.cuda.prefill_graphs replays the first chunk of
+a prompt from CUDA graphs (padded to a token bucket) through the same :meth:`GemmPrefill.layers`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,25 +28,63 @@ from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, d
 TILE_ROW_MULTIPLE = 16
 
 
-def causal_attention(q: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor, start: int) -> torch.Tensor:
-    """q [T, Hq, D] at positions start..start+T-1 over keys 0..start+T-1 of one slot -> [T, Hq*D].
+def torch_at_least(major: int, minor: int) -> bool:
+    version = torch.__version__.split("+")[0].split(".")
+    return (int(version[0]), int(version[1])) >= (major, minor)
 
-    k_slot, v_slot: [Hkv, L, D] (the slot's cache, already holding this chunk's keys).
+
+# One SDPA call for all query groups: flash attention takes Hq != Hkv itself. Only without a
+# mask: the masked backends may not support GQA, and the math fallback would materialize
+# [Hq, T, S] scores (the planner's workspace has no room for them). torch 2.4: per-group loop.
+SDPA_GQA = torch_at_least(2, 5)
+
+Attend = Callable[[int, torch.Tensor], torch.Tensor]  # (layer, rotated q [T, Hq, D]) -> [T, Hq*D]
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, Hq, D] over keys, values [1, Hkv, S, D] -> [T, Hq*D]; head h reads kv head h // G.
+
+    mask None: causal from the top-left corner (query i sees keys 0..i; T == S here).
     """
     t, hq, d = q.shape
-    hkv = k_slot.shape[0]
+    hkv = keys.shape[1]
+    if SDPA_GQA and mask is None:
+        heads = q.transpose(0, 1)[None]  # [1, Hq, T, D] (a view: the last dim stays contiguous)
+        out = F.scaled_dot_product_attention(heads, keys, values, is_causal=True, enable_gqa=True)
+        return out[0].transpose(0, 1).reshape(t, hq * d)  # [Hq, T, D] -> [T, Hq*D]
     group = hq // hkv
-    end = start + t
-    keys, values = k_slot[None, :, :end], v_slot[None, :, :end]  # [1, Hkv, S, D]
     grouped = q.view(t, hkv, group, d).permute(2, 1, 0, 3).contiguous()  # [G, Hkv, T, D]
-    mask = None
-    if start:  # query i sees keys 0..start+i (the chunk's own keys causally)
-        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
     out = torch.empty_like(grouped)
     for g in range(group):
         out[g] = F.scaled_dot_product_attention(grouped[g][None], keys, values, attn_mask=mask,
                                                 is_causal=mask is None)[0]
     return out.permute(2, 1, 0, 3).reshape(t, hq * d)  # back to head h = kv * G + g
+
+
+def causal_attention(q: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor, start: int) -> torch.Tensor:
+    """q [T, Hq, D] at positions start..start+T-1 over keys 0..start+T-1 of one slot -> [T, Hq*D].
+
+    k_slot, v_slot: [Hkv, L, D] (the slot's cache, already holding this chunk's keys).
+    """
+    t = q.shape[0]
+    end = start + t
+    keys, values = k_slot[None, :, :end], v_slot[None, :, :end]  # [1, Hkv, S, D]
+    mask = None
+    if start:  # query i sees keys 0..start+i (the chunk's own keys causally)
+        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
+    return grouped_attention(q, keys, values, mask)
+
+
+def gathered_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor,
+                       rows: torch.Tensor) -> torch.Tensor:
+    """Causal attention of a chunk at positions 0..T-1 whose keys are rows ``rows`` [Hkv*T] of one
+    layer's cache seen as [S*Hkv*L, D]: the slot is device data, not a Python int, so a CUDA
+    graph replays this for any slot. q [T, Hq, D] -> [T, Hq*D]."""
+    t, _, d = q.shape
+    keys = k_layer.view(-1, d).index_select(0, rows).view(1, -1, t, d)  # [S*Hkv*L, D] -> [1, Hkv, T, D]
+    values = v_layer.view(-1, d).index_select(0, rows).view(1, -1, t, d)
+    return grouped_attention(q, keys, values)
 
 
 class GemmPrefill:
@@ -65,29 +109,40 @@ class GemmPrefill:
         last = None
         for offset in range(0, len(ids), self.chunk):
             last = self._chunk(slot, ids[offset:offset + self.chunk], start + offset)
-        return self._logits(*last)
+        pending, h = last
+        return self.logits(pending[-1:], h[-1:])[0]
 
     def _chunk(self, slot: int, ids: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        s, w, ops, dev = self.spec, self.w, self.ops, self.w.device
-        t = len(ids)
+        dev, t = self.w.device, len(ids)
         ids_t = torch.tensor(ids, dtype=torch.int32).to(dev)
         positions = torch.arange(start, start + t, dtype=torch.int32, device=dev)
         slots = torch.full((t,), slot, dtype=torch.int32, device=dev)
-        h = lookup_rows(w.embed, ids_t, self.tables, out=torch.empty((t, s.hidden_size), dtype=torch.float16,
-                                                                     device=dev))
+        cache = self.cache
+        return self.layers(ids_t, positions, slots,
+                           lambda i, q: causal_attention(q, cache.k[i][slot], cache.v[i][slot], start))
+
+    def layers(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embedding and every layer over T tokens (int32 [T] ids, positions, cache slots).
+
+        Returns (the last sublayer's output, the residual stream), fp16 [T, H] each: the final
+        norm adds them (fused), as every norm does for the sublayer before it.
+        """
+        s, w, ops, dev = self.spec, self.w, self.ops, self.w.device
+        t = ids.shape[0]
+        h = lookup_rows(w.embed, ids, self.tables, out=torch.empty((t, s.hidden_size), dtype=torch.float16,
+                                                                   device=dev))
         y = torch.empty_like(h)
         pending = None  # the last sublayer's output, added to h by the next norm (fused)
         for i, layer in enumerate(w.layers):
-            k_cache, v_cache = self.cache.k[i], self.cache.v[i]
             self._norm(pending, h, layer.input_norm, y)
             qkv = self.linear(y, layer.qkv)  # [T, (Hq + 2 Hkv) D]
             q = torch.empty((t, s.num_heads, s.head_dim), dtype=torch.float16, device=dev)
-            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
+            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, self.cache.k[i], self.cache.v[i],
                               num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
-            attn = causal_attention(q, k_cache[slot], v_cache[slot], start)
-            self._norm(self.linear(attn, layer.o), h, layer.post_norm, y)
+            self._norm(self.linear(attend(i, q), layer.o), h, layer.post_norm, y)
             pending = self.linear(self.gate_up(y, layer.gate_up), layer.down)
-        return pending[-1:], h[-1:]
+        return pending, h
 
     def _norm(self, pending: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
         eps = self.spec.rms_norm_eps
@@ -96,11 +151,13 @@ class GemmPrefill:
         else:
             self.ops.rms_norm(pending, weight, eps, out=y, residual=h)  # h = h + pending; y = norm(h)
 
-    def _logits(self, pending: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, pending: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp16 logits [1, V] of one token from its (pending, residual) rows [1, H]; ``h`` is updated."""
         y = torch.empty_like(h)
         self._norm(pending, h, self.w.final_norm, y)
-        logits = torch.empty((1, self.spec.vocab_size), dtype=torch.float16, device=h.device)
-        return self.ops.linear(y, self.w.lm_head, out=logits)[0]  # GEMV for one token
+        if out is None:
+            out = torch.empty((1, self.spec.vocab_size), dtype=torch.float16, device=h.device)
+        return self.ops.linear(y, self.w.lm_head, out=out)  # GEMV for one token
 
     # -- linears over T tokens ------------------------------------------------------------
     def _tile_rows(self, k: int) -> int:

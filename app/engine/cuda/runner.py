@@ -6,9 +6,11 @@
 - Decode: the whole step (embedding -> layers -> norm -> lm_head -> argmax) is one CUDA
   graph per batch bucket (app.engine.cuda.graphs); :meth:`decode_greedy` copies back only
   the token ids, :meth:`decode` the logits rows (for sampling and penalties).
-- Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill);
-  "graph" = the decode graph with up to 8 consecutive tokens of one sequence as its rows
-  (row j attends to positions 0..start+j), for budgets with no room for a GEMM workspace.
+- Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill), the
+  first chunk of a prompt (start 0) replayed from a CUDA graph per token bucket, padded
+  (app.engine.cuda.prefill_graphs), later chunks eagerly; "graph" = the decode graph with
+  up to 8 consecutive tokens of one sequence as its rows (row j attends to positions
+  0..start+j), for budgets with no room for a GEMM workspace.
 
 With ``ReferenceOps`` and no graphs the same runner runs on the CPU (the test suite).
 """
@@ -24,6 +26,7 @@ from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
 from app.engine.cuda.ops import default_ops
 from app.engine.cuda.prefill import GemmPrefill
+from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
 from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
@@ -65,12 +68,18 @@ class CudaRunner:
         use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.graphs = DecodeGraphs(self.step, decode_buckets(num_slots, rows, invariant), use_graphs)
         self.prefill_mode = prefill_mode or (plan.prefill_mode if plan else "gemm")
-        self.gemm = None
+        self.gemm = self.prefill_graphs = None
         if self.prefill_mode == "gemm":
             chunk = plan.prefill_chunk if plan else PREFILL_CHUNKS[0]
             tile = plan.tile_elements if plan else MIN_TILE_ELEMENTS
             self.gemm = GemmPrefill(weights, self.ops, self.cache, self.rope, self.tables, chunk=chunk,
                                     tile_elements=tile, dequant_kernel=dequant_kernel)
+            # after the decode graphs; only where the plan counted their pool
+            capture = use_graphs and (plan is None or plan.prefill_graph_bytes > 0)
+            self.prefill_graphs = PrefillGraphs(self.gemm, prefill_buckets(chunk, max_context), capture)
+        # First chunks through the padded bucket path: with graphs only (eagerly, padding just
+        # adds work); the tests switch it on without graphs to run that path on the CPU.
+        self.padded_prefill = bool(self.prefill_graphs and self.prefill_graphs.graphs)
         self.budget_capped = False  # set by create_cuda_runner; close() lifts the cap
 
     def _splits(self) -> int:
@@ -84,10 +93,12 @@ class CudaRunner:
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
         """Run ``ids`` at positions start.. of ``slot``; float32 logits [V] (CPU) of the last."""
         self.cache.check_range(slot, start, len(ids))
-        if self.gemm is not None:
-            logits = self.gemm.run(slot, ids, start)
-        else:
+        if self.gemm is None:
             logits = self._prefill_through_graph(slot, ids, start)
+        elif start == 0 and self.padded_prefill:
+            logits = self._prefill_bucketed(slot, ids)
+        else:
+            logits = self.gemm.run(slot, ids, start)
         return logits.to("cpu").float()
 
     @torch.inference_mode()
@@ -107,6 +118,14 @@ class CudaRunner:
             self.cache.check_range(slot, pos, 1)
         rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
         self._run_rows(rows)
+
+    def _prefill_bucketed(self, slot: int, ids: list[int]) -> torch.Tensor:
+        """The first ``largest`` tokens padded to their bucket (a graph replay), the rest eagerly."""
+        first = self.prefill_graphs.largest
+        logits = self.prefill_graphs.run(slot, ids[:first])
+        if len(ids) > first:
+            logits = self.gemm.run(slot, ids[first:], first)
+        return logits
 
     def _prefill_through_graph(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
         """Up to ``rows`` consecutive tokens per replay; token j attends to 0..start+j."""
@@ -133,7 +152,9 @@ class CudaRunner:
     def memory_info(self) -> dict:
         info = {"device": str(self.device), "weights_bytes": self.weights.nbytes, "kv_cache_bytes": self.cache.nbytes,
                 "decode_buffers_bytes": self.buffers.nbytes, "prefill_mode": self.prefill_mode,
-                "prefill_workspace_bytes": self.gemm.nbytes if self.gemm else 0}
+                "prefill_workspace_bytes": self.gemm.nbytes if self.gemm else 0,
+                "prefill_graph_buckets": sorted(self.prefill_graphs.graphs) if self.prefill_graphs else [],
+                "prefill_graph_reserved_bytes": self.prefill_graphs.reserved_bytes if self.prefill_graphs else 0}
         if self.device.type == "cuda":
             info.update(cuda_allocated_bytes=torch.cuda.memory_allocated(self.device),
                         cuda_reserved_bytes=torch.cuda.memory_reserved(self.device),
@@ -144,6 +165,8 @@ class CudaRunner:
 
     def close(self) -> None:
         self.graphs.close()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.close()
         if self.budget_capped:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
             self.budget_capped = False
@@ -175,7 +198,7 @@ def load_packed(path: Path, *, adapter=None, max_context: int | None = None, pro
 
 
 def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
-          vram_budget: int | None, prefill_mode: str, label: str):
+          vram_budget: int | None, prefill_mode: str, label: str, use_graphs: bool):
     """The VRAM plan and the dequantization kernel (None: PyTorch dequantizes), before any allocation."""
     gpu = GpuInfo.of(device)
     budget = resolve_budget(vram_budget, gpu)
@@ -186,7 +209,7 @@ def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: in
     plan = plan_memory(weights.spec, nbytes, num_slots=num_slots, max_context=max_context, budget_bytes=budget,
                        gpu=gpu, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
                        quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
-                       prefill_mode=prefill_mode, label=label)
+                       prefill_mode=prefill_mode, prefill_graphs=use_graphs, label=label)
     log.info("%s", plan.describe())
     return plan, dequant
 
@@ -214,7 +237,7 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
                       for t in store.values() if t is not None}
     plan, dequant = _plan(weights_from_model(model), arena_nbytes(list(module_tensors.values())),
                           num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
-                          prefill_mode=prefill_mode, label=label)
+                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
     del module_tensors
 
     def build() -> CudaRunner:
@@ -231,7 +254,7 @@ def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: in
     """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests)."""
     plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()), num_slots=num_slots,
                          max_context=max_context, device=device, vram_budget=vram_budget,
-                         prefill_mode=prefill_mode, label=label)
+                         prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
 
     def build() -> CudaRunner:
         return CudaRunner(weights_to_arena(weights, device), num_slots=num_slots, max_context=max_context, plan=plan,
