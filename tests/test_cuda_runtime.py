@@ -276,15 +276,39 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir)
         weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
     runner = CudaRunner(weights, num_slots=2, max_context=128)
     calls = []
-    runner.decode_greedy = lambda *a, _f=runner.decode_greedy: calls.append(1) or _f(*a)  # count, no change
+    runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append(1) or _f(*a)  # count
     engine = type(reference)(loaded, runner, 2)
     with engine:
         out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)).result
+        hits = engine.stats()["speculative_hits"]
     want, pos, token = [], len(prompt), int(runner.prefill(0, prompt, 0).argmax())
     for _ in range(12):
         want.append(token)
         token, pos = int(runner.decode([0], [token], [pos])[0].argmax()), pos + 1
-    assert list(out.token_ids) == want and len(calls) == 11
+    # 11 decode steps: the first runs now, each later one was launched ahead (10 hits), and the
+    # step launched after the last token is discarded: 12 launches.
+    assert list(out.token_ids) == want and hits == 10 and len(calls) == 12
+
+
+def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
+    """Requests that finish (subset of the step launched ahead) or arrive (prefill: the step is
+    dropped) mid-stream still give exactly the tokens they give alone."""
+    from app.engine import Engine, SamplingParams
+
+    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=3, max_context=128) as reference:
+        loaded = reference.loaded
+        weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
+    runner = CudaRunner(weights, num_slots=3, max_context=128)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    lengths = [3, 14, 8]
+    with type(reference)(loaded, runner, 3) as engine:
+        def run(i):
+            return engine.generate(prompts[i], SamplingParams(max_tokens=lengths[i], temperature=0, ignore_eos=True))
+        alone = [list(run(i).result.token_ids) for i in range(3)]
+        handles = [run(i) for i in range(3)]
+        together = [list(h.result.token_ids) for h in handles]
+        hits = engine.stats()["speculative_hits"]
+    assert together == alone and [len(t) for t in together] == lengths and hits > 0
 
 
 # -- GPU: kernels, graphs, the engine (run on the device machine: pytest -m gpu) ---------------

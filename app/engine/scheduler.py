@@ -38,6 +38,8 @@ class Scheduler:
         self._running: list[Sequence] = []
         self._free_slots = list(range(runner.num_slots))
         self._closed = False
+        self._speculating = False  # a greedy step launched ahead is in flight (_decode_pipelined)
+        self.speculative_hits = 0  # steps whose tokens were ready when the scheduler came for them
         self._thread = threading.Thread(target=self._loop, name="qwen-tray-scheduler", daemon=True)
         self._thread.start()
 
@@ -53,7 +55,8 @@ class Scheduler:
     def stats(self) -> dict:
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
-                    "slots": self.runner.num_slots, "free_slots": len(self._free_slots)}
+                    "slots": self.runner.num_slots, "free_slots": len(self._free_slots),
+                    "speculative_hits": self.speculative_hits}
 
     def close(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -111,6 +114,7 @@ class Scheduler:
             self._retire(seq)
         prefilling = [s for s in self._running if not s.is_decoding]
         if prefilling:
+            self._drop_speculative()  # a slot may have a new owner: no stale match below
             self._prefill_chunk(min(prefilling, key=lambda s: (s.priority, s.submitted_at)))
         decoding = [s for s in self._running if s.is_decoding and s.finished is None]
         if decoding:
@@ -125,8 +129,12 @@ class Scheduler:
 
     def _decode(self, seqs: list[Sequence]) -> None:
         args = ([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
+        all_greedy = all(s.sampler.plain_greedy for s in seqs)
+        if all_greedy and hasattr(self.runner, "decode_greedy_launch"):
+            return self._decode_pipelined(seqs, *args)
+        self._drop_speculative()
         greedy = getattr(self.runner, "decode_greedy", None)  # argmax on the device: B ids cross the bus
-        if greedy is not None and all(s.sampler.plain_greedy for s in seqs):
+        if greedy is not None and all_greedy:
             for seq, token in zip(seqs, greedy(*args)):
                 seq.cached += 1
                 self._accept_token(seq, token)
@@ -134,6 +142,38 @@ class Scheduler:
         for seq, row in zip(seqs, self.runner.decode(*args)):
             seq.cached += 1
             self._accept(seq, row)
+
+    def _decode_pipelined(self, seqs: list[Sequence], slots: list[int], ids: list[int], positions: list[int]) -> None:
+        """Greedy decode one step ahead: the next step is launched (from this step's tokens)
+        before this step's tokens are accepted, so the host's bookkeeping overlaps the GPU.
+
+        The step launched last time is used when it covers every sequence here at the same
+        position (sequences that finished since are simply not asked for); otherwise it is
+        discarded — its cache writes are the ones this step makes again, or lie past the end
+        of a finished sequence — and this step runs now.
+        """
+        ready = self.runner.decode_greedy_collect()
+        self._speculating = False
+        keys = list(zip(slots, positions))
+        if all(k in ready for k in keys):
+            self.speculative_hits += 1
+            tokens = [ready[k] for k in keys]
+        else:
+            self.runner.decode_greedy_launch(slots, ids, positions)
+            done = self.runner.decode_greedy_collect()
+            tokens = [done[k] for k in keys]
+        if all(p + 1 < self.runner.max_context for p in positions):
+            self.runner.decode_greedy_launch(slots, tokens, [p + 1 for p in positions])
+            self._speculating = True
+        for seq, token in zip(seqs, tokens):
+            seq.cached += 1
+            self._accept_token(seq, token)
+
+    def _drop_speculative(self) -> None:
+        """Wait for and discard a step launched ahead (before anything else uses the runner)."""
+        if self._speculating:
+            self.runner.decode_greedy_collect()
+            self._speculating = False
 
     def _accept(self, seq: Sequence, logits) -> None:
         self._accept_token(seq, seq.sampler.sample(logits))

@@ -164,23 +164,18 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     }
 }
 
-// COMBINE_PARTS thread groups of D threads each sum a fixed quarter of the splits (their
-// loads are independent, so four times as many are in flight as with one group walking all
-// splits), then group 0 adds the four sums in a fixed order: deterministic, batch-invariant.
-constexpr int COMBINE_PARTS = 4;
-
 template <int D>
-__global__ void __launch_bounds__(D * COMBINE_PARTS)
+__global__ void __launch_bounds__(D)
 attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                     const int* __restrict__ seq_lens, const int* __restrict__ slots,
                     half_t* __restrict__ out,  // [B, Hq, D]
                     int Hq, int L, int num_slots, int nsplit) {
-    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x % D, part = threadIdx.x / D;
+    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const long head = (long)b * Hq + h;
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
     if (len <= 0) {
-        if (part == 0) out[head * D + d] = 0;
+        out[head * D + d] = 0;
         return;
     }
     const int chunk = split_chunk(len, nsplit);
@@ -189,29 +184,19 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
     // Stage (m, l) of every split in shared memory with all threads at once, so no thread
     // walks a chain of global loads (latency-bound at up to 256 splits).
     __shared__ float s_m[MAX_SPLITS], s_l[MAX_SPLITS], s_w[MAX_SPLITS];
-    __shared__ float s_o[COMBINE_PARTS][D];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = d; i < n; i += D) {
         s_m[i] = ml[2 * i];
         s_l[i] = ml[2 * i + 1];
     }
     __syncthreads();
     float mx = NEG_INF;
     for (int i = 0; i < n; ++i) mx = fmaxf(mx, s_m[i]);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s_w[i] = exp2f(s_m[i] - mx);
+    for (int i = d; i < n; i += D) s_w[i] = exp2f(s_m[i] - mx);
     __syncthreads();
-    const int per = (n + COMBINE_PARTS - 1) / COMBINE_PARTS;
-    const int i0 = part * per, i1 = min(n, i0 + per);
-    const float* po = part_o + head * nsplit * D + d;
-    float osum = 0.f;
-#pragma unroll 8
-    for (int i = i0; i < i1; ++i) osum += po[(long)i * D] * s_w[i];
-    s_o[part][d] = osum;
-    __syncthreads();
-    if (part != 0) return;
-    float lsum = 0.f;
+    float lsum = 0.f, osum = 0.f;
     for (int i = 0; i < n; ++i) lsum += s_l[i] * s_w[i];
-    float total = 0.f;
-#pragma unroll
-    for (int p = 0; p < COMBINE_PARTS; ++p) total += s_o[p][d];
-    out[head * D + d] = f2h(total / lsum);
+    const float* po = part_o + head * nsplit * D + d;
+#pragma unroll 8
+    for (int i = 0; i < n; ++i) osum += po[(long)i * D] * s_w[i];
+    out[head * D + d] = f2h(osum / lsum);
 }

@@ -20,7 +20,6 @@ from app.kernels.loader import KernelArgumentError
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8  # query heads per kv head
 MIN_CHUNK = 16  # keep in sync with attention.cu
-COMBINE_PARTS = 4  # thread groups of the combine kernel, keep in sync with attention.cu
 MAX_SPLITS = 256
 LOG2E = 1.4426950408889634
 
@@ -107,7 +106,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seq_lens.data_ptr(), slots.data_ptr(),
                    part_o, part_ml, np.int32(hkv), np.int32(max_len), np.int32(num_slots), np.int32(splits),
                    np.float32(scale * LOG2E)))
-    loader.launch(combine_kernel, (hq, batch), (COMBINE_PARTS * head_dim,),
+    loader.launch(combine_kernel, (hq, batch), (head_dim,),
                   (part_o, part_ml, seq_lens.data_ptr(), slots.data_ptr(), o.data_ptr(), np.int32(hq),
                    np.int32(max_len), np.int32(num_slots), np.int32(splits)))
     return o

@@ -62,6 +62,10 @@ class CudaRunner:
                                         pin_memory=self.device.type == "cuda")
         # Marks when the GPU has read _host_inputs (pinned: the copy is asynchronous).
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
+        # decode_greedy_launch: the step's tokens land here asynchronously, _tokens_ready marks it.
+        self._tokens_host = torch.empty(rows, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._tokens_ready = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._launched: tuple[list[int], list[int]] | None = None
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
@@ -112,6 +116,31 @@ class CudaRunner:
         """One token per sequence, argmax taken on the GPU: only B ids cross the bus."""
         self._decode(slots, ids, positions)
         return self.buffers.tokens[: len(ids)].tolist()
+
+    @torch.inference_mode()
+    def decode_greedy_launch(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
+        """Start a greedy step without waiting for it (:meth:`decode_greedy_collect` gets the ids).
+
+        The scheduler launches the next step before it does this step's bookkeeping
+        (detokenizing, stop strings, streaming to clients), so the GPU is not idle meanwhile.
+        """
+        self.decode_greedy_collect()  # at most one step in flight: its pinned buffer is reused
+        self._decode(slots, ids, positions)
+        n = len(ids)
+        self._tokens_host[:n].copy_(self.buffers.tokens[:n], non_blocking=True)
+        if self._tokens_ready is not None:
+            self._tokens_ready.record()
+        self._launched = (list(slots), list(positions))
+
+    def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
+        """{(slot, position): next token} of the launched step ({} when none is in flight)."""
+        if self._launched is None:
+            return {}
+        slots, positions = self._launched
+        self._launched = None
+        if self._tokens_ready is not None:
+            self._tokens_ready.synchronize()
+        return dict(zip(zip(slots, positions), self._tokens_host[: len(slots)].tolist()))
 
     def _decode(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
         for slot, pos in zip(slots, positions):
