@@ -38,7 +38,6 @@ class Scheduler:
         self._running: list[Sequence] = []
         self._free_slots = list(range(runner.num_slots))
         self._closed = False
-        self._speculating = False  # a greedy step launched ahead is in flight (_decode_pipelined)
         self.speculative_hits = 0  # steps whose tokens were ready when the scheduler came for them
         self._thread = threading.Thread(target=self._loop, name="qwen-tray-scheduler", daemon=True)
         self._thread.start()
@@ -129,16 +128,10 @@ class Scheduler:
 
     def _decode(self, seqs: list[Sequence]) -> None:
         args = ([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
-        all_greedy = all(s.sampler.plain_greedy for s in seqs)
-        if all_greedy and hasattr(self.runner, "decode_greedy_launch"):
+        # argmax on the device (B ids cross the bus), pipelined, when the runner can
+        if all(s.sampler.plain_greedy for s in seqs) and hasattr(self.runner, "decode_greedy_launch"):
             return self._decode_pipelined(seqs, *args)
         self._drop_speculative()
-        greedy = getattr(self.runner, "decode_greedy", None)  # argmax on the device: B ids cross the bus
-        if greedy is not None and all_greedy:
-            for seq, token in zip(seqs, greedy(*args)):
-                seq.cached += 1
-                self._accept_token(seq, token)
-            return
         for seq, row in zip(seqs, self.runner.decode(*args)):
             seq.cached += 1
             self._accept(seq, row)
@@ -153,27 +146,23 @@ class Scheduler:
         of a finished sequence — and this step runs now.
         """
         ready = self.runner.decode_greedy_collect()
-        self._speculating = False
         keys = list(zip(slots, positions))
         if all(k in ready for k in keys):
             self.speculative_hits += 1
             tokens = [ready[k] for k in keys]
         else:
-            self.runner.decode_greedy_launch(slots, ids, positions)
-            done = self.runner.decode_greedy_collect()
-            tokens = [done[k] for k in keys]
+            tokens = self.runner.decode_greedy(slots, ids, positions)
         if all(p + 1 < self.runner.max_context for p in positions):
             self.runner.decode_greedy_launch(slots, tokens, [p + 1 for p in positions])
-            self._speculating = True
         for seq, token in zip(seqs, tokens):
             seq.cached += 1
             self._accept_token(seq, token)
 
     def _drop_speculative(self) -> None:
         """Wait for and discard a step launched ahead (before anything else uses the runner)."""
-        if self._speculating:
-            self.runner.decode_greedy_collect()
-            self._speculating = False
+        collect = getattr(self.runner, "decode_greedy_collect", None)
+        if collect is not None:
+            collect()  # {} when nothing is in flight
 
     def _accept(self, seq: Sequence, logits) -> None:
         self._accept_token(seq, seq.sampler.sample(logits))

@@ -114,8 +114,9 @@ class CudaRunner:
     @torch.inference_mode()
     def decode_greedy(self, slots: list[int], ids: list[int], positions: list[int]) -> list[int]:
         """One token per sequence, argmax taken on the GPU: only B ids cross the bus."""
-        self._decode(slots, ids, positions)
-        return self.buffers.tokens[: len(ids)].tolist()
+        self.decode_greedy_launch(slots, ids, positions)
+        done = self.decode_greedy_collect()
+        return [done[k] for k in zip(slots, positions)]
 
     @torch.inference_mode()
     def decode_greedy_launch(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
