@@ -240,7 +240,9 @@ def test_gemv_config_validates_and_names_instances():
         with pytest.raises(KernelArgumentError):
             GemvConfig(**bad)
     with pytest.raises(KernelArgumentError):
-        GemvConfig(tiles=1).grid(64, gated=True)
+        GemvConfig(tiles=1, warps=3).grid(64, gated=True)  # split gate/up needs an even number of warps
+    assert GemvConfig(tiles=1, warps=2).grid(100, gated=True) == (7,)
+    assert GemvConfig(tiles=1, warps=2).name_expression(3, True) == "gemv_kernel<3, 1, true, 1>"
 
 
 @pytest.mark.parametrize("n,k,gated,sms", [(2048, 2048, False, 16), (2048, 2048, False, 132),

@@ -61,6 +61,10 @@ GEMV = {4: (gemv_w4, ref.gemv_w4_ref), 3: (gemv_w3, ref.gemv_w3_ref)}
 GATED = {4: (gate_up_silu_w4, ref.gate_up_silu_w4_ref), 3: (gate_up_silu_w3, ref.gate_up_silu_w3_ref)}
 
 
+# The default split, one warp per block (no block reduction), two tiles per warp.
+GEMV_CONFIGS = [None, GemvConfig(tiles=1, warps=1, unroll=4), GemvConfig(tiles=2, warps=2, unroll=2)]
+
+
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("name,n,k", GEMV_SHAPES, ids=[s[0] for s in GEMV_SHAPES])
 def test_gemv_matches_reference(bits, name, n, k):
@@ -68,9 +72,11 @@ def test_gemv_matches_reference(bits, name, n, k):
     w = weights(bits, n, k, seed=n + k)
     for m in (1, 5):
         x = activations(m, k, seed=m)
-        out = poisoned(m, n)
-        op(x, *w, out=out)
-        assert rel_err(out, reference(x, *w)) < REL_TOL, (name, m)
+        want = reference(x, *w)
+        for config in GEMV_CONFIGS:
+            out = poisoned(m, n)
+            op(x, *w, out=out, config=config)
+            assert rel_err(out, want) < REL_TOL, (name, m, config)
 
 
 @pytest.mark.parametrize("bits", [4, 3])
@@ -87,18 +93,21 @@ def test_gemv_bias_and_in_place_residual(bits):
 
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("inter,k", [(11008, 2048), (18944, 3584), (40, 256)])
-def test_gate_up_silu_matches_reference(bits, inter, k):
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=1, warps=8),
+                                    GemvConfig(tiles=2, warps=1, unroll=2)])
+def test_gate_up_silu_matches_reference(bits, inter, k, config):
     op, reference = GATED[bits]
     w = weights(bits, 2 * inter, k, seed=inter)
     x = activations(4, k, seed=3) * 2
     out = poisoned(4, inter)
-    op(x, *w, out=out)
+    op(x, *w, out=out, config=config)
     assert rel_err(out, reference(x, *w)) < REL_TOL
 
 
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("config", [None, GemvConfig(tiles=2, warps=3, unroll=1), GemvConfig(tiles=4, warps=16, unroll=1)])
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=2, warps=3, unroll=1), GemvConfig(tiles=4, warps=16, unroll=1),
+                                    GemvConfig(tiles=1, warps=6, unroll=2)])
 def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
     n, k = (1000, 1152) if gated else (2051, 1152)  # odd N: partial tiles
     op = (GATED if gated else GEMV)[bits][0]

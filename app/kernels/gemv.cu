@@ -15,6 +15,9 @@
 //
 // The warps of a block share the same rows and split the groups (warp w takes groups
 // w, w + nwarps, ...), then add their partial sums through shared memory in a fixed order.
+// Gated with TILES == 1 ("split" gate/up): even warps take the gate tile, odd warps the up
+// tile of the same 16 outputs (groups split among the warps of one parity), so a warp holds
+// one tile's registers and the block still owns both halves for the SiLU epilogue.
 // Each warp keeps two stages of weights in registers: the loads of the next UNROLL groups
 // are issued before the math of the current ones, so every warp has two sets of loads in
 // flight (latency, not bandwidth, limits a GEMV on a big GPU). Dequantization costs about
@@ -187,11 +190,14 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
             int M, int N, int K) {                // R = N rows, or 2N when GATED (gate; up)
-    constexpr int OUT_TILES = GATED ? TILES / 2 : TILES;
+    constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps even)
+    constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
+    constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int groups = K / GROUP;
     const int unit0 = blockIdx.x * (16 * OUT_TILES);
+    const int kwarp = SPLIT ? warp >> 1 : warp, kwarps = SPLIT ? nwarps >> 1 : nwarps;  // split of the groups
 
     RowPtr<BITS> ptr[TILES][2];
     bool row_ok[TILES][2];
@@ -201,7 +207,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         for (int h = 0; h < 2; ++h) {
             const int unit = unit0 + 16 * (j % OUT_TILES) + g + 8 * h;
             row_ok[j][h] = unit < N;
-            const long r = (GATED && j >= OUT_TILES) ? (long)N + unit : (long)unit;
+            const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
+            const long r = up ? (long)N + unit : (long)unit;
             ptr[j][h] = row_ptr(RowPtr<BITS>{}, qa, qb, scales, row_ok[j][h] ? r : 0, K, t);  // rows past N: row 0, scale 0
         }
     }
@@ -215,19 +222,21 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
 
     // Two stages in registers: the next stage's loads are issued before this stage's math.
-    const int step = nwarps * UNROLL;
+    const int step = kwarps * UNROLL;
     // (Unrolled by two so the stages swap roles without register copies.)
     Stage<BITS, TILES, UNROLL> a, b;
-    load_stage(a, ptr, row_ok, warp, nwarps, groups);
-    for (int g0 = warp; g0 < groups; g0 += 2 * step) {
-        if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, nwarps, groups);
-        compute_stage(a, acc, xrow, has_x, g0, nwarps, groups);
+    load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+    for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
+        if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
+        compute_stage(a, acc, xrow, has_x, g0, kwarps, groups);
         if (g0 + step >= groups) break;
-        if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, nwarps, groups);
-        compute_stage(b, acc, xrow, has_x, g0 + step, nwarps, groups);
+        if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
+        compute_stage(b, acc, xrow, has_x, g0 + step, kwarps, groups);
     }
 
-    // Add the warps' partial sums in a fixed order (deterministic, batch-invariant).
+    // Add the warps' partial sums in a fixed order (deterministic, batch-invariant). Split:
+    // result tile 0 (gate) sums the even warps, tile 1 (up) the odd ones.
+    float res[RES_TILES][4];
     __shared__ float partial[MAX_WARPS][TILES * 4][32];
     if (nwarps > 1) {
 #pragma unroll
@@ -237,13 +246,21 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         __syncthreads();
         if (warp != 0) return;
 #pragma unroll
-        for (int j = 0; j < TILES; ++j)
+        for (int j = 0; j < RES_TILES; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                float v = partial[0][j * 4 + c][lane];
-                for (int w = 1; w < nwarps; ++w) v += partial[w][j * 4 + c][lane];
-                acc[j][c] = v;
+                const int w0 = SPLIT ? j : 0, dw = SPLIT ? 2 : 1, jj = SPLIT ? 0 : j;
+                float v = partial[w0][jj * 4 + c][lane];
+#pragma unroll
+                for (int i = 1; i < MAX_WARPS; ++i)  // unrolled: all loads issued at once
+                    if (w0 + i * dw < nwarps) v += partial[w0 + i * dw][jj * 4 + c][lane];
+                res[j][c] = v;
             }
+    } else {
+#pragma unroll
+        for (int j = 0; j < RES_TILES; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) res[j][c] = acc[j < TILES ? j : 0][c];  // (SPLIT needs nwarps >= 2)
     }
 
 #pragma unroll
@@ -256,12 +273,12 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
             const long at = (long)m * N + unit;
             half_t out;
             if (GATED) {
-                const float gate = h2f(f2h(acc[j][c]));
-                const float up = h2f(f2h(acc[j + OUT_TILES][c]));
+                const float gate = h2f(f2h(res[j][c]));
+                const float up = h2f(f2h(res[j + OUT_TILES][c]));
                 const float act = h2f(f2h(gate / (1.f + expf(-gate))));
                 out = f2h(act * up);
             } else {
-                float v = acc[j][c];
+                float v = res[j][c];
                 if (bias != nullptr) v += h2f(bias[unit]);
                 out = f2h(v);
                 if (residual != nullptr) out = f2h(h2f(out) + h2f(residual[at]));

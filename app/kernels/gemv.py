@@ -32,7 +32,10 @@ SOURCE = "gemv.cu"
 class GemvConfig:
     """How a GEMV is split: ``tiles`` 16-row tiles per warp (gate+up tiles when gated),
     ``warps`` per block (they split K), ``unroll`` groups of 128 per pipeline stage (each warp
-    holds two stages: the next one's loads are in flight while the current one computes)."""
+    holds two stages: the next one's loads are in flight while the current one computes).
+
+    Gated with ``tiles=1``: even warps take the gate tile, odd warps the up tile of the same
+    16 outputs (``warps`` must be even), so each warp holds one tile's registers."""
 
     tiles: int = 1
     warps: int = 8
@@ -49,8 +52,11 @@ class GemvConfig:
             raise KernelArgumentError(f"GemvConfig tiles*unroll={self.tiles * self.unroll} > 4 would spill registers")
 
     def out_rows_per_block(self, gated: bool) -> int:
-        if gated and self.tiles % 2:
-            raise KernelArgumentError(f"GemvConfig.tiles={self.tiles} must be even for the gated kernel")
+        if gated and self.tiles == 1:
+            if self.warps % 2:
+                raise KernelArgumentError(f"GemvConfig.warps={self.warps} must be even for the gated kernel "
+                                          "with tiles=1 (warps alternate gate / up)")
+            return TILE_ROWS
         return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
 
     def name_expression(self, bits: int, gated: bool) -> str:
