@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from app.kernels import (
-    DecodeAttentionWorkspace, GemvConfig, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
+    DecodeAttentionWorkspace, GemvConfig, RmsNorm, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
     rms_norm, rope_kv_write,
 )
 from app.kernels import reference as ref
@@ -118,6 +118,27 @@ def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
         batched = op(x[:m], *w, config=config)
         for i in range(m):
             assert torch.equal(batched[i], singles[i][0]), (m, i)
+
+
+# K: 3B / 7B hidden sizes, one whose norm block is not a whole number of warps (1152 / 8 = 144
+# vectors), one past 8192 (several vectors per norm thread); M = 8 at K = 3584 needs 57 KB of
+# shared memory (the opt-in path).
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("k,m", [(2048, 1), (3584, 8), (1152, 3), (9216, 2)])
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=16)])
+def test_fused_rms_norm_is_bit_equal_to_norm_then_gemv(bits, gated, k, m, config):
+    n = 1000 if gated else 2051
+    op = (GATED if gated else GEMV)[bits][0]
+    w = weights(bits, n, k, seed=k + m)
+    h, gamma = activations(m, k, seed=41) * 3, activations(1, k, seed=42)[0]
+    normed = rms_norm(h, gamma, 1e-6)
+    want = op(normed, *w, config=config)
+    out = poisoned(m, n // 2 if gated else n)
+    op(h, *w, config=config, norm=RmsNorm(gamma, 1e-6), out=out)
+    assert torch.equal(out, want)
+    reference = (GATED if gated else GEMV)[bits][1]
+    assert rel_err(out, reference(ref.rms_norm_ref(h, gamma, 1e-6), *w)) < REL_TOL
 
 
 @pytest.mark.parametrize("rows,hidden", [(1, 2048), (5, 3584), (8, 896), (3, 8)])

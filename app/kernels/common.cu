@@ -79,3 +79,43 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
+
+// -- RMSNorm pieces shared by norm.cu and the GEMV's fused prologue (gemv.cu), so both round
+// -- exactly alike: y = fp16(w * fp16(h * rsqrt(mean(h^2) + eps))) (HF Qwen2RMSNorm).
+
+__device__ __forceinline__ float sum_squares8(uint4 a) {
+    const unsigned* p = reinterpret_cast<const unsigned*>(&a);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = half2_to_float2(p[i]);
+        s = fmaf(f.x, f.x, s);
+        s = fmaf(f.y, f.y, s);
+    }
+    return s;
+}
+
+// Threads of rms_norm_kernel's block for a row of H values: one 8-value vector each, a
+// multiple of 32, at most 1024 (keep in sync with norm_rope.norm_block_size). Its sum of
+// squares order (thread i sums vectors i, i + T, ...; xor tree per warp; warps in order)
+// is a function of H only, which is what lets the GEMV prologue reproduce it bit for bit.
+__device__ __forceinline__ int norm_threads(int H) {
+    const int t = (H / 8 + 31) / 32 * 32;
+    return t < 32 ? 32 : (t > 1024 ? 1024 : t);
+}
+
+__device__ __forceinline__ float rms_inverse(float sum_squares, int H, float eps) {
+    return 1.f / sqrtf(sum_squares / (float)H + eps);
+}
+
+__device__ __forceinline__ uint4 rms_scale8(uint4 h, uint4 w, float inv) {
+    unsigned* ph = reinterpret_cast<unsigned*>(&h);
+    const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
+        const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
+        ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
+    }
+    return h;
+}

@@ -23,6 +23,10 @@
 // flight (latency, not bandwidth, limits a GEMV on a big GPU). Dequantization costs about
 // one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair).
 //
+// NORM (qkv and gate/up of a decoder layer): x is the residual stream and the block applies
+// the layer's RMSNorm itself (rms_norm_rows_to_shared, bit-equal to norm.cu) while its first
+// weights are in flight: one launch fewer per norm, nothing written back.
+//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
@@ -157,17 +161,19 @@ __device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const
     }
 }
 
+// xrow: this lane's 32 inputs of group 0 as 16-byte vectors (row g of x, from 32t on); group
+// grp starts GROUP / 8 vectors later. Global memory (L1 hits after the first warp) or the
+// block's normalised copy in shared memory.
 template <int BITS, int TILES, int UNROLL>
 __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][4],
-                                              const half_t* xrow, bool has_x, int g0, int nwarps, int groups) {
+                                              const uint4* xrow, bool has_x, int g0, int nwarps, int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int grp = g0 + u * nwarps;
         if (grp >= groups) break;  // warp-uniform
-        uint4 xv[4];  // x is shared by every warp of the block: L1 hits after the first
+        uint4 xv[4];
 #pragma unroll
-        for (int v = 0; v < 4; ++v)
-            xv[v] = has_x ? *(const uint4*)(xrow + (long)grp * GROUP + 8 * v) : make_uint4(0, 0, 0, 0);
+        for (int v = 0; v < 4; ++v) xv[v] = has_x ? xrow[grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -180,12 +186,49 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
     }
 }
 
-template <int BITS, int TILES, bool GATED, int UNROLL>
+// Fused RMSNorm prologue: the block normalises the M rows of x into shared memory (row
+// stride K/8 + 1 vectors), bit-equal to rms_norm_kernel (norm.cu) because it forms every
+// row's sum of squares in that kernel's order: "virtual" thread i of its block of
+// norm_threads(K) threads sums vectors i, i + T, ...; one real warp plays each virtual warp
+// in turn (same xor tree); the virtual warps' sums are added in order.
+constexpr int MAX_ROWS = 8;
+__device__ __forceinline__ void rms_norm_rows_to_shared(const half_t* __restrict__ x, const half_t* __restrict__ weight,
+                                                        float eps, int M, int K, uint4* xs) {
+    __shared__ float vsums[MAX_ROWS][32];  // [row][virtual warp]
+    __shared__ float inv[MAX_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int nvec = K / 8, T = norm_threads(K), vwarps = T / 32, stride = nvec + 1;
+    for (int job = warp; job < M * vwarps; job += nwarps) {
+        const int m = job / vwarps, vw = job % vwarps;
+        const uint4* xv = reinterpret_cast<const uint4*>(x + (long)m * K);
+        float ss = 0.f;
+        for (int v = vw * 32 + lane; v < nvec; v += T) ss += sum_squares8(xv[v]);
+        ss = warp_sum(ss);
+        if (lane == 0) vsums[m][vw] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float total = 0.f;
+        for (int vw = 0; vw < vwarps; ++vw) total += vsums[threadIdx.x][vw];
+        inv[threadIdx.x] = rms_inverse(total, K, eps);
+    }
+    __syncthreads();
+    const uint4* wv = reinterpret_cast<const uint4*>(weight);
+    for (int i = threadIdx.x; i < M * nvec; i += blockDim.x) {
+        const int m = i / nvec, v = i % nvec;
+        xs[m * stride + v] = rms_scale8(reinterpret_cast<const uint4*>(x + (long)m * K)[v], wv[v], inv[m]);
+    }
+    __syncthreads();
+}
+
+template <int BITS, int TILES, bool GATED, int UNROLL, bool NORM>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 qlow [R, K/16]
             const unsigned* __restrict__ qb,      // W3 qhigh [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
-            const half_t* __restrict__ x,         // [M, K]
+            const half_t* __restrict__ x,         // [M, K] (NORM: before the RMSNorm)
+            const half_t* __restrict__ norm_w,    // NORM: RMSNorm weight [K], else unused
+            float eps,                            // NORM: RMSNorm epsilon
             const half_t* __restrict__ bias,      // [N] or null
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
@@ -213,7 +256,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         }
     }
     const bool has_x = g < M;
-    const half_t* xrow = x + (long)g * K + 32 * t;
+    extern __shared__ uint4 x_normed[];  // NORM: [M][K/8 + 1] vectors
+    const uint4* xrow = NORM ? x_normed + g * (K / 8 + 1) + 4 * t
+                             : reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
     float acc[TILES][4];
 #pragma unroll
@@ -226,6 +271,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
     // (Unrolled by two so the stages swap roles without register copies.)
     Stage<BITS, TILES, UNROLL> a, b;
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+    // The first weights are in flight while the block normalises x.
+    if constexpr (NORM) rms_norm_rows_to_shared(x, norm_w, eps, M, K, x_normed);
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
         compute_stage(a, acc, xrow, has_x, g0, kwarps, groups);

@@ -6,7 +6,9 @@ KV write, flash-decoding attention). :class:`ReferenceOps` computes the same thi
 int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
 buffer layout fails there, not on the GPU.
 
-Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
+A quantized linear can take the RMSNorm before it (``norm=RmsNorm(weight, eps)``): the
+GEMV normalises x itself (one launch fewer, bit-equal). Dense linears (an fp16 model, or a
+weight whose K is not a multiple of 128) run the norm separately and go through
 PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
 the decode graphs capture static buffers, nothing is allocated per step.
 """
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
+from app.kernels.gemv import RmsNorm
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -45,21 +48,24 @@ class KernelOps:
 
         self.k = kernels
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None):
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: RmsNorm | None = None):
+        """out = norm(x) W^T (+ bias) (+ residual); ``norm`` only for quantized weights (fused)."""
+        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
-            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out)
-        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out)
+            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out, norm=norm)
+        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out, norm=norm)
 
-    def gate_up(self, x, w: LinearWeight, *, out):
+    def gate_up(self, x, w: LinearWeight, *, out, norm: RmsNorm | None = None):
+        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_gate_up(x, w, out)
         if w.bias is not None:  # the fused kernel has no bias epilogue
-            return _biased_gate_up(self, x, w, out)
+            return _biased_gate_up(self, x, w, out, norm)
         if w.bits == 4:
-            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out)
-        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out)
+            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out, norm=norm)
+        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out, norm=norm)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
@@ -74,11 +80,16 @@ class KernelOps:
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
 
 
-def _biased_gate_up(ops, x, w: LinearWeight, out):
+def _quantized_for_norm(w: LinearWeight, norm: RmsNorm | None) -> None:
+    if norm is not None and not w.quantized:
+        raise TypeError("a fused RMSNorm needs a quantized weight (dense linears run the norm separately)")
+
+
+def _biased_gate_up(ops, x, w: LinearWeight, out, norm: RmsNorm | None = None):
     """Gate/up with an MLP bias (no Qwen/Llama config has one): two GEMVs, then SiLU * up."""
     half = w.out_features // 2
     gate_up = torch.empty((x.shape[0], w.out_features), dtype=torch.float16, device=x.device)
-    ops.linear(x, w, out=gate_up)
+    ops.linear(x, w, out=gate_up, norm=norm)
     return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
 
 
@@ -87,22 +98,26 @@ class ReferenceOps:
 
     name = "reference"
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None):
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: RmsNorm | None = None):
         _check_fp16(x=x, out=out)
+        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_linear(x, w, residual, out)
+        x = _ref_norm(x, norm)
         if w.bits == 4:
             y = ref.gemv_w4_ref(x, w.qa, w.scales, w.bias, residual)
         else:
             y = ref.gemv_w3_ref(x, w.qa, w.qb, w.scales, w.bias, residual)
         return out.copy_(y)
 
-    def gate_up(self, x, w: LinearWeight, *, out):
+    def gate_up(self, x, w: LinearWeight, *, out, norm: RmsNorm | None = None):
         _check_fp16(x=x, out=out)
+        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_gate_up(x, w, out)
         if w.bias is not None:
-            return _biased_gate_up(self, x, w, out)
+            return _biased_gate_up(self, x, w, out, norm)
+        x = _ref_norm(x, norm)
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, w.qa, w.qb, w.scales))
@@ -128,6 +143,13 @@ class ReferenceOps:
         _check_fp16(q=q, k_cache=k_cache, v_cache=v_cache, out=out)
         _check_index(seq_lens=seq_lens, slots=slots)
         return out.copy_(ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots))
+
+
+def _ref_norm(x: torch.Tensor, norm: RmsNorm | None) -> torch.Tensor:
+    if norm is None:
+        return x
+    _check_fp16(norm_weight=norm.weight)
+    return ref.rms_norm_ref(x, norm.weight, norm.eps)
 
 
 def _check_fp16(**tensors: torch.Tensor) -> None:
