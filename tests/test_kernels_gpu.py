@@ -13,7 +13,7 @@ import torch
 
 from app.kernels import (
     DecodeAttentionWorkspace, GemvConfig, RmsNorm, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
-    rms_norm, rope_kv_write,
+    qkv_rope_w3, qkv_rope_w4, rms_norm, rope_kv_write,
 )
 from app.kernels import reference as ref
 
@@ -187,6 +187,32 @@ def test_rope_kv_write_matches_reference(hq, hkv, d):
     written[slots.long(), positions.long()] = True
     assert torch.equal(k_cache.permute(0, 2, 1, 3)[~written], k_want.permute(0, 2, 1, 3)[~written])
     assert torch.equal(v_cache, v_want)
+
+
+QKV_ROPE = {4: qkv_rope_w4, 3: qkv_rope_w3}
+
+
+# (Hq, Hkv, D, K): Qwen2.5-3B, 7B, a head_dim-64 model with an odd head ratio.
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("hq,hkv,d,k", [(16, 2, 128, 2048), (28, 4, 128, 3584), (9, 3, 64, 1152)])
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=4)])
+def test_qkv_rope_is_bit_equal_to_gemv_then_rope(bits, hq, hkv, d, k, config):
+    n, m, max_len = (hq + 2 * hkv) * d, 5, 64
+    w = weights(bits, n, k, seed=hq + k)
+    bias = activations(1, n, seed=71)[0]
+    h, gamma = activations(m, k, seed=72) * 3, activations(1, k, seed=73)[0]
+    cos, sin = rope_tables(d, max_len)
+    positions = torch.tensor([0, 7, 63, 5, 3], dtype=torch.int32, device=DEV)
+    slots = torch.tensor([1, 0, 2, -1, 1], dtype=torch.int32, device=DEV)  # row 3: a pad row, writes nothing
+    caches = [activations(3 * hkv, max_len * d, seed=74 + i).view(3, hkv, max_len, d) for i in range(2)]
+    want_k, want_v = caches[0].clone(), caches[1].clone()
+    qkv = GEMV[bits][0](h, *w, bias=bias, norm=RmsNorm(gamma, 1e-6))
+    want_q = rope_kv_write(qkv, cos, sin, positions, slots, want_k, want_v, num_q_heads=hq, num_kv_heads=hkv)
+    q = poisoned(m, hq, d)
+    QKV_ROPE[bits](h, *w, cos, sin, positions, slots, caches[0], caches[1], num_q_heads=hq, num_kv_heads=hkv,
+                   bias=bias, norm=RmsNorm(gamma, 1e-6), q_out=q, config=config)
+    assert torch.equal(q, want_q)
+    assert torch.equal(caches[0], want_k) and torch.equal(caches[1], want_v)
 
 
 ATTN_SHAPES = [(16, 2, 128), (28, 4, 128), (32, 8, 128), (9, 3, 64), (14, 2, 64)]

@@ -119,3 +119,11 @@ __device__ __forceinline__ uint4 rms_scale8(uint4 h, uint4 w, float inv) {
     }
     return h;
 }
+
+// RoPE, HF rotate-half: element i of the first half (a) and of the second (b) of a head.
+// Rounded multiplies and adds (no FMA contraction), so rope.cu and the fused q/k/v GEMV
+// epilogue give the same bits.
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& lo, float& hi) {
+    lo = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    hi = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}

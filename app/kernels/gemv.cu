@@ -221,7 +221,51 @@ __device__ __forceinline__ void rms_norm_rows_to_shared(const half_t* __restrict
     __syncthreads();
 }
 
-template <int BITS, int TILES, bool GATED, int UNROLL, bool NORM>
+// Epilogues. PLAIN: y = x W^T (+ bias) (+ residual). SILU: rows [0, N) gate, [N, 2N) up,
+// y = silu(gate) * up. ROPE (the fused q/k/v projection, N = (Hq + 2 Hkv) D rows): the block
+// owns rows i and i + D/2 of one head (16 of each), adds the bias, rotates q and k (HF
+// rotate-half, bit-equal to rope.cu) and writes q to q_out [M, Hq, D], k and v to the caches
+// at (slot, head, position): rope_kv_write fused into the projection, y is not written.
+constexpr int EPI_PLAIN = 0, EPI_SILU = 1, EPI_ROPE = 2;
+
+struct RopeArgs {  // EPI_ROPE only (as separate kernel arguments: see gemv_kernel)
+    half_t* q_out;
+    half_t* k_cache;
+    half_t* v_cache;
+    const float* cos_t;
+    const float* sin_t;
+    const int* positions;
+    const int* slots;
+    int Hq, Hkv, D, table_rows, table_stride, L, num_slots;
+};
+
+__device__ __forceinline__ void rope_store(const RopeArgs& r, int m, int unit, half_t lo, half_t hi) {
+    const int head = unit / r.D, i = unit % r.D, half = r.D / 2;  // i < D/2: pair (i, i + D/2)
+    const int pos = r.positions[m], slot = r.slots[m];
+    const bool cache_ok = pos >= 0 && pos < r.L && slot >= 0 && slot < r.num_slots;
+    if (head >= r.Hq + r.Hkv) {  // v: stored as is
+        if (!cache_ok) return;
+        half_t* dst = r.v_cache + (((long)slot * r.Hkv + (head - r.Hq - r.Hkv)) * r.L + pos) * r.D + i;
+        dst[0] = lo;
+        dst[half] = hi;
+        return;
+    }
+    if (pos < 0 || pos >= r.table_rows) return;
+    half_t* dst;
+    if (head < r.Hq) {
+        dst = r.q_out + ((long)m * r.Hq + head) * r.D + i;
+    } else {
+        if (!cache_ok) return;
+        dst = r.k_cache + (((long)slot * r.Hkv + (head - r.Hq)) * r.L + pos) * r.D + i;
+    }
+    float out_lo, out_hi;
+    rope_rotate(h2f(lo), h2f(hi), r.cos_t[(long)pos * r.table_stride + i], r.sin_t[(long)pos * r.table_stride + i],
+                out_lo, out_hi);
+    dst[0] = f2h(out_lo);
+    dst[half] = f2h(out_hi);
+}
+
+template <int BITS, int TILES, int EPI, int UNROLL, bool NORM>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 qlow [R, K/16]
             const unsigned* __restrict__ qb,      // W3 qhigh [R, K/32] | unused
@@ -232,14 +276,22 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
             const half_t* __restrict__ bias,      // [N] or null
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
-            int M, int N, int K) {                // R = N rows, or 2N when GATED (gate; up)
-    constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps even)
-    constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
+            int M, int N, int K,                  // R = N rows, or 2N for SILU (gate; up)
+            // EPI_ROPE only (null / 0 otherwise): see RopeArgs
+            half_t* q_out, half_t* k_cache, half_t* v_cache, const float* __restrict__ cos_t,
+            const float* __restrict__ sin_t, const int* __restrict__ positions, const int* __restrict__ slots,
+            int Hq, int Hkv, int D, int table_rows, int table_stride, int L, int num_slots) {
+    constexpr bool PAIRED = EPI != EPI_PLAIN;     // each output needs a partner row (up / rotation pair)
+    constexpr bool SPLIT = PAIRED && TILES == 1;  // warps alternate the two halves (nwarps even)
+    constexpr int OUT_TILES = PAIRED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int groups = K / GROUP;
-    const int unit0 = blockIdx.x * (16 * OUT_TILES);
+    // ROPE: D / 32 blocks per head, block j of a head owns rows 16j.. and D/2 + 16j.. of it.
+    const int unit0 = EPI == EPI_ROPE ? (blockIdx.x / (D / 32)) * D + (blockIdx.x % (D / 32)) * 16
+                                      : blockIdx.x * (16 * OUT_TILES);
+    const long partner = EPI == EPI_ROPE ? D / 2 : N;  // row offset of the second half
     const int kwarp = SPLIT ? warp >> 1 : warp, kwarps = SPLIT ? nwarps >> 1 : nwarps;  // split of the groups
 
     RowPtr<BITS> ptr[TILES][2];
@@ -250,8 +302,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         for (int h = 0; h < 2; ++h) {
             const int unit = unit0 + 16 * (j % OUT_TILES) + g + 8 * h;
             row_ok[j][h] = unit < N;
-            const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
-            const long r = up ? (long)N + unit : (long)unit;
+            const bool second = SPLIT ? (warp & 1) : (PAIRED && j >= OUT_TILES);
+            const long r = second ? partner + unit : (long)unit;
             ptr[j][h] = row_ptr(RowPtr<BITS>{}, qa, qb, scales, row_ok[j][h] ? r : 0, K, t);  // rows past N: row 0, scale 0
         }
     }
@@ -318,18 +370,23 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
             const int m = 2 * t + (c & 1);
             if (unit >= N || m >= M) continue;
             const long at = (long)m * N + unit;
-            half_t out;
-            if (GATED) {
+            if constexpr (EPI == EPI_SILU) {
                 const float gate = h2f(f2h(res[j][c]));
                 const float up = h2f(f2h(res[j + OUT_TILES][c]));
                 const float act = h2f(f2h(gate / (1.f + expf(-gate))));
-                out = f2h(act * up);
+                y[at] = f2h(act * up);
+            } else if constexpr (EPI == EPI_ROPE) {
+                const float b_lo = bias != nullptr ? h2f(bias[unit]) : 0.f;
+                const float b_hi = bias != nullptr ? h2f(bias[unit + partner]) : 0.f;
+                const RopeArgs r{q_out, k_cache, v_cache, cos_t, sin_t, positions, slots,
+                                 Hq, Hkv, D, table_rows, table_stride, L, num_slots};
+                rope_store(r, m, unit, f2h(res[0][c] + b_lo), f2h(res[1][c] + b_hi));
             } else {
                 float v = res[j][c];
                 if (bias != nullptr) v += h2f(bias[unit]);
-                out = f2h(v);
+                half_t out = f2h(v);
                 if (residual != nullptr) out = f2h(h2f(out) + h2f(residual[at]));
+                y[at] = out;
             }
-            y[at] = out;
         }
 }

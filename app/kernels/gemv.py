@@ -26,6 +26,8 @@ MAX_BATCH = 8  # one mma column per batch row
 MAX_WARPS = 16  # keep in sync with gemv.cu
 TILE_ROWS = 16
 SOURCE = "gemv.cu"
+EPI_PLAIN, EPI_SILU, EPI_ROPE = 0, 1, 2  # keep in sync with gemv.cu
+NO_ROPE = (0, 0, 0, 0, 0, 0, 0, *([np.int32(0)] * 7))  # the EPI_ROPE arguments of the other epilogues
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,9 @@ class GemvConfig:
             return TILE_ROWS
         return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
 
-    def name_expression(self, bits: int, gated: bool, norm: bool = False) -> str:
-        flag = lambda b: "true" if b else "false"  # noqa: E731
-        return f"gemv_kernel<{bits}, {self.tiles}, {flag(gated)}, {self.unroll}, {flag(norm)}>"
+    def name_expression(self, bits: int, gated: bool, norm: bool = False, epilogue: int | None = None) -> str:
+        epi = epilogue if epilogue is not None else (EPI_SILU if gated else EPI_PLAIN)
+        return f"gemv_kernel<{bits}, {self.tiles}, {epi}, {self.unroll}, {'true' if norm else 'false'}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -172,7 +174,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     _allow_shared(kernel, shared, dev)
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), norm_ptr, eps, bias_ptr, res_ptr,
-            y.data_ptr(), np.int32(m), np.int32(n_out), np.int32(w.k))
+            y.data_ptr(), np.int32(m), np.int32(n_out), np.int32(w.k), *NO_ROPE)
     loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args, shared_mem=shared)
     return y
 

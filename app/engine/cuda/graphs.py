@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from app.engine.kv_cache import StaticKVCache
+from app.engine.cuda.ops import RopeInputs
 from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, lookup_rows
 from app.kernels.attention import DecodeAttentionWorkspace
 from app.kernels.gemv import RmsNorm
@@ -123,9 +124,12 @@ class DecodeStep:
         lookup_rows(w.embed, ids, self.tables, out=h)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
-            self.normed_linear(h, layer.input_norm, layer.qkv, ops.linear, out=qkv)
-            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
-                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
+            rope = RopeInputs(self.cos, self.sin, positions, slots, k_cache, v_cache, s.num_heads, s.num_kv_heads)
+            if layer.qkv.quantized and s.head_dim % 32 == 0:  # norm + q/k/v + RoPE + KV write: one launch
+                ops.qkv_rope(h, layer.qkv, rope, norm=RmsNorm(layer.input_norm, s.rms_norm_eps), q_out=q)
+            else:
+                self.normed_linear(h, layer.input_norm, layer.qkv, ops.linear, out=qkv)
+                ops.rope_kv_write(qkv, *rope.args(), num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
             ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
             ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h)  # h += o_proj(attn)
             self.normed_linear(h, layer.post_norm, layer.gate_up, ops.gate_up, out=act)

@@ -15,6 +15,8 @@ the decode graphs capture static buffers, nothing is allocated per step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -67,6 +69,14 @@ class KernelOps:
             return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out, norm=norm)
         return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out, norm=norm)
 
+    def qkv_rope(self, x, w: LinearWeight, rope: RopeInputs, *, norm: RmsNorm | None, q_out):
+        """q_out = RoPE(q) of norm(x) W^T + b; k and v into the caches (one launch, quantized W)."""
+        if w.bits == 4:
+            return self.k.qkv_rope_w4(x, w.qa, w.scales, *rope.args(), num_q_heads=rope.num_q_heads,
+                                      num_kv_heads=rope.num_kv_heads, bias=w.bias, norm=norm, q_out=q_out)
+        return self.k.qkv_rope_w3(x, w.qa, w.qb, w.scales, *rope.args(), num_q_heads=rope.num_q_heads,
+                                  num_kv_heads=rope.num_kv_heads, bias=w.bias, norm=norm, q_out=q_out)
+
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
             return self.k.rms_norm(x, weight, eps, out=out)
@@ -78,6 +88,23 @@ class KernelOps:
 
     def attention(self, q, k_cache, v_cache, seq_lens, slots, *, workspace, out):
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
+
+
+@dataclass(frozen=True)
+class RopeInputs:
+    """What RoPE + the KV write need besides q/k/v: tables, per-row positions and slots, caches."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    num_q_heads: int
+    num_kv_heads: int
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.cos, self.sin, self.positions, self.slots, self.k_cache, self.v_cache
 
 
 def _quantized_for_norm(w: LinearWeight, norm: RmsNorm | None) -> None:
@@ -121,6 +148,12 @@ class ReferenceOps:
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, w.qa, w.qb, w.scales))
+
+    def qkv_rope(self, x, w: LinearWeight, rope: RopeInputs, *, norm: RmsNorm | None, q_out):
+        qkv = torch.empty((x.shape[0], w.out_features), dtype=torch.float16, device=x.device)
+        self.linear(x, w, out=qkv, norm=norm)
+        return self.rope_kv_write(qkv, *rope.args(), num_q_heads=rope.num_q_heads, num_kv_heads=rope.num_kv_heads,
+                                  q_out=q_out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)
