@@ -73,13 +73,13 @@ class GemvConfig:
 def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvConfig:
     """A good split for this shape on a GPU with ``sm_count`` SMs (independent of batch).
 
-    From the H200 sweeps (docs/KERNELS.md, kernels_h200.json): one tile per warp (gated: one
-    gate + one up tile), one group per pipeline stage (fewer registers, more warps resident),
-    and as many warps per block splitting K as it takes to keep loads in flight: 4 when there
-    are at least 4 blocks per SM (the heads, the MLP gate/up), 16 when there are fewer than 2
-    (the small qkv / o / down projections), else 8; never more warps than groups of 128.
+    From the H200 sweeps (docs/KERNELS.md, kernels_h200.json): one tile per warp (gated: the
+    gate and up tiles on alternate warps), one group per pipeline stage (fewer registers, more
+    warps resident), and as many warps per block splitting K as it takes to keep loads in
+    flight: 4 when there are at least 4 blocks per SM (the heads, the MLP gate/up), 16 when
+    there are fewer than 2 (the small qkv / o / down projections), else 8; never more warps
+    than groups of 128 per tile (gated: an even number, at least 2).
     """
-    tiles = 2 if gated else 1
     blocks = -(-n_out // TILE_ROWS)
     groups = k // GROUP_SIZE
     if blocks >= 4 * sm_count:
@@ -88,7 +88,9 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
         warps = 16
     else:
         warps = 8
-    return GemvConfig(tiles=tiles, warps=max(1, min(warps, groups)), unroll=1)
+    if gated:
+        return GemvConfig(tiles=1, warps=max(2, min(warps, 2 * groups) // 2 * 2), unroll=1)
+    return GemvConfig(tiles=1, warps=max(1, min(warps, groups)), unroll=1)
 
 
 @dataclass(frozen=True)
