@@ -148,8 +148,8 @@ def _allow_shared(kernel, nbytes: int, dev) -> None:
     """Opt in to more than 48 KiB of dynamic shared memory (e.g. 8 rows of a 3584-wide x)."""
     if nbytes <= 48 * 1024 or kernel.max_dynamic_shared_size_bytes >= nbytes:
         return
-    limit = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
-    if nbytes > limit:
+    limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", None)
+    if limit is not None and nbytes > limit:
         raise KernelArgumentError(f"the fused RMSNorm needs {nbytes} bytes of shared memory for this batch, "
                                   f"the GPU allows {limit}: use a smaller batch")
     kernel.max_dynamic_shared_size_bytes = nbytes
