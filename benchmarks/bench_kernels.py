@@ -263,6 +263,8 @@ def main() -> None:
     copy = copy_bandwidth_gbps()
     print(f"{props.name}, {props.multi_processor_count} SMs, copy {copy:.0f} GB/s", flush=True)
     gemv_rows, sweep = bench_gemv(copy, args.quick, props.multi_processor_count)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).with_suffix(".gemv.json").write_text(json.dumps(dict(gemv=gemv_rows, gemv_sweep=sweep), indent=1))
     peers = bench_peers(copy)
     small = bench_small_ops(copy, props.multi_processor_count)
     stacks = [bench_linear_stack(m, copy) for m in MODELS]

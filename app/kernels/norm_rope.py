@@ -70,6 +70,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     if tokens == 0:
         return q
     warps = 4
+    heads = num_q_heads + 2 * num_kv_heads
     blocks = (tokens * heads + warps - 1) // warps
     kernel = loader.get_kernel("rope.cu", "rope_kv_kernel")
     args = (qkv.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(),
