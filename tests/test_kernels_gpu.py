@@ -13,7 +13,7 @@ import torch
 
 from app.kernels import (
     DecodeAttentionWorkspace, GemvConfig, RmsNorm, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
-    qkv_rope_w3, qkv_rope_w4, rms_norm, rope_kv_write,
+    default_gemv_config, qkv_rope_w3, qkv_rope_w4, rms_norm, rope_kv_write,
 )
 from app.kernels import reference as ref
 
@@ -206,7 +206,10 @@ def test_qkv_rope_is_bit_equal_to_gemv_then_rope(bits, hq, hkv, d, k, config):
     slots = torch.tensor([1, 0, 2, -1, 1], dtype=torch.int32, device=DEV)  # row 3: a pad row, writes nothing
     caches = [activations(3 * hkv, max_len * d, seed=74 + i).view(3, hkv, max_len, d) for i in range(2)]
     want_k, want_v = caches[0].clone(), caches[1].clone()
-    qkv = GEMV[bits][0](h, *w, bias=bias, norm=RmsNorm(gamma, 1e-6))
+    # Bit-equality needs the same split of K: as many warps per tile as the fused kernel has.
+    fused = config or default_gemv_config(n // 2, k, True, torch.cuda.get_device_properties(DEV).multi_processor_count)
+    per_tile = GemvConfig(tiles=1, warps=fused.warps // 2 if fused.tiles == 1 else fused.warps)
+    qkv = GEMV[bits][0](h, *w, bias=bias, norm=RmsNorm(gamma, 1e-6), config=per_tile)
     want_q = rope_kv_write(qkv, cos, sin, positions, slots, want_k, want_v, num_q_heads=hq, num_kv_heads=hkv)
     q = poisoned(m, hq, d)
     QKV_ROPE[bits](h, *w, cos, sin, positions, slots, caches[0], caches[1], num_q_heads=hq, num_kv_heads=hkv,
