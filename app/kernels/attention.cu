@@ -5,15 +5,13 @@
 // slots[b] = the cache slot of sequence b. Hq = Hkv * G. A sequence with length 0 or a slot
 // out of range gets zeros (memory safety; the engine checks ranges).
 //
-// One launch (attn_split_kernel), grid (nsplit, Hkv, B): block (split, kv head, b) covers
+// Pass 1 (attn_split_kernel), grid (nsplit, Hkv, B): block (split, kv head, b) covers
 // positions [split * chunk, (split + 1) * chunk) with chunk = max(MIN_CHUNK,
 // ceil(len / nsplit)), for all G query heads of the kv head at once, so each K/V row is
 // read once per group. Inside a block, D/8 lanes share one key (16 bytes each) and a warp
 // handles 32/(D/8) keys per step with an online softmax in fp32 (base-2 exponent, the
-// scale * log2(e) folded into q). The block writes an unnormalised partial (o, m, l), then
-// counts itself in counters[b, kv head]; the last of the splits that had work merges all
-// of them for its G heads (combine_group) and resets the counter for the next launch. (A
-// second "combine" kernel cost ~3.5 us per layer on the H200, mostly its launch.)
+// scale * log2(e) folded into q). The block writes an unnormalised partial (o, m, l).
+// Pass 2 (attn_combine_kernel) merges the partials of the splits that had work.
 //
 // nsplit is a launch constant chosen by the host from the model and the device, never from
 // the batch, and every merge runs in a fixed order: a sequence's result does not depend on
@@ -44,74 +42,6 @@ __device__ __forceinline__ float rescale(float a, float b) {
     return a == NEG_INF ? 0.f : exp2f(a - b);
 }
 
-// Loads of partials another block wrote during this launch: at the L2 (never a stale L1).
-__device__ __forceinline__ float4 load_cg4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float load_cg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
-// Merge the n splits of G consecutive heads (first = b * Hq + first query head) into out,
-// every sum in a fixed order (deterministic). scratch: >= 2 * G * MAX_SPLITS floats.
-template <int D, int G>
-__device__ __forceinline__ void combine_group(const float* part_o, const float* part_ml, half_t* out, float* scratch,
-                                              long first, int n, int nsplit) {
-    float* s_m = scratch;                   // [G][MAX_SPLITS]: m, then the weights exp2(m - max)
-    float* s_l = scratch + G * MAX_SPLITS;  // [G][MAX_SPLITS]: l
-    __shared__ float s_max[G], s_inv[G];
-    for (int i = threadIdx.x; i < G * n; i += blockDim.x) {
-        const int h = i / n, sp = i % n;
-        const float* ml = part_ml + ((first + h) * nsplit + sp) * 2;
-        s_m[h * MAX_SPLITS + sp] = load_cg(ml);
-        s_l[h * MAX_SPLITS + sp] = load_cg(ml + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        const int h = threadIdx.x;
-        float mx = NEG_INF;
-        for (int i = 0; i < n; ++i) mx = fmaxf(mx, s_m[h * MAX_SPLITS + i]);
-        s_max[h] = mx;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * n; i += blockDim.x) {
-        const int h = i / n, sp = i % n;
-        s_m[h * MAX_SPLITS + sp] = exp2f(s_m[h * MAX_SPLITS + sp] - s_max[h]);
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        const int h = threadIdx.x;
-        float lsum = 0.f;
-        for (int i = 0; i < n; ++i) lsum += s_l[h * MAX_SPLITS + i] * s_m[h * MAX_SPLITS + i];
-        s_inv[h] = 1.f / lsum;
-    }
-    __syncthreads();
-    // One float4 of one head per thread and pass; 8 splits' loads in flight at a time.
-    for (int i = threadIdx.x; i < G * D / 4; i += blockDim.x) {
-        const int h = i / (D / 4), d = (i % (D / 4)) * 4;
-        const float* po = part_o + (first + h) * nsplit * D + d;
-        const float* w = s_m + h * MAX_SPLITS;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-        for (int sp = 0; sp < n; ++sp) {
-            const float4 v = load_cg4(po + (long)sp * D);
-            acc.x = fmaf(v.x, w[sp], acc.x);
-            acc.y = fmaf(v.y, w[sp], acc.y);
-            acc.z = fmaf(v.z, w[sp], acc.z);
-            acc.w = fmaf(v.w, w[sp], acc.w);
-        }
-        const float inv = s_inv[h];
-        half_t* o = out + (first + h) * D + d;
-        reinterpret_cast<uint2*>(o)[0] = make_uint2(float2_to_half2(acc.x * inv, acc.y * inv),
-                                                    float2_to_half2(acc.z * inv, acc.w * inv));
-    }
-}
-
 template <int D, int G>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cache,
@@ -119,9 +49,6 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
                   const int* __restrict__ slots,
                   float* __restrict__ part_o,    // [B, Hq, nsplit, D]
                   float* __restrict__ part_ml,   // [B, Hq, nsplit, 2]
-                  int* __restrict__ counters,    // [B, >= Hkv] (row stride counter_stride), zero between launches
-                  int counter_stride,
-                  half_t* __restrict__ out,      // [B, Hq, D]
                   int Hkv, int L, int num_slots, int nsplit, float scale_log2) {
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
@@ -132,13 +59,9 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
     const int chunk = split_chunk(len, nsplit);
     const int s0 = split * chunk;
-    const int Hq = Hkv * G;
-    if (len <= 0) {  // nothing to attend to (pad row): zeros, written by split 0
-        for (int i = threadIdx.x; split == 0 && i < G * D; i += blockDim.x) out[((long)b * Hq + hkv * G) * D + i] = 0;
-        return;
-    }
-    if (s0 >= len) return;  // splits without work are not counted
+    if (s0 >= len) return;
     const int s1 = min(len, s0 + chunk);
+    const int Hq = Hkv * G;
 
     float qf[G][8], o[G][8], m[G], l[G];
 #pragma unroll
@@ -208,10 +131,7 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
             m[h] = mn;
         }
     }
-    // The warps' partials, later the combine's scratch (2 * G * MAX_SPLITS floats).
-    constexpr int SM_FLOATS = ATTN_WARPS * D > 2 * MAX_SPLITS ? ATTN_WARPS * G * D : 2 * G * MAX_SPLITS;
-    __shared__ float sm_buf[SM_FLOATS];
-    float (*sm_o)[G][D] = reinterpret_cast<float (*)[G][D]>(sm_buf);  // [ATTN_WARPS][G][D]
+    __shared__ float sm_o[ATTN_WARPS][G][D];
     __shared__ float sm_m[ATTN_WARPS][G], sm_l[ATTN_WARPS][G];
     if (sub == 0) {
 #pragma unroll
@@ -242,22 +162,41 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
             part_ml[(head * nsplit + split) * 2 + 1] = lsum;
         }
     }
+}
 
-    // Count this split; the last one to finish merges them all (threadfence: its partial is
-    // visible before it is counted, and the last block reads the others' after).
-    __shared__ bool is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int n = (len + chunk - 1) / chunk;  // splits with work, <= nsplit
-        int* counter = counters + b * counter_stride + hkv;
-        is_last = atomicAdd(counter, 1) == n - 1;
-        if (is_last) *counter = 0;  // every split has counted: ready for the next launch
+template <int D>
+__global__ void __launch_bounds__(D)
+attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                    const int* __restrict__ seq_lens, const int* __restrict__ slots,
+                    half_t* __restrict__ out,  // [B, Hq, D]
+                    int Hq, int L, int num_slots, int nsplit) {
+    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+    const long head = (long)b * Hq + h;
+    const int slot = slots[b];
+    const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
+    if (len <= 0) {
+        out[head * D + d] = 0;
+        return;
+    }
+    const int chunk = split_chunk(len, nsplit);
+    const int n = (len + chunk - 1) / chunk;  // splits that had work, <= nsplit <= MAX_SPLITS
+    const float* ml = part_ml + head * nsplit * 2;
+    // Stage (m, l) of every split in shared memory with all threads at once, so no thread
+    // walks a chain of global loads (latency-bound at up to 256 splits).
+    __shared__ float s_m[MAX_SPLITS], s_l[MAX_SPLITS], s_w[MAX_SPLITS];
+    for (int i = d; i < n; i += D) {
+        s_m[i] = ml[2 * i];
+        s_l[i] = ml[2 * i + 1];
     }
     __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    // sm_o is free now: it holds the splits' (m, l) and then their weights.
-    combine_group<D, G>(part_o, part_ml, out, sm_buf, (long)b * Hq + hkv * G,
-                        (len + chunk - 1) / chunk, nsplit);
+    float mx = NEG_INF;
+    for (int i = 0; i < n; ++i) mx = fmaxf(mx, s_m[i]);
+    for (int i = d; i < n; i += D) s_w[i] = exp2f(s_m[i] - mx);
+    __syncthreads();
+    float lsum = 0.f, osum = 0.f;
+    for (int i = 0; i < n; ++i) lsum += s_l[i] * s_w[i];
+    const float* po = part_o + head * nsplit * D + d;
+#pragma unroll 8
+    for (int i = 0; i < n; ++i) osum += po[(long)i * D] * s_w[i];
+    out[head * D + d] = f2h(osum / lsum);
 }

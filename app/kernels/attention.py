@@ -1,7 +1,6 @@
 """Launcher for GQA decode attention over the static KV cache (attention.cu).
 
-One launch: per-split partial softmax (grid: splits x kv heads x batch); the last split of
-each (sequence, kv head) to finish merges them (counted in the workspace's ``counters``).
+Two launches: per-split partial softmax (grid: splits x kv heads x batch) and the combine.
 ``num_splits`` is fixed per engine (model, device, max context), never per batch or per
 step, so CUDA graphs can be captured once and results do not depend on the batch.
 """
@@ -34,30 +33,22 @@ def default_num_splits(num_kv_heads: int, max_context: int, sm_count: int) -> in
 
 @dataclass
 class DecodeAttentionWorkspace:
-    """fp32 partial results and the per-(sequence, kv head) split counters, allocated once
-    per engine (graph-safe). The counters must be zero when allocated; every launch leaves
-    them zero again."""
+    """fp32 partial results, allocated once per engine (graph-safe)."""
 
-    part_o: torch.Tensor  # fp32 [B, Hq, splits, D]
-    part_ml: torch.Tensor  # fp32 [B, Hq, splits, 2]
-    counters: torch.Tensor  # int32 [B, Hkv]
+    part_o: torch.Tensor  # [B, Hq, splits, D]
+    part_ml: torch.Tensor  # [B, Hq, splits, 2]
 
     def __post_init__(self) -> None:
         b, hq, s, d = self.part_o.shape
         if tuple(self.part_ml.shape) != (b, hq, s, 2):
             raise KernelArgumentError(f"part_ml shape {list(self.part_ml.shape)} does not match part_o {[b, hq, s, d]}")
-        if self.counters.dim() != 2 or self.counters.shape[0] != b:
-            raise KernelArgumentError(f"counters shape {list(self.counters.shape)} is not [{b}, kv heads]")
 
     @classmethod
     def allocate(cls, max_batch: int, num_q_heads: int, head_dim: int, num_splits: int,
-                 device: torch.device | str, num_kv_heads: int | None = None) -> DecodeAttentionWorkspace:
-        """``num_kv_heads`` defaults to ``num_q_heads`` (enough counters for any head ratio)."""
+                 device: torch.device | str) -> DecodeAttentionWorkspace:
         check_range("num_splits", num_splits, 1, MAX_SPLITS)
-        hkv = num_q_heads if num_kv_heads is None else num_kv_heads
         return cls(torch.empty((max_batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
-                   torch.empty((max_batch, num_q_heads, num_splits, 2), dtype=torch.float32, device=device),
-                   torch.zeros((max_batch, hkv), dtype=torch.int32, device=device))
+                   torch.empty((max_batch, num_q_heads, num_splits, 2), dtype=torch.float32, device=device))
 
     @property
     def num_splits(self) -> int:
@@ -65,7 +56,7 @@ class DecodeAttentionWorkspace:
 
     @property
     def nbytes(self) -> int:
-        return (self.part_o.numel() + self.part_ml.numel() + self.counters.numel()) * 4
+        return self.part_o.numel() * 4 + self.part_ml.numel() * 4
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
@@ -96,27 +87,26 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if workspace is None:
         props = torch.cuda.get_device_properties(dev)
         splits = default_num_splits(hkv, max_len, props.multi_processor_count)
-        workspace = DecodeAttentionWorkspace.allocate(batch, hq, head_dim, splits, dev, num_kv_heads=hkv)
+        workspace = DecodeAttentionWorkspace.allocate(batch, hq, head_dim, splits, dev)
     ws_b, ws_hq, splits, ws_d = workspace.part_o.shape
     if ws_b < batch or ws_hq != hq or ws_d != head_dim:
         raise KernelArgumentError(f"workspace [{ws_b}, {ws_hq}, *, {ws_d}] does not fit batch {batch}, "
                                   f"{hq} heads, head_dim {head_dim}")
     for name, t in (("workspace.part_o", workspace.part_o), ("workspace.part_ml", workspace.part_ml)):
         check_tensor(name, t, torch.float32, tuple(t.shape), device=dev)
-    check_tensor("workspace.counters", workspace.counters, torch.int32, tuple(workspace.counters.shape), device=dev,
-                 aligned=False)
-    if workspace.counters.shape[1] < hkv:
-        raise KernelArgumentError(f"workspace has counters for {workspace.counters.shape[1]} kv heads, needs {hkv}")
     o = ensure_output("out", out, (batch, hq, head_dim), torch.float16, dev)
     if batch == 0:
         return o
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     split_kernel = loader.get_kernel("attention.cu", f"attn_split_kernel<{head_dim}, {group}>")
-    # Row stride of the workspace is its own batch size: index it as [ws_b, ...] (b < batch);
-    # the counters' row stride is their own width (>= hkv).
+    combine_kernel = loader.get_kernel("attention.cu", f"attn_combine_kernel<{head_dim}>")
+    # Row stride of the workspace is its own batch size: index it as [ws_b, ...] (b < batch).
+    part_o, part_ml = workspace.part_o.data_ptr(), workspace.part_ml.data_ptr()
     loader.launch(split_kernel, (splits, hkv, batch), (128,),
                   (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seq_lens.data_ptr(), slots.data_ptr(),
-                   workspace.part_o.data_ptr(), workspace.part_ml.data_ptr(), workspace.counters.data_ptr(),
-                   np.int32(workspace.counters.shape[1]), o.data_ptr(), np.int32(hkv), np.int32(max_len),
-                   np.int32(num_slots), np.int32(splits), np.float32(scale * LOG2E)))
+                   part_o, part_ml, np.int32(hkv), np.int32(max_len), np.int32(num_slots), np.int32(splits),
+                   np.float32(scale * LOG2E)))
+    loader.launch(combine_kernel, (hq, batch), (head_dim,),
+                  (part_o, part_ml, seq_lens.data_ptr(), slots.data_ptr(), o.data_ptr(), np.int32(hq),
+                   np.int32(max_len), np.int32(num_slots), np.int32(splits)))
     return o

@@ -41,7 +41,6 @@ class DecodeBuffers:
     tokens: torch.Tensor  # int64 [R]: argmax of logits
     part_o: torch.Tensor  # fp32 [R, Hq, splits, D]: attention partials
     part_ml: torch.Tensor  # fp32 [R, Hq, splits, 2]
-    counters: torch.Tensor  # int32 [R, Hkv]: attention splits done (zero between steps)
     arena: torch.Tensor | None = None
 
     @classmethod
@@ -59,7 +58,6 @@ class DecodeBuffers:
             "tokens": ((rows,), torch.int64),
             "part_o": ((rows, hq, splits, d), torch.float32),
             "part_ml": ((rows, hq, splits, 2), torch.float32),
-            "counters": ((rows, spec.num_kv_heads), torch.int32),
         }
         arena, views = carve(layout, device)
         buffers = cls(**views, arena=arena)
@@ -76,7 +74,7 @@ class DecodeBuffers:
 
     @property
     def workspace(self) -> DecodeAttentionWorkspace:
-        return DecodeAttentionWorkspace(self.part_o, self.part_ml, self.counters)
+        return DecodeAttentionWorkspace(self.part_o, self.part_ml)
 
     def views(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arena"}

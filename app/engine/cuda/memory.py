@@ -105,7 +105,7 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials."""
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
-    attention = spec.num_heads * splits * (spec.head_dim + 2) * 4 + spec.num_kv_heads * 4  # partials, counters
+    attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 
 
