@@ -145,13 +145,17 @@ def _norm_args(norm: RmsNorm | None, k: int, m: int, dev) -> tuple[int, np.float
 
 
 def _allow_shared(kernel, nbytes: int, dev) -> None:
-    """Opt in to more than 48 KiB of dynamic shared memory (e.g. 8 rows of a 3584-wide x)."""
-    if nbytes <= 48 * 1024 or kernel.max_dynamic_shared_size_bytes >= nbytes:
+    """Opt in to more than 48 KiB of shared memory (static + dynamic), e.g. 8 rows of a
+    3584-wide x beside the block reduction's buffer. Set once per kernel, before any capture."""
+    if nbytes == 0 or kernel.max_dynamic_shared_size_bytes >= nbytes:
+        return
+    static = kernel.shared_size_bytes
+    if static + nbytes <= 48 * 1024:
         return
     limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", None)
-    if limit is not None and nbytes > limit:
-        raise KernelArgumentError(f"the fused RMSNorm needs {nbytes} bytes of shared memory for this batch, "
-                                  f"the GPU allows {limit}: use a smaller batch")
+    if limit is not None and static + nbytes > limit:
+        raise KernelArgumentError(f"the fused RMSNorm needs {static + nbytes} bytes of shared memory for this "
+                                  f"batch, the GPU allows {limit}: use a smaller batch")
     kernel.max_dynamic_shared_size_bytes = nbytes
 
 
