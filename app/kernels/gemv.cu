@@ -192,19 +192,36 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 // norm_threads(K) threads sums vectors i, i + T, ...; one real warp plays each virtual warp
 // in turn (same xor tree); the virtual warps' sums are added in order.
 constexpr int MAX_ROWS = 8;
+constexpr int NORM_UNROLL = 4;  // (row, virtual warp) jobs whose loads a warp issues at once
 __device__ __forceinline__ void rms_norm_rows_to_shared(const half_t* __restrict__ x, const half_t* __restrict__ weight,
                                                         float eps, int M, int K, uint4* xs) {
     __shared__ float vsums[MAX_ROWS][32];  // [row][virtual warp]
     __shared__ float inv[MAX_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int nvec = K / 8, T = norm_threads(K), vwarps = T / 32, stride = nvec + 1;
-    for (int job = warp; job < M * vwarps; job += nwarps) {
-        const int m = job / vwarps, vw = job % vwarps;
-        const uint4* xv = reinterpret_cast<const uint4*>(x + (long)m * K);
-        float ss = 0.f;
-        for (int v = vw * 32 + lane; v < nvec; v += T) ss += sum_squares8(xv[v]);
-        ss = warp_sum(ss);
-        if (lane == 0) vsums[m][vw] = ss;
+    const int nvec = K / 8, T = norm_threads(K), vwarps = T / 32, stride = nvec + 1, jobs = M * vwarps;
+    // Job (m, vw): lane l is virtual thread vw * 32 + l of row m; its first vector is loaded for
+    // NORM_UNROLL jobs at once (a chain of one load per job was latency-bound), further ones
+    // (K > 8192 only) in order after it.
+    for (int base = warp; base < jobs; base += NORM_UNROLL * nwarps) {
+        uint4 first[NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const int job = base + u * nwarps, v = (job % vwarps) * 32 + lane;
+            first[u] = job < jobs && v < nvec ? reinterpret_cast<const uint4*>(x + (long)(job / vwarps) * K)[v]
+                                              : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const int job = base + u * nwarps;
+            if (job >= jobs) break;  // warp-uniform
+            const int m = job / vwarps, vw = job % vwarps;
+            float ss = 0.f;
+            ss += sum_squares8(first[u]);  // zeros past nvec add exactly 0, like the norm kernel's idle threads
+            for (int v = vw * 32 + lane + T; v < nvec; v += T)
+                ss += sum_squares8(reinterpret_cast<const uint4*>(x + (long)m * K)[v]);
+            ss = warp_sum(ss);
+            if (lane == 0) vsums[m][vw] = ss;
+        }
     }
     __syncthreads();
     if (threadIdx.x < M) {
@@ -214,6 +231,7 @@ __device__ __forceinline__ void rms_norm_rows_to_shared(const half_t* __restrict
     }
     __syncthreads();
     const uint4* wv = reinterpret_cast<const uint4*>(weight);
+#pragma unroll 4
     for (int i = threadIdx.x; i < M * nvec; i += blockDim.x) {
         const int m = i / nvec, v = i % nvec;
         xs[m * stride + v] = rms_scale8(reinterpret_cast<const uint4*>(x + (long)m * K)[v], wv[v], inv[m]);
