@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.kernels import (  # noqa: E402
     DecodeAttentionWorkspace, GemvConfig, decode_attention, default_gemv_config, default_num_splits,
-    RmsNorm, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, qkv_rope_w4, rms_norm, rope_kv_write,
+    gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, rms_norm, rope_kv_write,
 )
 
 DEV = "cuda"
@@ -221,51 +221,6 @@ def bench_small_ops(copy_gbps: float, sms: int) -> list:
     return rows
 
 
-def bench_fusions(sms: int) -> list:
-    """Fused kernels vs the launches they replace, same weights, graphed, side by side:
-    RMSNorm + gate/up vs gate/up(norm=); RMSNorm + qkv GEMV + RoPE/KV write vs qkv_rope(norm=)."""
-    rows = []
-    for model, c in MODELS.items():
-        h, d, hq, hkv, inter = c["hidden"], c["d"], c["hq"], c["hkv"], c["inter"]
-        gamma = torch.rand(h, device=DEV).half() + 0.5
-        cos = torch.rand(4096, d, device=DEV)
-        gu = rand_weights(c["mlp_bits"], 2 * inter, h, n_copies(weight_bytes(c["mlp_bits"], 2 * inter, h)))
-        nq = (hq + 2 * hkv) * d
-        qw = rand_weights(4, nq, h, n_copies(weight_bytes(4, nq, h)))
-        gate_up = gate_up_silu_w4 if c["mlp_bits"] == 4 else gate_up_silu_w3
-        for m in (1, 8):
-            x = torch.randn(m, h, device=DEV).half()
-            y = torch.empty_like(x)
-            act = torch.empty(m, inter, device=DEV).half()
-            qkv = torch.empty(m, nq, device=DEV).half()
-            q = torch.empty(m, hq, d, device=DEV).half()
-            kc = torch.zeros(m, hkv, 4096, d, device=DEV).half()
-            vc = torch.zeros_like(kc)
-            pos = torch.arange(m, dtype=torch.int32, device=DEV) * 7
-            slots = torch.arange(m, dtype=torch.int32, device=DEV)
-            norm = RmsNorm(gamma, 1e-6)
-
-            def unfused_mlp(i):
-                rms_norm(x, gamma, 1e-6, out=y)
-                gate_up(y, *gu[i % len(gu)], out=act)
-
-            def unfused_qkv(i):
-                rms_norm(x, gamma, 1e-6, out=y)
-                gemv_w4(y, *qw[i % len(qw)], out=qkv)
-                rope_kv_write(qkv, cos, cos, pos, slots, kc, vc, num_q_heads=hq, num_kv_heads=hkv, q_out=q)
-
-            pairs = [("norm+gate_up", unfused_mlp, lambda i: gate_up(x, *gu[i % len(gu)], out=act, norm=norm)),
-                     ("norm+qkv+rope", unfused_qkv,
-                      lambda i: qkv_rope_w4(x, *qw[i % len(qw)], cos, cos, pos, slots, kc, vc, num_q_heads=hq,
-                                            num_kv_heads=hkv, norm=norm, q_out=q))]
-            for op, unfused, fused in pairs:
-                us_u, us_f = time_us(unfused, graph=True), time_us(fused, graph=True)
-                rows.append(dict(op=op, model=model, m=m, us_unfused=us_u, us_fused=us_f, ratio=us_u / us_f))
-        del gu, qw
-        torch.cuda.empty_cache()
-    return rows
-
-
 def bench_linear_stack(model: str, copy_gbps: float) -> dict:
     """Graph of every linear layer of one decode step (distinct weights per layer), batch 1."""
     c = MODELS[model]
@@ -312,15 +267,10 @@ def main() -> None:
     Path(args.out).with_suffix(".gemv.json").write_text(json.dumps(dict(gemv=gemv_rows, gemv_sweep=sweep), indent=1))
     peers = bench_peers(copy)
     small = bench_small_ops(copy, props.multi_processor_count)
-    fusions = bench_fusions(props.multi_processor_count)
-    for f in fusions:
-        print(f"fusion {f['op']:14} {f['model']:8} M={f['m']} unfused {f['us_unfused']:7.2f} us  fused "
-              f"{f['us_fused']:7.2f} us  {f['ratio']:.2f}x", flush=True)
     stacks = [bench_linear_stack(m, copy) for m in MODELS]
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.datetime.now(dt.timezone.utc).isoformat(),
                   git_commit=args.commit, torch=torch.__version__, cupy=_cupy_version(), copy_gbps=copy,
-                  gemv=gemv_rows, gemv_sweep=sweep, peers=peers, small_ops=small, fusions=fusions,
-                  linear_stacks=stacks)
+                  gemv=gemv_rows, gemv_sweep=sweep, peers=peers, small_ops=small, linear_stacks=stacks)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from app.kernels import (
-    DecodeAttentionWorkspace, GemvConfig, RmsNorm, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
-    default_gemv_config, qkv_rope_w3, qkv_rope_w4, rms_norm, rope_kv_write,
+    DecodeAttentionWorkspace, GemvConfig, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
+    rms_norm, rope_kv_write,
 )
 from app.kernels import reference as ref
 
@@ -120,27 +120,6 @@ def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
             assert torch.equal(batched[i], singles[i][0]), (m, i)
 
 
-# K: 3B / 7B hidden sizes, one whose norm block is not a whole number of warps (1152 / 8 = 144
-# vectors), one past 8192 (several vectors per norm thread); M = 8 at K = 3584 needs 57 KB of
-# shared memory (the opt-in path).
-@pytest.mark.parametrize("bits", [4, 3])
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("k,m", [(2048, 1), (3584, 8), (1152, 3), (9216, 2)])
-@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=16)])
-def test_fused_rms_norm_is_bit_equal_to_norm_then_gemv(bits, gated, k, m, config):
-    n = 1000 if gated else 2051
-    op = (GATED if gated else GEMV)[bits][0]
-    w = weights(bits, n, k, seed=k + m)
-    h, gamma = activations(m, k, seed=41) * 3, activations(1, k, seed=42)[0]
-    normed = rms_norm(h, gamma, 1e-6)
-    want = op(normed, *w, config=config)
-    out = poisoned(m, n // 2 if gated else n)
-    op(h, *w, config=config, norm=RmsNorm(gamma, 1e-6), out=out)
-    assert torch.equal(out, want)
-    reference = (GATED if gated else GEMV)[bits][1]
-    assert rel_err(out, reference(ref.rms_norm_ref(h, gamma, 1e-6), *w)) < REL_TOL
-
-
 @pytest.mark.parametrize("rows,hidden", [(1, 2048), (5, 3584), (8, 896), (3, 8)])
 def test_rms_norm_matches_reference(rows, hidden):
     x, w = activations(rows, hidden, seed=31) * 3, activations(1, hidden, seed=32)[0]
@@ -187,35 +166,6 @@ def test_rope_kv_write_matches_reference(hq, hkv, d):
     written[slots.long(), positions.long()] = True
     assert torch.equal(k_cache.permute(0, 2, 1, 3)[~written], k_want.permute(0, 2, 1, 3)[~written])
     assert torch.equal(v_cache, v_want)
-
-
-QKV_ROPE = {4: qkv_rope_w4, 3: qkv_rope_w3}
-
-
-# (Hq, Hkv, D, K): Qwen2.5-3B, 7B, a head_dim-64 model with an odd head ratio.
-@pytest.mark.parametrize("bits", [4, 3])
-@pytest.mark.parametrize("hq,hkv,d,k", [(16, 2, 128, 2048), (28, 4, 128, 3584), (9, 3, 64, 1152)])
-@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=4)])
-def test_qkv_rope_is_bit_equal_to_gemv_then_rope(bits, hq, hkv, d, k, config):
-    n, m, max_len = (hq + 2 * hkv) * d, 5, 64
-    w = weights(bits, n, k, seed=hq + k)
-    bias = activations(1, n, seed=71)[0]
-    h, gamma = activations(m, k, seed=72) * 3, activations(1, k, seed=73)[0]
-    cos, sin = rope_tables(d, max_len)
-    positions = torch.tensor([0, 7, 63, 5, 3], dtype=torch.int32, device=DEV)
-    slots = torch.tensor([1, 0, 2, -1, 1], dtype=torch.int32, device=DEV)  # row 3: a pad row, writes nothing
-    caches = [activations(3 * hkv, max_len * d, seed=74 + i).view(3, hkv, max_len, d) for i in range(2)]
-    want_k, want_v = caches[0].clone(), caches[1].clone()
-    # Bit-equality needs the same split of K: as many warps per tile as the fused kernel has.
-    fused = config or default_gemv_config(n // 2, k, True, torch.cuda.get_device_properties(DEV).multi_processor_count)
-    per_tile = GemvConfig(tiles=1, warps=fused.warps // 2 if fused.tiles == 1 else fused.warps)
-    qkv = GEMV[bits][0](h, *w, bias=bias, norm=RmsNorm(gamma, 1e-6), config=per_tile)
-    want_q = rope_kv_write(qkv, cos, sin, positions, slots, want_k, want_v, num_q_heads=hq, num_kv_heads=hkv)
-    q = poisoned(m, hq, d)
-    QKV_ROPE[bits](h, *w, cos, sin, positions, slots, caches[0], caches[1], num_q_heads=hq, num_kv_heads=hkv,
-                   bias=bias, norm=RmsNorm(gamma, 1e-6), q_out=q, config=config)
-    assert torch.equal(q, want_q)
-    assert torch.equal(caches[0], want_k) and torch.equal(caches[1], want_v)
 
 
 ATTN_SHAPES = [(16, 2, 128), (28, 4, 128), (32, 8, 128), (9, 3, 64), (14, 2, 64)]

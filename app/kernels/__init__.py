@@ -1,14 +1,13 @@
 """Qwen Tray's own CUDA kernels (NVRTC through CuPy) and their plain-PyTorch references.
 
 GPU ops (need :func:`available`): :func:`gemv_w4`, :func:`gemv_w3`, :func:`gate_up_silu_w4`,
-:func:`gate_up_silu_w3`, :func:`qkv_rope_w4`, :func:`qkv_rope_w3`, :func:`rms_norm`,
-:func:`rope_kv_write`, :func:`decode_attention`.
+:func:`gate_up_silu_w3`, :func:`rms_norm`, :func:`rope_kv_write`, :func:`decode_attention`.
 The references in :mod:`app.kernels.reference` are the CPU path. docs/KERNELS.md explains
 the design and the measurements. Importing this package never needs a GPU.
 """
 
 from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits
-from app.kernels.gemv import GemvConfig, RmsNorm, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
+from app.kernels.gemv import GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
 from app.kernels.loader import (
     KernelArgumentError,
     KernelCompileError,
@@ -18,12 +17,10 @@ from app.kernels.loader import (
     unavailable_reason,
 )
 from app.kernels.norm_rope import rms_norm, rope_kv_write
-from app.kernels.qkv_rope import qkv_rope_w3, qkv_rope_w4
 
 __all__ = [
     "DecodeAttentionWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError", "KernelError",
-    "KernelUnavailableError", "RmsNorm", "available", "decode_attention", "default_gemv_config", "default_num_splits",
-    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "qkv_rope_w3", "qkv_rope_w4", "rms_norm",
-    "rope_kv_write",
+    "KernelUnavailableError", "available", "decode_attention", "default_gemv_config", "default_num_splits",
+    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_kv_write",
     "unavailable_reason",
 ]

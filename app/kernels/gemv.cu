@@ -23,10 +23,6 @@
 // flight (latency, not bandwidth, limits a GEMV on a big GPU). Dequantization costs about
 // one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair).
 //
-// NORM (qkv and gate/up of a decoder layer): x is the residual stream and the block applies
-// the layer's RMSNorm itself (rms_norm_rows_to_shared, bit-equal to norm.cu) while its first
-// weights are in flight: one launch fewer per norm, nothing written back.
-//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
@@ -162,8 +158,8 @@ __device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const
 }
 
 // xrow: this lane's 32 inputs of group 0 as 16-byte vectors (row g of x, from 32t on); group
-// grp starts GROUP / 8 vectors later. Global memory (L1 hits after the first warp) or the
-// block's normalised copy in shared memory.
+// grp starts GROUP / 8 vectors later (x is shared by every warp of the block: L1 hits after
+// the first).
 template <int BITS, int TILES, int UNROLL>
 __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][4],
                                               const uint4* xrow, bool has_x, int g0, int nwarps, int groups) {
@@ -186,130 +182,23 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
     }
 }
 
-// Fused RMSNorm prologue: the block normalises the M rows of x into shared memory (row
-// stride K/8 + 1 vectors), bit-equal to rms_norm_kernel (norm.cu) because it forms every
-// row's sum of squares in that kernel's order: "virtual" thread i of its block of
-// norm_threads(K) threads sums vectors i, i + T, ...; one real warp plays each virtual warp
-// in turn (same xor tree); the virtual warps' sums are added in order.
-constexpr int MAX_ROWS = 8;
-constexpr int NORM_UNROLL = 4;  // (row, virtual warp) jobs whose loads a warp issues at once
-__device__ __forceinline__ void rms_norm_rows_to_shared(const half_t* __restrict__ x, const half_t* __restrict__ weight,
-                                                        float eps, int M, int K, uint4* xs) {
-    __shared__ float vsums[MAX_ROWS][32];  // [row][virtual warp]
-    __shared__ float inv[MAX_ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int nvec = K / 8, T = norm_threads(K), vwarps = T / 32, stride = nvec + 1, jobs = M * vwarps;
-    // Job (m, vw): lane l is virtual thread vw * 32 + l of row m; its first vector is loaded for
-    // NORM_UNROLL jobs at once (a chain of one load per job was latency-bound), further ones
-    // (K > 8192 only) in order after it.
-    for (int base = warp; base < jobs; base += NORM_UNROLL * nwarps) {
-        uint4 first[NORM_UNROLL];
-#pragma unroll
-        for (int u = 0; u < NORM_UNROLL; ++u) {
-            const int job = base + u * nwarps, v = (job % vwarps) * 32 + lane;
-            first[u] = job < jobs && v < nvec ? reinterpret_cast<const uint4*>(x + (long)(job / vwarps) * K)[v]
-                                              : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < NORM_UNROLL; ++u) {
-            const int job = base + u * nwarps;
-            if (job >= jobs) break;  // warp-uniform
-            const int m = job / vwarps, vw = job % vwarps;
-            float ss = 0.f;
-            ss += sum_squares8(first[u]);  // zeros past nvec add exactly 0, like the norm kernel's idle threads
-            for (int v = vw * 32 + lane + T; v < nvec; v += T)
-                ss += sum_squares8(reinterpret_cast<const uint4*>(x + (long)m * K)[v]);
-            ss = warp_sum(ss);
-            if (lane == 0) vsums[m][vw] = ss;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < M) {
-        float total = 0.f;
-        for (int vw = 0; vw < vwarps; ++vw) total += vsums[threadIdx.x][vw];
-        inv[threadIdx.x] = rms_inverse(total, K, eps);
-    }
-    __syncthreads();
-    const uint4* wv = reinterpret_cast<const uint4*>(weight);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < M * nvec; i += blockDim.x) {
-        const int m = i / nvec, v = i % nvec;
-        xs[m * stride + v] = rms_scale8(reinterpret_cast<const uint4*>(x + (long)m * K)[v], wv[v], inv[m]);
-    }
-    __syncthreads();
-}
-
-// Epilogues. PLAIN: y = x W^T (+ bias) (+ residual). SILU: rows [0, N) gate, [N, 2N) up,
-// y = silu(gate) * up. ROPE (the fused q/k/v projection, N = (Hq + 2 Hkv) D rows): the block
-// owns rows i and i + D/2 of one head (16 of each), adds the bias, rotates q and k (HF
-// rotate-half, bit-equal to rope.cu) and writes q to q_out [M, Hq, D], k and v to the caches
-// at (slot, head, position): rope_kv_write fused into the projection, y is not written.
-constexpr int EPI_PLAIN = 0, EPI_SILU = 1, EPI_ROPE = 2;
-
-struct RopeArgs {  // EPI_ROPE only (as separate kernel arguments: see gemv_kernel)
-    half_t* q_out;
-    half_t* k_cache;
-    half_t* v_cache;
-    const float* cos_t;
-    const float* sin_t;
-    const int* positions;
-    const int* slots;
-    int Hq, Hkv, D, table_rows, table_stride, L, num_slots;
-};
-
-__device__ __forceinline__ void rope_store(const RopeArgs& r, int m, int unit, half_t lo, half_t hi) {
-    const int head = unit / r.D, i = unit % r.D, half = r.D / 2;  // i < D/2: pair (i, i + D/2)
-    const int pos = r.positions[m], slot = r.slots[m];
-    const bool cache_ok = pos >= 0 && pos < r.L && slot >= 0 && slot < r.num_slots;
-    if (head >= r.Hq + r.Hkv) {  // v: stored as is
-        if (!cache_ok) return;
-        half_t* dst = r.v_cache + (((long)slot * r.Hkv + (head - r.Hq - r.Hkv)) * r.L + pos) * r.D + i;
-        dst[0] = lo;
-        dst[half] = hi;
-        return;
-    }
-    if (pos < 0 || pos >= r.table_rows) return;
-    half_t* dst;
-    if (head < r.Hq) {
-        dst = r.q_out + ((long)m * r.Hq + head) * r.D + i;
-    } else {
-        if (!cache_ok) return;
-        dst = r.k_cache + (((long)slot * r.Hkv + (head - r.Hq)) * r.L + pos) * r.D + i;
-    }
-    float out_lo, out_hi;
-    rope_rotate(h2f(lo), h2f(hi), r.cos_t[(long)pos * r.table_stride + i], r.sin_t[(long)pos * r.table_stride + i],
-                out_lo, out_hi);
-    dst[0] = f2h(out_lo);
-    dst[half] = f2h(out_hi);
-}
-
-template <int BITS, int TILES, int EPI, int UNROLL, bool NORM>
+template <int BITS, int TILES, bool GATED, int UNROLL>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 qlow [R, K/16]
             const unsigned* __restrict__ qb,      // W3 qhigh [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
-            const half_t* __restrict__ x,         // [M, K] (NORM: before the RMSNorm)
-            const half_t* __restrict__ norm_w,    // NORM: RMSNorm weight [K], else unused
-            float eps,                            // NORM: RMSNorm epsilon
+            const half_t* __restrict__ x,         // [M, K]
             const half_t* __restrict__ bias,      // [N] or null
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
-            int M, int N, int K,                  // R = N rows, or 2N for SILU (gate; up)
-            // EPI_ROPE only (null / 0 otherwise): see RopeArgs
-            half_t* q_out, half_t* k_cache, half_t* v_cache, const float* __restrict__ cos_t,
-            const float* __restrict__ sin_t, const int* __restrict__ positions, const int* __restrict__ slots,
-            int Hq, int Hkv, int D, int table_rows, int table_stride, int L, int num_slots) {
-    constexpr bool PAIRED = EPI != EPI_PLAIN;     // each output needs a partner row (up / rotation pair)
-    constexpr bool SPLIT = PAIRED && TILES == 1;  // warps alternate the two halves (nwarps even)
-    constexpr int OUT_TILES = PAIRED ? (SPLIT ? 1 : TILES / 2) : TILES;
+            int M, int N, int K) {                // R = N rows, or 2N when GATED (gate; up)
+    constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps even)
+    constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int groups = K / GROUP;
-    // ROPE: D / 32 blocks per head, block j of a head owns rows 16j.. and D/2 + 16j.. of it.
-    const int unit0 = EPI == EPI_ROPE ? (blockIdx.x / (D / 32)) * D + (blockIdx.x % (D / 32)) * 16
-                                      : blockIdx.x * (16 * OUT_TILES);
-    const long partner = EPI == EPI_ROPE ? D / 2 : N;  // row offset of the second half
+    const int unit0 = blockIdx.x * (16 * OUT_TILES);
     const int kwarp = SPLIT ? warp >> 1 : warp, kwarps = SPLIT ? nwarps >> 1 : nwarps;  // split of the groups
 
     RowPtr<BITS> ptr[TILES][2];
@@ -320,15 +209,13 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
         for (int h = 0; h < 2; ++h) {
             const int unit = unit0 + 16 * (j % OUT_TILES) + g + 8 * h;
             row_ok[j][h] = unit < N;
-            const bool second = SPLIT ? (warp & 1) : (PAIRED && j >= OUT_TILES);
-            const long r = second ? partner + unit : (long)unit;
+            const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
+            const long r = up ? (long)N + unit : (long)unit;
             ptr[j][h] = row_ptr(RowPtr<BITS>{}, qa, qb, scales, row_ok[j][h] ? r : 0, K, t);  // rows past N: row 0, scale 0
         }
     }
     const bool has_x = g < M;
-    extern __shared__ uint4 x_normed[];  // NORM: [M][K/8 + 1] vectors
-    const uint4* xrow = NORM ? x_normed + g * (K / 8 + 1) + 4 * t
-                             : reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
+    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
     float acc[TILES][4];
 #pragma unroll
@@ -341,8 +228,6 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
     // (Unrolled by two so the stages swap roles without register copies.)
     Stage<BITS, TILES, UNROLL> a, b;
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
-    // The first weights are in flight while the block normalises x.
-    if constexpr (NORM) rms_norm_rows_to_shared(x, norm_w, eps, M, K, x_normed);
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
         compute_stage(a, acc, xrow, has_x, g0, kwarps, groups);
@@ -388,17 +273,11 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
             const int m = 2 * t + (c & 1);
             if (unit >= N || m >= M) continue;
             const long at = (long)m * N + unit;
-            if constexpr (EPI == EPI_SILU) {
+            if constexpr (GATED) {
                 const float gate = h2f(f2h(res[j][c]));
                 const float up = h2f(f2h(res[j + OUT_TILES][c]));
                 const float act = h2f(f2h(gate / (1.f + expf(-gate))));
                 y[at] = f2h(act * up);
-            } else if constexpr (EPI == EPI_ROPE) {
-                const float b_lo = bias != nullptr ? h2f(bias[unit]) : 0.f;
-                const float b_hi = bias != nullptr ? h2f(bias[unit + partner]) : 0.f;
-                const RopeArgs r{q_out, k_cache, v_cache, cos_t, sin_t, positions, slots,
-                                 Hq, Hkv, D, table_rows, table_stride, L, num_slots};
-                rope_store(r, m, unit, f2h(res[0][c] + b_lo), f2h(res[1][c] + b_hi));
             } else {
                 float v = res[j][c];
                 if (bias != nullptr) v += h2f(bias[unit]);

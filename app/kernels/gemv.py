@@ -26,8 +26,6 @@ MAX_BATCH = 8  # one mma column per batch row
 MAX_WARPS = 16  # keep in sync with gemv.cu
 TILE_ROWS = 16
 SOURCE = "gemv.cu"
-EPI_PLAIN, EPI_SILU, EPI_ROPE = 0, 1, 2  # keep in sync with gemv.cu
-NO_ROPE = (0, 0, 0, 0, 0, 0, 0, *([np.int32(0)] * 7))  # the EPI_ROPE arguments of the other epilogues
 
 
 @dataclass(frozen=True)
@@ -61,9 +59,8 @@ class GemvConfig:
             return TILE_ROWS
         return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
 
-    def name_expression(self, bits: int, gated: bool, norm: bool = False, epilogue: int | None = None) -> str:
-        epi = epilogue if epilogue is not None else (EPI_SILU if gated else EPI_PLAIN)
-        return f"gemv_kernel<{bits}, {self.tiles}, {epi}, {self.unroll}, {'true' if norm else 'false'}>"
+    def name_expression(self, bits: int, gated: bool) -> str:
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -126,46 +123,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@dataclass(frozen=True)
-class RmsNorm:
-    """An RMSNorm applied to x inside the GEMV (``norm=RmsNorm(weight, eps)``): the kernel
-    computes ``x @ W^T`` of ``rms_norm(x, weight, eps)``, bit-equal to running
-    :func:`app.kernels.rms_norm` first, without its launch or its output buffer."""
-
-    weight: torch.Tensor  # fp16 [K]
-    eps: float
-
-
-def _norm_args(norm: RmsNorm | None, k: int, m: int, dev) -> tuple[int, np.float32, int]:
-    """(weight pointer, eps, dynamic shared bytes: the normalised rows, K/8 + 1 vectors each)."""
-    if norm is None:
-        return 0, np.float32(0), 0
-    check_tensor("norm.weight", norm.weight, torch.float16, (k,), device=dev)
-    return norm.weight.data_ptr(), np.float32(norm.eps), m * (k // 8 + 1) * 16
-
-
-def _allow_shared(kernel, nbytes: int, dev) -> None:
-    """Opt in to more than 48 KiB of shared memory (static + dynamic), e.g. 8 rows of a
-    3584-wide x beside the block reduction's buffer. Set once per kernel, before any capture."""
-    if nbytes == 0 or kernel.max_dynamic_shared_size_bytes >= nbytes:
-        return
-    static = kernel.shared_size_bytes
-    if static + nbytes <= 48 * 1024:
-        return
-    limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", None)
-    if limit is not None and static + nbytes > limit:
-        raise KernelArgumentError(f"the fused RMSNorm needs {static + nbytes} bytes of shared memory for this "
-                                  f"batch, the GPU allows {limit}: use a smaller batch")
-    kernel.max_dynamic_shared_size_bytes = nbytes
-
-
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
-         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
-         norm: RmsNorm | None = None) -> torch.Tensor:
+         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None) -> torch.Tensor:
     dev = w.qa.device
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
-    norm_ptr, eps, shared = _norm_args(norm, w.k, m, dev)
     if gated:
         check_multiple("gate/up rows", w.rows, 2)
     n_out = w.rows // 2 if gated else w.rows
@@ -176,47 +138,40 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     if residual is not None and residual.data_ptr() != y.data_ptr():
         no_overlap("residual", residual, "out", y)  # in place (residual is out) is fine
     cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
-    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, norm is not None))
-    _allow_shared(kernel, shared, dev)
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
-    args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), norm_ptr, eps, bias_ptr, res_ptr,
-            y.data_ptr(), np.int32(m), np.int32(n_out), np.int32(w.k), *NO_ROPE)
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args, shared_mem=shared)
+    args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
+            np.int32(m), np.int32(n_out), np.int32(w.k))
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args)
     return y
 
 
 def gemv_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-            config: GemvConfig | None = None, norm: RmsNorm | None = None) -> torch.Tensor:
+            config: GemvConfig | None = None) -> torch.Tensor:
     """x [M<=8, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16.
 
-    ``out`` may be ``residual`` itself (in-place residual add). ``norm``: x is RMS-normalised
-    first, inside the kernel (:class:`RmsNorm`).
+    ``out`` may be ``residual`` itself (in-place residual add).
     """
-    return _run(_check_w4(qweight, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,
-                norm=norm)
+    return _run(_check_w4(qweight, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
 
 
 def gemv_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            out: torch.Tensor | None = None, config: GemvConfig | None = None,
-            norm: RmsNorm | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """Like :func:`gemv_w4` for the W3 layout (qlow [N, K/16], qhigh [N, K/32])."""
     return _run(_check_w3(qlow, qhigh, scales), x, gated=False, bias=bias, residual=residual, out=out,
-                config=config, norm=norm)
+                config=config)
 
 
 def gate_up_silu_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: RmsNorm | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """x [M, K] with W4 [gate; up] of shape [2I, K] -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
-    return _run(_check_w4(qweight, scales), x, gated=True, bias=None, residual=None, out=out, config=config,
-                norm=norm)
+    return _run(_check_w4(qweight, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
 
 
 def gate_up_silu_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: RmsNorm | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """Like :func:`gate_up_silu_w4` for the W3 layout."""
     return _run(_check_w3(qlow, qhigh, scales), x, gated=True, bias=None, residual=None, out=out,
-                config=config, norm=norm)
+                config=config)

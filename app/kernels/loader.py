@@ -116,7 +116,7 @@ def _compiled(filename: str, name_expression: str, device_index: int):
 
 
 def get_kernel(filename: str, name_expression: str):
-    """The compiled kernel ``name_expression`` (e.g. ``"gemv_kernel<4, 2, 0, 2, false>"``)."""
+    """The compiled kernel ``name_expression`` (e.g. ``"gemv_kernel<4, 2, false, 2>"``)."""
     require()
     import torch
 

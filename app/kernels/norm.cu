@@ -29,6 +29,18 @@ __device__ __forceinline__ uint4 add_half8(uint4 a, uint4 b) {
     return a;
 }
 
+__device__ __forceinline__ float sum_squares8(uint4 a) {
+    const unsigned* p = reinterpret_cast<const unsigned*>(&a);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = half2_to_float2(p[i]);
+        s = fmaf(f.x, f.x, s);
+        s = fmaf(f.y, f.y, s);
+    }
+    return s;
+}
+
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
 rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
                 const half_t* residual,               // [rows, H] or null
@@ -54,10 +66,19 @@ rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
         }
         ss += sum_squares8(h);
     }
-    const float inv = rms_inverse(block_sum(ss), H, eps);
+    const float inv = 1.f / sqrtf(block_sum(ss) / (float)H + eps);
 
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        const uint4 h = fused ? hv[i] : xv[i];  // the same thread wrote hv[i] above
-        yv[i] = rms_scale8(h, wv[i], inv);
+        uint4 h = fused ? hv[i] : xv[i];  // the same thread wrote hv[i] above
+        const uint4 w = wv[i];
+        unsigned* ph = reinterpret_cast<unsigned*>(&h);
+        const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
+            const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
+            ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
+        }
+        yv[i] = h;
     }
 }

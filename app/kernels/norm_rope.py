@@ -62,15 +62,26 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     loader.require()
     check_tensor("qkv", qkv, torch.float16, (None, None))
     tokens, width = qkv.shape
+    heads = num_q_heads + 2 * num_kv_heads
+    if num_q_heads < 1 or num_kv_heads < 1 or width % heads:
+        raise loader.KernelArgumentError(
+            f"qkv width {width} is not (num_q_heads={num_q_heads} + 2*num_kv_heads={num_kv_heads}) * head_dim")
+    head_dim = check_multiple("head_dim", width // heads, 8)
     dev = qkv.device
-    head_dim, slots_n, max_len = check_rope_args(width, tokens, cos, sin, positions, slots, k_cache, v_cache,
-                                                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, device=dev)
+    check_tensor("k_cache", k_cache, torch.float16, (None, num_kv_heads, None, head_dim), device=dev)
+    slots_n, _, max_len, _ = k_cache.shape
+    check_tensor("v_cache", v_cache, torch.float16, tuple(k_cache.shape), device=dev)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 2 or t.shape[1] < head_dim // 2:
+            raise loader.KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
+        check_tensor(name, t, torch.float32, tuple(cos.shape), device=dev, aligned=False)
+    check_tensor("positions", positions, torch.int32, (tokens,), device=dev, aligned=False)
+    check_tensor("slots", slots, torch.int32, (tokens,), device=dev, aligned=False)
     q = ensure_output("q_out", q_out, (tokens, num_q_heads, head_dim), torch.float16, dev)
     no_overlap("qkv", qkv, "q_out", q)
     if tokens == 0:
         return q
     warps = 4
-    heads = num_q_heads + 2 * num_kv_heads
     blocks = (tokens * heads + warps - 1) // warps
     kernel = loader.get_kernel("rope.cu", "rope_kv_kernel")
     args = (qkv.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(),
@@ -79,25 +90,3 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
             np.int32(max_len), np.int32(slots_n))
     loader.launch(kernel, (blocks,), (32 * warps,), args)
     return q
-
-
-def check_rope_args(width: int, tokens: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                    slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, num_q_heads: int,
-                    num_kv_heads: int, device) -> tuple[int, int, int]:
-    """Checks shared by :func:`rope_kv_write` and the fused q/k/v GEMV (``width`` = the fused
-    projection's output size). Returns (head_dim, cache slots, cache length)."""
-    heads = num_q_heads + 2 * num_kv_heads
-    if num_q_heads < 1 or num_kv_heads < 1 or width % heads:
-        raise loader.KernelArgumentError(
-            f"qkv width {width} is not (num_q_heads={num_q_heads} + 2*num_kv_heads={num_kv_heads}) * head_dim")
-    head_dim = check_multiple("head_dim", width // heads, 8)
-    check_tensor("k_cache", k_cache, torch.float16, (None, num_kv_heads, None, head_dim), device=device)
-    slots_n, _, max_len, _ = k_cache.shape
-    check_tensor("v_cache", v_cache, torch.float16, tuple(k_cache.shape), device=device)
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.dim() != 2 or t.shape[1] < head_dim // 2:
-            raise loader.KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
-        check_tensor(name, t, torch.float32, tuple(cos.shape), device=device, aligned=False)
-    check_tensor("positions", positions, torch.int32, (tokens,), device=device, aligned=False)
-    check_tensor("slots", slots, torch.int32, (tokens,), device=device, aligned=False)
-    return head_dim, slots_n, max_len

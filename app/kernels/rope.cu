@@ -46,10 +46,8 @@ rope_kv_kernel(const half_t* __restrict__ qkv, half_t* __restrict__ q_out,
     for (int j = lane; j < half / 2; j += 32) {  // element pair (2j, 2j+1) of each half
         const float2 a = half2_to_float2(reinterpret_cast<const half2_t*>(src)[j]);
         const float2 b = half2_to_float2(reinterpret_cast<const half2_t*>(src + half)[j]);
-        float lo0, hi0, lo1, hi1;
-        rope_rotate(a.x, b.x, cs[2 * j], sn[2 * j], lo0, hi0);
-        rope_rotate(a.y, b.y, cs[2 * j + 1], sn[2 * j + 1], lo1, hi1);
-        reinterpret_cast<half2_t*>(dst)[j] = float2_to_half2(lo0, lo1);
-        reinterpret_cast<half2_t*>(dst + half)[j] = float2_to_half2(hi0, hi1);
+        const float c0 = cs[2 * j], c1 = cs[2 * j + 1], s0 = sn[2 * j], s1 = sn[2 * j + 1];
+        reinterpret_cast<half2_t*>(dst)[j] = float2_to_half2(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
+        reinterpret_cast<half2_t*>(dst + half)[j] = float2_to_half2(b.x * c0 + a.x * s0, b.y * c1 + a.y * s1);
     }
 }

@@ -17,10 +17,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.cuda.ops import RopeInputs
-from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, lookup_rows
+from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import DecodeAttentionWorkspace
-from app.kernels.gemv import RmsNorm
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
@@ -122,32 +120,18 @@ class DecodeStep:
         lookup_rows(w.embed, ids, self.tables, out=h)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
-            rope = RopeInputs(self.cos, self.sin, positions, slots, k_cache, v_cache, s.num_heads, s.num_kv_heads)
-            if layer.qkv.quantized and s.head_dim % 32 == 0:  # norm + q/k/v + RoPE + KV write: one launch
-                ops.qkv_rope(h, layer.qkv, rope, norm=RmsNorm(layer.input_norm, s.rms_norm_eps), q_out=q)
-            else:
-                self.normed_linear(h, layer.input_norm, layer.qkv, ops.linear, out=qkv)
-                ops.rope_kv_write(qkv, *rope.args(), num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
+            ops.rms_norm(h, layer.input_norm, s.rms_norm_eps, out=y)
+            ops.linear(y, layer.qkv, out=qkv)
+            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
+                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
             ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
             ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h)  # h += o_proj(attn)
-            self.normed_linear(h, layer.post_norm, layer.gate_up, ops.gate_up, out=act)
+            ops.rms_norm(h, layer.post_norm, s.rms_norm_eps, out=y)
+            ops.gate_up(y, layer.gate_up, out=act)
             ops.linear(act, layer.down, residual=h, out=h)  # h += down(act)
-        # The final norm stays a launch of its own: fused, each of the lm_head's thousands of
-        # blocks would normalise x again.
         ops.rms_norm(h, w.final_norm, s.rms_norm_eps, out=y)
         ops.linear(y, w.lm_head, out=bf.logits[:b])
         bf.tokens[:b].copy_(torch.argmax(bf.logits[:b], dim=-1))
-
-    def normed_linear(self, h: torch.Tensor, norm_weight: torch.Tensor, w: LinearWeight, op, *, out) -> None:
-        """out = op(rms_norm(h)): fused into the GEMV for a quantized weight, else through
-        the ``normed`` buffer (dense linears: cuBLAS)."""
-        eps = self.spec.rms_norm_eps
-        if w.quantized:
-            op(h, w, out=out, norm=RmsNorm(norm_weight, eps))
-        else:
-            y = self.buffers.normed[:h.shape[0]]
-            self.ops.rms_norm(h, norm_weight, eps, out=y)
-            op(y, w, out=out)
 
 
 def decode_buckets(num_slots: int, rows: int, batch_invariant_linears: bool) -> list[int]:

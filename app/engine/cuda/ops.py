@@ -6,23 +6,18 @@ KV write, flash-decoding attention). :class:`ReferenceOps` computes the same thi
 int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
 buffer layout fails there, not on the GPU.
 
-A quantized linear can take the RMSNorm before it (``norm=RmsNorm(weight, eps)``): the
-GEMV normalises x itself (one launch fewer, bit-equal). Dense linears (an fp16 model, or a
-weight whose K is not a multiple of 128) run the norm separately and go through
+Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
 PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
 the decode graphs capture static buffers, nothing is allocated per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
-from app.kernels.gemv import RmsNorm
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -50,32 +45,21 @@ class KernelOps:
 
         self.k = kernels
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: RmsNorm | None = None):
-        """out = norm(x) W^T (+ bias) (+ residual); ``norm`` only for quantized weights (fused)."""
-        _quantized_for_norm(w, norm)
+    def linear(self, x, w: LinearWeight, *, out, residual=None):
         if not w.quantized:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
-            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out, norm=norm)
-        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out, norm=norm)
+            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out)
+        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out)
 
-    def gate_up(self, x, w: LinearWeight, *, out, norm: RmsNorm | None = None):
-        _quantized_for_norm(w, norm)
+    def gate_up(self, x, w: LinearWeight, *, out):
         if not w.quantized:
             return dense_gate_up(x, w, out)
         if w.bias is not None:  # the fused kernel has no bias epilogue
-            return _biased_gate_up(self, x, w, out, norm)
+            return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
-            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out, norm=norm)
-        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out, norm=norm)
-
-    def qkv_rope(self, x, w: LinearWeight, rope: RopeInputs, *, norm: RmsNorm | None, q_out):
-        """q_out = RoPE(q) of norm(x) W^T + b; k and v into the caches (one launch, quantized W)."""
-        if w.bits == 4:
-            return self.k.qkv_rope_w4(x, w.qa, w.scales, *rope.args(), num_q_heads=rope.num_q_heads,
-                                      num_kv_heads=rope.num_kv_heads, bias=w.bias, norm=norm, q_out=q_out)
-        return self.k.qkv_rope_w3(x, w.qa, w.qb, w.scales, *rope.args(), num_q_heads=rope.num_q_heads,
-                                  num_kv_heads=rope.num_kv_heads, bias=w.bias, norm=norm, q_out=q_out)
+            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out)
+        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
@@ -90,33 +74,11 @@ class KernelOps:
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
 
 
-@dataclass(frozen=True)
-class RopeInputs:
-    """What RoPE + the KV write need besides q/k/v: tables, per-row positions and slots, caches."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    num_q_heads: int
-    num_kv_heads: int
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.cos, self.sin, self.positions, self.slots, self.k_cache, self.v_cache
-
-
-def _quantized_for_norm(w: LinearWeight, norm: RmsNorm | None) -> None:
-    if norm is not None and not w.quantized:
-        raise TypeError("a fused RMSNorm needs a quantized weight (dense linears run the norm separately)")
-
-
-def _biased_gate_up(ops, x, w: LinearWeight, out, norm: RmsNorm | None = None):
+def _biased_gate_up(ops, x, w: LinearWeight, out):
     """Gate/up with an MLP bias (no Qwen/Llama config has one): two GEMVs, then SiLU * up."""
     half = w.out_features // 2
     gate_up = torch.empty((x.shape[0], w.out_features), dtype=torch.float16, device=x.device)
-    ops.linear(x, w, out=gate_up, norm=norm)
+    ops.linear(x, w, out=gate_up)
     return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
 
 
@@ -125,35 +87,25 @@ class ReferenceOps:
 
     name = "reference"
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: RmsNorm | None = None):
+    def linear(self, x, w: LinearWeight, *, out, residual=None):
         _check_fp16(x=x, out=out)
-        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_linear(x, w, residual, out)
-        x = _ref_norm(x, norm)
         if w.bits == 4:
             y = ref.gemv_w4_ref(x, w.qa, w.scales, w.bias, residual)
         else:
             y = ref.gemv_w3_ref(x, w.qa, w.qb, w.scales, w.bias, residual)
         return out.copy_(y)
 
-    def gate_up(self, x, w: LinearWeight, *, out, norm: RmsNorm | None = None):
+    def gate_up(self, x, w: LinearWeight, *, out):
         _check_fp16(x=x, out=out)
-        _quantized_for_norm(w, norm)
         if not w.quantized:
             return dense_gate_up(x, w, out)
         if w.bias is not None:
-            return _biased_gate_up(self, x, w, out, norm)
-        x = _ref_norm(x, norm)
+            return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, w.qa, w.qb, w.scales))
-
-    def qkv_rope(self, x, w: LinearWeight, rope: RopeInputs, *, norm: RmsNorm | None, q_out):
-        qkv = torch.empty((x.shape[0], w.out_features), dtype=torch.float16, device=x.device)
-        self.linear(x, w, out=qkv, norm=norm)
-        return self.rope_kv_write(qkv, *rope.args(), num_q_heads=rope.num_q_heads, num_kv_heads=rope.num_kv_heads,
-                                  q_out=q_out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)
@@ -176,13 +128,6 @@ class ReferenceOps:
         _check_fp16(q=q, k_cache=k_cache, v_cache=v_cache, out=out)
         _check_index(seq_lens=seq_lens, slots=slots)
         return out.copy_(ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots))
-
-
-def _ref_norm(x: torch.Tensor, norm: RmsNorm | None) -> torch.Tensor:
-    if norm is None:
-        return x
-    _check_fp16(norm_weight=norm.weight)
-    return ref.rms_norm_ref(x, norm.weight, norm.eps)
 
 
 def _check_fp16(**tensors: torch.Tensor) -> None:
