@@ -31,6 +31,7 @@ from app.errors import ModelLoadError, QwenTrayError
 from app.quant.core import GROUP_SIZE
 from app.quant.recipe import Recipe
 from app.quant.tensor import FORMATS, QuantizedTensor
+from app.quant.verified import VerifiedFiles
 
 FORMAT_NAME = "qwen-tray-checkpoint"
 FORMAT_VERSION = 1
@@ -234,8 +235,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_file(path: Path, entry: FileEntry, *, checksum: bool = True) -> None:
-    """Raise ModelLoadError naming ``path`` if it is missing, of another size or changed."""
+def check_file(path: Path, entry: FileEntry, *, checksum: bool = True, verified: VerifiedFiles | None = None) -> None:
+    """Raise ModelLoadError naming ``path`` if it is missing, of another size or changed.
+
+    ``verified``: skip the hash of a file remembered there as verified and unchanged since,
+    and remember the file once it passes."""
     if not path.is_file():
         raise ModelLoadError(f"{path}: checkpoint file is missing (listed in {MANIFEST})")
     size = path.stat().st_size
@@ -243,18 +247,27 @@ def check_file(path: Path, entry: FileEntry, *, checksum: bool = True) -> None:
         raise ModelLoadError(f"{path}: file is truncated ({size} bytes, {MANIFEST} says {entry.bytes})")
     if size != entry.bytes:
         raise ModelLoadError(f"{path}: file has {size} bytes, {MANIFEST} says {entry.bytes} (changed after quantization?)")
-    if checksum and sha256_file(path) != entry.sha256:
+    if not checksum or (verified is not None and verified.is_verified(path, entry.sha256)):
+        return
+    if sha256_file(path) != entry.sha256:
         raise ModelLoadError(f"{path}: sha256 checksum mismatch (the file is corrupt or was changed after quantization)")
+    if verified is not None:
+        verified.remember(path, entry.sha256)
 
 
-def verify_files(folder: Path, files: dict[str, FileEntry], *, checksum: bool = True) -> None:
-    """Check every file (sizes first, then checksums on all cores); first error wins."""
+def verify_files(folder: Path, files: dict[str, FileEntry], *, checksum: bool = True,
+                 reuse_verified: bool = True) -> None:
+    """Check every file (sizes first, then checksums on all cores); first error wins.
+
+    ``reuse_verified``: files verified before and unchanged since (app.quant.verified) are
+    not hashed again; False hashes every file."""
     for name, entry in files.items():
         check_file(folder / name, entry, checksum=False)
     if checksum:
+        verified = VerifiedFiles() if reuse_verified else None
         workers = max(1, min(len(files), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
-            for _ in pool.map(lambda item: check_file(folder / item[0], item[1]), files.items()):
+            for _ in pool.map(lambda item: check_file(folder / item[0], item[1], verified=verified), files.items()):
                 pass
 
 
@@ -310,11 +323,12 @@ def _read_weight(handle, stored: set[str], name: str, entry: TensorEntry, path: 
         raise ModelLoadError(f"{path}: tensor {name!r} is unreadable ({e})") from None
 
 
-def open_checkpoint(folder: str | Path, *, checksum: bool = True) -> Manifest:
-    """Read the manifest and verify every listed file (the checks a load does)."""
+def open_checkpoint(folder: str | Path, *, checksum: bool = True, reuse_verified: bool = True) -> Manifest:
+    """Read the manifest and verify every listed file (the checks a load does; a file
+    verified before and unchanged since is not hashed again unless ``reuse_verified=False``)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    verify_files(folder, manifest.files, checksum=checksum)
+    verify_files(folder, manifest.files, checksum=checksum, reuse_verified=reuse_verified)
     return manifest
 
 
