@@ -192,6 +192,20 @@ def test_decode_attention_matches_reference(hq, hkv, d):
         assert torch.equal(alone[0], out[b]), lens[b]
 
 
+@pytest.mark.parametrize("min_chunk", [32, 128])
+def test_decode_attention_other_split_lengths_match_reference(min_chunk):
+    hq, hkv, d, lens = 28, 4, 128, [1, 100, 520, 3000]
+    k_cache = activations(4 * hkv, 3072 * d, seed=81).view(4, hkv, 3072, d)
+    v_cache = activations(4 * hkv, 3072 * d, seed=82).view(4, hkv, 3072, d)
+    q = activations(4, hq * d, seed=83).view(4, hq, d)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    slots = torch.tensor([3, 1, 0, 2], dtype=torch.int32, device=DEV)
+    out = decode_attention(q, k_cache, v_cache, seq_lens, slots, out=poisoned(4, hq, d), min_chunk=min_chunk)
+    want = ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots)
+    for b in range(4):
+        assert rel_err(out[b], want[b]) < REL_TOL, lens[b]
+
+
 def test_decode_attention_len_zero_gives_zeros():
     k_cache = activations(2 * 2, 64 * 128, seed=54).view(2, 2, 64, 128)
     q = activations(2, 4 * 128, seed=55).view(2, 4, 128)

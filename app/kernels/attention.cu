@@ -6,7 +6,7 @@
 // out of range gets zeros (memory safety; the engine checks ranges).
 //
 // Pass 1 (attn_split_kernel), grid (nsplit, Hkv, B): block (split, kv head, b) covers
-// positions [split * chunk, (split + 1) * chunk) with chunk = max(MIN_CHUNK,
+// positions [split * chunk, (split + 1) * chunk) with chunk = max(min_chunk,
 // ceil(len / nsplit)), for all G query heads of the kv head at once, so each K/V row is
 // read once per group. Inside a block, D/8 lanes share one key (16 bytes each) and a warp
 // handles 32/(D/8) keys per step with an online softmax in fp32 (base-2 exponent, the
@@ -18,13 +18,12 @@
 // what else is in the batch, and the grid does not depend on the lengths (graph-safe).
 
 constexpr int ATTN_WARPS = 4;
-constexpr int MIN_CHUNK = 16;
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ int split_chunk(int len, int nsplit) {
+__device__ __forceinline__ int split_chunk(int len, int nsplit, int min_chunk) {
     const int c = (len + nsplit - 1) / nsplit;
-    return c < MIN_CHUNK ? MIN_CHUNK : c;
+    return c < min_chunk ? min_chunk : c;
 }
 
 __device__ __forceinline__ void unpack_half8(uint4 v, float (&f)[8]) {
@@ -49,7 +48,7 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
                   const int* __restrict__ slots,
                   float* __restrict__ part_o,    // [B, Hq, nsplit, D]
                   float* __restrict__ part_ml,   // [B, Hq, nsplit, 2]
-                  int Hkv, int L, int num_slots, int nsplit, float scale_log2) {
+                  int Hkv, int L, int num_slots, int nsplit, int min_chunk, float scale_log2) {
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
     const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
@@ -57,7 +56,7 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     const int sub = lane / KL, kl = lane % KL;
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
-    const int chunk = split_chunk(len, nsplit);
+    const int chunk = split_chunk(len, nsplit, min_chunk);
     const int s0 = split * chunk;
     if (s0 >= len) return;
     const int s1 = min(len, s0 + chunk);
@@ -169,7 +168,7 @@ __global__ void __launch_bounds__(D)
 attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                     const int* __restrict__ seq_lens, const int* __restrict__ slots,
                     half_t* __restrict__ out,  // [B, Hq, D]
-                    int Hq, int L, int num_slots, int nsplit) {
+                    int Hq, int L, int num_slots, int nsplit, int min_chunk) {
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const long head = (long)b * Hq + h;
     const int slot = slots[b];
@@ -178,7 +177,7 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
         out[head * D + d] = 0;
         return;
     }
-    const int chunk = split_chunk(len, nsplit);
+    const int chunk = split_chunk(len, nsplit, min_chunk);
     const int n = (len + chunk - 1) / chunk;  // splits that had work, <= nsplit <= MAX_SPLITS
     const float* ml = part_ml + head * nsplit * 2;
     // Stage (m, l) of every split in shared memory with all threads at once, so no thread

@@ -19,7 +19,7 @@ from app.kernels.loader import KernelArgumentError
 
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8  # query heads per kv head
-MIN_CHUNK = 16  # keep in sync with attention.cu
+MIN_CHUNK = 16  # positions per split at least (short contexts use fewer splits)
 MAX_SPLITS = 256
 LOG2E = 1.4426950408889634
 
@@ -61,15 +61,17 @@ class DecodeAttentionWorkspace:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                      slots: torch.Tensor, *, scale: float | None = None,
-                     workspace: DecodeAttentionWorkspace | None = None, out: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+                     workspace: DecodeAttentionWorkspace | None = None, out: torch.Tensor | None = None,
+                     min_chunk: int = MIN_CHUNK) -> torch.Tensor:
     """softmax(q K^T * scale) V for one new token per sequence -> [B, Hq, D] fp16.
 
     q [B, Hq, D] fp16; caches [S, Hkv, L, D] fp16; seq_lens, slots int32 [B] on the GPU
     (sequence b attends to positions 0..seq_lens[b]-1 of slot slots[b]; lengths past L are
     clamped, a length of 0 or a slot out of range gives zeros). ``workspace`` (required for graph capture) fixes
-    the number of splits; without it one is allocated for this call.
+    the number of splits; without it one is allocated for this call. ``min_chunk``: positions per
+    split at least (benchmarks sweep it; results depend on it).
     """
+    check_range("min_chunk", min_chunk, 1, 1 << 20)
     loader.require()
     check_tensor("q", q, torch.float16, (None, None, None))
     batch, hq, head_dim = q.shape
@@ -105,8 +107,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     loader.launch(split_kernel, (splits, hkv, batch), (128,),
                   (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seq_lens.data_ptr(), slots.data_ptr(),
                    part_o, part_ml, np.int32(hkv), np.int32(max_len), np.int32(num_slots), np.int32(splits),
-                   np.float32(scale * LOG2E)))
+                   np.int32(min_chunk), np.float32(scale * LOG2E)))
     loader.launch(combine_kernel, (hq, batch), (head_dim,),
                   (part_o, part_ml, seq_lens.data_ptr(), slots.data_ptr(), o.data_ptr(), np.int32(hq),
-                   np.int32(max_len), np.int32(num_slots), np.int32(splits)))
+                   np.int32(max_len), np.int32(num_slots), np.int32(splits), np.int32(min_chunk)))
     return o

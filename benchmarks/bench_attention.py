@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Decode attention at short and long contexts vs the minimum positions per split (H200 sweep).
+
+Each (model shape, context, batch) is timed, graphed, for every ``min_chunk``: fewer, longer
+splits mean less partial data for the combine but a longer chain of key steps per block.
+Prints the table with each row's ratio to the current default (``MIN_CHUNK``) and writes JSON.
+
+    python3 benchmarks/bench_attention.py [--commit SHA] [--out docs/results/attention_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits  # noqa: E402
+from app.kernels.attention import MIN_CHUNK  # noqa: E402
+from bench_kernels import MODELS, time_us  # noqa: E402
+
+DEV = "cuda"
+CHUNKS = (16, 32, 64, 128)
+CONTEXTS = (128, 520, 1024, 4096, 32768)
+
+
+def sweep(sms: int) -> list[dict]:
+    rows = []
+    for model, c in MODELS.items():
+        hq, hkv, d = c["hq"], c["hkv"], c["d"]
+        max_ctx = max(CONTEXTS)
+        for batch in (1, 4):
+            kc = torch.randn(batch, hkv, max_ctx, d, device=DEV).half()
+            vc = torch.randn_like(kc)
+            q = torch.randn(batch, hq, d, device=DEV).half()
+            slots = torch.arange(batch, dtype=torch.int32, device=DEV)
+            ws = DecodeAttentionWorkspace.allocate(batch, hq, d, default_num_splits(hkv, max_ctx, sms), DEV)
+            for ctx in CONTEXTS:
+                lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+                base = None
+                for chunk in CHUNKS:
+                    us = time_us(lambda i: decode_attention(q, kc, vc, lens, slots, workspace=ws, min_chunk=chunk),
+                                 graph=True)
+                    base = us if chunk == MIN_CHUNK else base
+                    rows.append(dict(model=model, batch=batch, ctx=ctx, min_chunk=chunk, splits=ws.num_splits,
+                                     us_graph=us))
+                for r in rows[-len(CHUNKS):]:
+                    r["vs_default"] = base / r["us_graph"]
+            del kc, vc
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/attention_h200.json")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    rows = sweep(props.multi_processor_count)
+    result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.datetime.now(dt.timezone.utc).isoformat(),
+                  git_commit=args.commit, torch=torch.__version__, default_min_chunk=MIN_CHUNK, rows=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{props.name}: decode attention, us (graphed), x = speed vs min_chunk {MIN_CHUNK}")
+    for r in rows:
+        print(f"{r['model']:9} B={r['batch']} ctx={r['ctx']:>6} min_chunk={r['min_chunk']:>3} "
+              f"{r['us_graph']:7.2f} us  {r['vs_default']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
