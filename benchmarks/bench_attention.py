@@ -25,16 +25,16 @@ from app.kernels.attention import MIN_CHUNK  # noqa: E402
 from bench_kernels import MODELS, time_us  # noqa: E402
 
 DEV = "cuda"
-CHUNKS = (16, 32, 64, 128)
+CHUNKS = (4, 8, 16, 32, 64, 128)
 CONTEXTS = (128, 520, 1024, 4096, 32768)
 
 
-def sweep(sms: int) -> list[dict]:
+def sweep(sms: int, chunks: tuple[int, ...], batches: tuple[int, ...]) -> list[dict]:
     rows = []
     for model, c in MODELS.items():
         hq, hkv, d = c["hq"], c["hkv"], c["d"]
         max_ctx = max(CONTEXTS)
-        for batch in (1, 4):
+        for batch in batches:
             kc = torch.randn(batch, hkv, max_ctx, d, device=DEV).half()
             vc = torch.randn_like(kc)
             q = torch.randn(batch, hq, d, device=DEV).half()
@@ -43,13 +43,13 @@ def sweep(sms: int) -> list[dict]:
             for ctx in CONTEXTS:
                 lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
                 base = None
-                for chunk in CHUNKS:
+                for chunk in chunks:
                     us = time_us(lambda i: decode_attention(q, kc, vc, lens, slots, workspace=ws, min_chunk=chunk),
                                  graph=True)
                     base = us if chunk == MIN_CHUNK else base
                     rows.append(dict(model=model, batch=batch, ctx=ctx, min_chunk=chunk, splits=ws.num_splits,
                                      us_graph=us))
-                for r in rows[-len(CHUNKS):]:
+                for r in rows[-len(chunks):]:
                     r["vs_default"] = base / r["us_graph"]
             del kc, vc
     return rows
@@ -59,9 +59,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/attention_h200.json")
+    ap.add_argument("--chunks", default=",".join(map(str, CHUNKS)), help="min_chunk values (must include the default)")
+    ap.add_argument("--batches", default="1,4")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
-    rows = sweep(props.multi_processor_count)
+    chunks = tuple(int(c) for c in args.chunks.split(","))
+    if MIN_CHUNK not in chunks:
+        ap.error(f"--chunks must include the default {MIN_CHUNK} (the ratios are against it)")
+    rows = sweep(props.multi_processor_count, chunks, tuple(int(b) for b in args.batches.split(",")))
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.datetime.now(dt.timezone.utc).isoformat(),
                   git_commit=args.commit, torch=torch.__version__, default_min_chunk=MIN_CHUNK, rows=rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
