@@ -18,7 +18,6 @@
 // what else is in the batch, and the grid does not depend on the lengths (graph-safe).
 
 constexpr int ATTN_WARPS = 4;
-constexpr int PREFETCH = 4;  // key steps in flight per warp
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -63,25 +62,6 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     const int s1 = min(len, s0 + chunk);
     const int Hq = Hkv * G;
 
-    const long row0 = ((long)slot * Hkv + hkv) * L;
-    const int step = ATTN_WARPS * KPW;
-    // Rows past s1 read row s0 (valid memory) and are masked out below.
-    auto row_at = [&](int b0) { const int p = b0 + sub; return (row0 + (p < s1 ? p : s0)) * D + kl * 8; };
-    // The keys and values of the next PREFETCH steps are in flight (a ring of registers): one
-    // step ahead left every step waiting a full memory round trip, so a block's time grew
-    // with its chunk (long contexts ran at ~18 % of copy bandwidth). Issued before q's loads.
-    const int base0 = s0 + warp * KPW;
-    uint4 kbuf[PREFETCH], vbuf[PREFETCH];
-#pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) {
-        const int at = base0 + i * step;
-        kbuf[i] = vbuf[i] = make_uint4(0, 0, 0, 0);
-        if (at < s1) {
-            kbuf[i] = load_streaming_16(k_cache + row_at(at));
-            vbuf[i] = load_streaming_16(v_cache + row_at(at));
-        }
-    }
-
     float qf[G][8], o[G][8], m[G], l[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -95,18 +75,24 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
         l[h] = 0.f;
     }
 
-    for (int ring = base0; ring < s1; ring += PREFETCH * step)
-#pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) {
-        const int base = ring + i * step;
-        if (base >= s1) break;  // warp-uniform
+    const long row0 = ((long)slot * Hkv + hkv) * L;
+    const int step = ATTN_WARPS * KPW;
+    // Rows past s1 read row s0 (valid memory) and are masked out below.
+    auto row_at = [&](int b0) { const int p = b0 + sub; return (row0 + (p < s1 ? p : s0)) * D + kl * 8; };
+    int base = s0 + warp * KPW;
+    uint4 k_next = make_uint4(0, 0, 0, 0), v_next = k_next;
+    if (base < s1) {
+        k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base));
+        v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base));
+    }
+    for (; base < s1; base += step) {
         const bool valid = base + sub < s1;
         float kf[8], vf[8];
-        unpack_half8(kbuf[i], kf);
-        unpack_half8(vbuf[i], vf);
-        if (base + PREFETCH * step < s1) {  // refill this slot with the keys PREFETCH steps ahead
-            kbuf[i] = load_streaming_16(k_cache + row_at(base + PREFETCH * step));
-            vbuf[i] = load_streaming_16(v_cache + row_at(base + PREFETCH * step));
+        unpack_half8(k_next, kf);
+        unpack_half8(v_next, vf);
+        if (base + step < s1) {  // prefetch the next keys while this step computes
+            k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base + step));
+            v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base + step));
         }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
