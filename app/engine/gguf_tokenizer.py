@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from app.errors import UnsupportedModelError
 
@@ -25,7 +25,12 @@ TOKEN_TYPE_USER_DEFINED = 4
 _DIGITS_THEN_GPT2 = frozenset({"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"})
 # llama.cpp uses the GPT-2 regex alone for these.
 _GPT2_ONLY = frozenset({"gpt2", "default", "mpt", "olmo", "jais"})
-SUPPORTED_PRE_TOKENIZERS = tuple(sorted(_DIGITS_THEN_GPT2 | _GPT2_ONLY))
+# Qwen2's own regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2): single digits, letters with one
+# leading non-letter; the same split as Qwen's tokenizer.json.
+_QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = frozenset({"qwen2"})
+SUPPORTED_PRE_TOKENIZERS = tuple(sorted(_DIGITS_THEN_GPT2 | _GPT2_ONLY | _QWEN2))
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,10 @@ def build_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGITS_THEN_GPT2:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _QWEN2:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     if pre in _GPT2_ONLY:
         return byte_level
     raise UnsupportedModelError(f"tokenizer.ggml.pre {pre!r} is not supported")
