@@ -165,8 +165,9 @@ class TrayApp(QObject):
         actions = all_actions(user_actions, self.builtin_actions)
         models = changes.pop("models", None)
         if models is not None:
-            # Local folders go to the core registry (shared with `qwen-tray models`), endpoints to ours.
-            changes["models"] = [m for m in models if m.kind == "remote"]
+            # Local folders go to the core registry (shared with `qwen-tray models`); endpoints and GGUF
+            # files to ours (a GGUF is registered as a folder once its first load has converted it).
+            changes["models"] = [m for m in models if m.kind in ("remote", "gguf")]
         self.store.update(**changes)
         if models is not None:
             save_local_models([m for m in models if m.kind == "local"])

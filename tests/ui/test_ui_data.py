@@ -83,6 +83,11 @@ def test_model_entry_validation():
         ModelEntry("r", kind="remote", base_url="ftp://x", model="m")
     with pytest.raises(ModelEntryError, match="path"):
         ModelEntry("l", kind="local")
+    with pytest.raises(ModelEntryError, match=".gguf file"):
+        ModelEntry("g", kind="gguf", path="/models/qwen.bin")
+    with pytest.raises(ModelEntryError, match="folder name"):
+        ModelEntry("../g", kind="gguf", path="/models/qwen.gguf")
+    assert ModelEntry("Qwen2.5 3B", kind="gguf", path="/m/q.GGUF").is_local_engine
 
 
 # -- actions ------------------------------------------------------------------------------

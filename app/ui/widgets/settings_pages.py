@@ -123,6 +123,7 @@ class ModelsPage(QWidget):
         self.max_context = QSpinBox(minimum=256, maximum=1_048_576, value=32768, singleStep=1024)
         self.kind = QComboBox()
         self.kind.addItem(tr("Local folder"), "local")
+        self.kind.addItem(tr("GGUF file (converted once)"), "gguf")
         self.kind.addItem(tr("Remote (OpenAI-compatible)"), "remote")
         self.kind.currentIndexChanged.connect(self._kind_changed)
         browse = QPushButton(tr("Browse…"))
@@ -133,7 +134,7 @@ class ModelsPage(QWidget):
         self.form = QFormLayout()
         self.form.addRow(tr("Kind"), self.kind)
         self.form.addRow(tr("Name"), self.name)
-        self.form.addRow(tr("Folder"), path_row)
+        self.form.addRow(tr("Folder / file"), path_row)
         self.form.addRow(tr("Base URL"), self.base_url)
         self.form.addRow(tr("API key"), self.api_key)
         self.form.addRow(tr("Model id"), self.model)
@@ -172,9 +173,12 @@ class ModelsPage(QWidget):
         self.path.setEnabled(not remote)
 
     def _browse(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, tr("Model folder"))
-        if folder:
-            self.path.setText(folder)
+        if self.kind.currentData() == "gguf":
+            path, _filter = QFileDialog.getOpenFileName(self, tr("GGUF model file"), "", "GGUF (*.gguf)")
+        else:
+            path = QFileDialog.getExistingDirectory(self, tr("Model folder"))
+        if path:
+            self.path.setText(path)
 
     def add_from_form(self) -> bool:
         names = {e.name for e in self._builtin + self.user}
