@@ -266,9 +266,14 @@ def verify_files(folder: Path, files: dict[str, FileEntry], *, checksum: bool = 
     if checksum:
         verified = VerifiedFiles() if reuse_verified else None
         workers = max(1, min(len(files), os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers) as pool:
-            for _ in pool.map(lambda item: check_file(folder / item[0], item[1], verified=verified), files.items()):
-                pass
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                for _ in pool.map(lambda item: check_file(folder / item[0], item[1], verified=verified),
+                                  files.items()):
+                    pass
+        finally:  # files that passed before another failed are remembered too
+            if verified is not None:
+                verified.save()
 
 
 def _open(path: Path):

@@ -29,6 +29,7 @@ class VerifiedFiles:
         self.path = (folder or cache_dir()) / CACHE_FILE
         self._lock = threading.Lock()  # files are checked on a thread pool
         self._entries = self._read()
+        self._dirty = False
 
     def _read(self) -> dict[str, list]:
         try:
@@ -54,6 +55,7 @@ class VerifiedFiles:
             return stamp is not None and self._entries.get(stamp[0]) == stamp[1]
 
     def remember(self, file: Path, sha256: str) -> None:
+        """Note ``file`` as verified (in memory; :meth:`save` writes the cache once)."""
         stamp = self._stamp(file, sha256)
         if stamp is None:
             return
@@ -62,7 +64,14 @@ class VerifiedFiles:
             self._entries[stamp[0]] = stamp[1]
             while len(self._entries) > MAX_ENTRIES:
                 self._entries.pop(next(iter(self._entries)))
+            self._dirty = True
+
+    def save(self) -> None:
+        with self._lock:
+            if not self._dirty:
+                return
             text = json.dumps(self._entries, indent=0)
+            self._dirty = False
         try:
             atomic_write_text(self.path, text)
         except OSError as e:
