@@ -100,3 +100,18 @@ def test_models_import_gguf_registers_a_qwen2_model_that_answers(tmp_path: Path,
     assert answer.returncode == 0, answer.stderr
     again = cli("models", "import-gguf", str(gguf), "--name", "../escape")
     assert again.returncode != 0 and "plain folder name" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_models_import_gguf_with_a_recipe_writes_a_checkpoint_and_no_fp16_copy(tmp_path: Path, cli):
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf, arch="qwen2")
+    done = cli("models", "import-gguf", str(gguf), "--name", "tiny-w4", "--recipe", "w4", "--method", "rtn")
+    assert done.returncode == 0, done.stderr
+    models = tmp_path / "data" / "models"
+    assert (models / "tiny-w4" / "manifest.json").is_file()
+    assert sorted(p.name for p in models.iterdir()) == ["tiny-w4"]  # the fp16 staging folder is gone
+    answer = cli("ask", "--model", "tiny-w4", "--device", "cpu", "--max-tokens", "3", "hi")
+    assert answer.returncode == 0, answer.stderr
+    assert cli("models", "import-gguf", str(gguf), "--name", "tiny-fp16").returncode == 0
+    clash = cli("models", "import-gguf", str(gguf), "--name", "tiny-fp16", "--recipe", "w4")
+    assert clash.returncode != 0 and "--force" in clash.stderr and "Traceback" not in clash.stderr

@@ -24,6 +24,10 @@ def register(sub) -> None:
     gguf.add_argument("--name", help="model name (default: the file name without .gguf)")
     gguf.add_argument("--default", action="store_true", help="make it the default model")
     gguf.add_argument("--force", action="store_true", help="convert again even if the folder exists")
+    gguf.add_argument("--recipe", metavar="RECIPE", help="quantize straight into a W4/W3 checkpoint (w4, mixed, q4 "
+                      "or a recipe file) instead of keeping the fp16 folder")
+    gguf.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
+                      help="quantization method with --recipe (default calibrated)")
     gguf.set_defaults(func=run_import_gguf)
     add = msub.add_parser("add", help="register a model folder under a name")
     add.add_argument("name")
@@ -60,20 +64,54 @@ def run_import_gguf(args: argparse.Namespace) -> int:
     name = args.name or path.name.removesuffix(".gguf")
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         raise QwenTrayError(f"--name {name!r}: a model name must be a plain folder name")
+    if args.recipe:
+        return _convert_quantize_and_register(path, name, args)
     return _convert_and_register(path, name, force=args.force, make_default=args.default)
+
+
+def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespace) -> int:
+    """GGUF -> fp16 folder (a staging copy, removed afterwards) -> checkpoint models_dir()/name."""
+    import shutil
+
+    from app.paths import models_dir
+    from app.quant.cli import quantize_with_progress
+    from app.quant.quantizer import QuantizeJob
+    from app.quant.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
+    out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
+    if args.force and out.exists():
+        shutil.rmtree(out)
+    if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
+        raise QwenTrayError(f"{out}: already holds an unquantized model; pass --force to replace it or --name")
+    if not (out / "manifest.json").is_file():
+        try:
+            _convert(gguf, staging, name, force=True)
+            quantize_with_progress(QuantizeJob(model=staging, out=out, recipe=recipe, method=args.method), name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return _register_and_print(name, out, make_default=args.default)
 
 
 def _convert_and_register(gguf: Path, name: str, *, force: bool, make_default: bool) -> int:
     """Convert ``gguf`` into models_dir()/name (unless it is there already) and register it."""
-    from app.engine.gguf_import import convert_gguf_to_hf
     from app.paths import models_dir
-    from app.progress import load_progress_bar
 
     out = models_dir() / name
     if force or not (out / "config.json").is_file():
-        with load_progress_bar(f"converting {name}") as progress:
-            convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total),
-                               overwrite=force)
+        _convert(gguf, out, name, force=force)
+    return _register_and_print(name, out, make_default=make_default)
+
+
+def _convert(gguf: Path, out: Path, label: str, *, force: bool) -> None:
+    from app.engine.gguf_import import convert_gguf_to_hf
+    from app.progress import load_progress_bar
+
+    with load_progress_bar(f"converting {label}") as progress:
+        convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total), overwrite=force)
+
+
+def _register_and_print(name: str, out: Path, *, make_default: bool) -> int:
     settings = load_settings()
     settings.add_model(name, out, make_default=make_default)
     save_settings(settings)

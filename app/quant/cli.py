@@ -30,16 +30,24 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from app.quant.quantizer import QuantizeJob, quantize_model
+    from app.quant.quantizer import QuantizeJob
     from app.quant.recipe import load_recipe
 
     job = QuantizeJob(model=args.model, out=args.out, recipe=load_recipe(args.recipe), method=args.method,
                       adapter=args.adapter, calibration=args.calibration,
                       calibration_tokens=args.calibration_tokens, device=args.device)
+    quantize_with_progress(job, args.model.name)
+    return 0
+
+
+def quantize_with_progress(job, label: str):
+    """Run ``job`` with a progress bar on stderr and print one summary line; return the manifest."""
+    from tqdm import tqdm
+
+    from app.quant.quantizer import quantize_model
+
     started = time.perf_counter()
-    with tqdm(desc=f"quantizing {args.model.name}", unit="file", file=sys.stderr, disable=None) as bar:
+    with tqdm(desc=f"quantizing {label}", unit="file", file=sys.stderr, disable=None) as bar:
         def progress(stage: str, done: int, total: int) -> None:
             bar.total = total
             bar.set_postfix_str(stage, refresh=False)
@@ -47,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
 
         manifest = quantize_model(job, progress)
-    print(f"wrote {args.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
+    print(f"wrote {job.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
           f"{manifest.total_bytes / 2**30:.3f} GiB, {manifest.bits_per_weight:.3f} bits/weight "
           f"in {time.perf_counter() - started:.1f} s")
-    return 0
+    return manifest
