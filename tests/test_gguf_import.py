@@ -343,14 +343,15 @@ def test_tiny_round_trip_is_exact_and_reports_progress(tmp_path: Path):
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_tiny_logits_match_transformers_gguf_loader(tmp_path: Path, tied: bool):
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+@pytest.mark.parametrize("arch, tied", [("llama", True), ("llama", False), ("qwen2", False)])
+def test_tiny_logits_match_transformers_gguf_loader(tmp_path: Path, arch: str, tied: bool):
+    from transformers import AutoModelForCausalLM
 
-    write_tiny_gguf(tmp_path / "tiny.gguf", tied=tied)
+    write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch, tied=tied)
     out = convert_gguf_to_hf(tmp_path / "tiny.gguf", tmp_path / "tiny-hf")
     reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).eval()
-    ours = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(ours) is type(reference) and ours.config.model_type == arch  # LlamaForCausalLM / Qwen2ForCausalLM
     assert ours.config.tie_word_embeddings is tied and reference.config.tie_word_embeddings is tied
     # Our folder stores float16: round transformers' float32 weights the same way, so the two
     # models must agree to float32 arithmetic noise (a wrong q/k row order moves logits by ~1).

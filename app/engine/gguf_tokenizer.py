@@ -94,7 +94,7 @@ class MetadataSource(Protocol):
 
 
 def read_vocab(gguf: MetadataSource) -> GGUFVocab:
-    """The tokenizer.* metadata of a GGUF file (see gguf_import._GGUFFile)."""
+    """The tokenizer.* metadata of a GGUF file (see gguf_metadata.GGUFFile)."""
     def optional_id(key: str) -> int | None:
         value = gguf.number(key, required=False)
         return None if value is None else int(value)
