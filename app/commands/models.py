@@ -19,8 +19,8 @@ def register(sub) -> None:
     starter.add_argument("--force", action="store_true", help="convert again even if it exists")
     starter.set_defaults(func=run_add_starter)
     gguf = msub.add_parser("import-gguf", help="convert a llama or qwen2 GGUF file (e.g. Qwen2.5-3B-Instruct "
-                           "Q4_K_M) into an fp16 model folder and register it; quantize it for the GPU with "
-                           "`qwen-tray quantize`")
+                           "Q4_K_M) into a model folder and register it: fp16, or a W4/W3 checkpoint for the "
+                           "GPU with --recipe")
     gguf.add_argument("file", type=Path, metavar="FILE.gguf")
     gguf.add_argument("--name", help="model name (default: the file name without .gguf)")
     gguf.add_argument("--default", action="store_true", help="make it the default model")
