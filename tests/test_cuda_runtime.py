@@ -31,6 +31,7 @@ from app.engine.cuda.runner import CudaRunner
 from app.engine.spec import ModelSpec
 from app.errors import ContextLengthError
 from app.quant.recipe import BUILTIN_RECIPES
+from app.kernels.w3_tiles import repack_w3_tiles_
 
 LOGITS_BOUND = 1e-2
 
@@ -117,16 +118,22 @@ def test_plan_reports_bytes_for_health():
 
 # -- dequantization inside graphs: bit-equal to app.quant ------------------------------------
 
-@pytest.mark.parametrize("bits", [4, 3])
-def test_dequantize_rows_and_lookup_equal_app_quant(bits):
+@pytest.mark.parametrize("bits,layout", [(4, "rows"), (3, "rows"), (3, "tiles")])
+def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
+    n = 304  # whole 16-row tiles, so W3 can be repacked
     g = torch.Generator().manual_seed(bits)
-    dense = LinearWeight(16, 300, 640, dense=(torch.randn(300, 640, generator=g) * 0.05).half())
+    dense = LinearWeight(16, n, 640, dense=(torch.randn(n, 640, generator=g) * 0.05).half())
     q = quantize_linear(dense, bits)
     want = dequantized_linear(q).half()  # fp16(q * scale), app.quant's rounding
+    if layout == "tiles":
+        q = replace(q, qa=q.qa.clone(), qb=q.qb.clone())
+        repack_w3_tiles_(q.qa, q.qb)
+        q = replace(q, layout="tiles")
+        assert torch.equal(dequantized_linear(q).half(), want)
     tables = DequantTables("cpu")
-    assert torch.equal(dequantize_rows(q, 0, 300, tables), want)
+    assert torch.equal(dequantize_rows(q, 0, n, tables), want)
     assert torch.equal(dequantize_rows(q, 17, 95, tables), want[17:95])
-    ids = torch.tensor([5, 0, 299, 5], dtype=torch.int32)
+    ids = torch.tensor([5, 0, n - 1, 5], dtype=torch.int32)
     out = torch.full((4, 640), float("nan"), dtype=torch.float16)
     assert torch.equal(lookup_rows(q, ids, tables, out), want[ids.long()])
 
@@ -139,14 +146,19 @@ def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
         even = torch.stack([(words >> (4 * m)) & 15 for m in range(4)], -1)
         odd = torch.stack([(words >> (16 + 4 * m)) & 15 for m in range(4)], -1)
         u, offset = torch.stack((even, odd), -1).view(q.out_features, -1), 8
-    else:  # qhigh word j with qlow words 2j, 2j+1: pair m -> k = 32j + 2m, +1
-        high = (q.qb.long() & 0xFFFFFFFF)
-        low = words.view(q.out_features, -1, 2)
-        pairs = []
-        for m in range(16):
-            lw, f = low[..., m >> 3], 2 * (m & 7)
-            pairs.append(torch.stack((((lw >> f) & 3) | (((high >> m) & 1) << 2),
-                                      ((lw >> (16 + f)) & 3) | (((high >> (16 + m)) & 1) << 2)), -1))
+    else:  # tile layout: thread (row r, group, t) reads a[4at + 2h], a[4at + 2h + 1], b[2at + h]
+        a, b = (q.qa.long() & 0xFFFFFFFF).view(-1), (q.qb.long() & 0xFFFFFFFF).view(-1)
+        groups = q.in_features // 128
+        r = torch.arange(q.out_features)[:, None, None]
+        grp, t = torch.arange(groups)[None, :, None], torch.arange(4)[None, None, :]
+        slot = r & 15
+        at = ((r >> 4) * groups + grp) * 32 + 4 * (slot & 7) + t  # [N, groups, 4]
+        h = slot >> 3
+        w = [a[4 * at + 2 * h], a[4 * at + 2 * h + 1], b[2 * at + h]]
+        pairs = [torch.stack(((w[p // 5] >> (3 * (p % 5))) & 7, (w[p // 5] >> (16 + 3 * (p % 5))) & 7), -1)
+                 for p in range(15)]
+        pairs.append(torch.stack((sum(((w[j] >> 15) & 1) << j for j in range(3)),
+                                  sum(((w[j] >> 31) & 1) << j for j in range(3))), -1))
         u, offset = torch.stack(pairs, -2).view(q.out_features, -1), 4
     return ((u - offset).float() * s).half()  # fp32 product (exact), one rounding
 
@@ -154,7 +166,11 @@ def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
 @pytest.mark.parametrize("bits", [4, 3])
 def test_dequant_kernel_bit_mapping_emulated(bits):
     g = torch.Generator().manual_seed(20 + bits)
-    q = quantize_linear(LinearWeight(16, 37, 384, dense=(torch.randn(37, 384, generator=g) * 0.05).half()), bits)
+    n = 37 if bits == 4 else 48
+    q = quantize_linear(LinearWeight(16, n, 384, dense=(torch.randn(n, 384, generator=g) * 0.05).half()), bits)
+    if bits == 3:
+        q = replace(q, layout="tiles")
+        repack_w3_tiles_(q.qa, q.qb)  # fresh tensors from quantize_linear
     assert torch.equal(emulate_dequant_kernel(q), dequantized_linear(q).half())
 
 
@@ -322,13 +338,18 @@ def gpu_runner(weights, **kw) -> CudaRunner:
 def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
     from app.engine.cuda.dequant import DequantKernel
 
+    n = 1000 if bits == 4 else 1008  # W3 runs in the tile layout: whole 16-row tiles
     g = torch.Generator().manual_seed(10 + bits)
-    dense = LinearWeight(16, 1000, 1152, dense=(torch.randn(1000, 1152, generator=g) * 0.05).half())
+    dense = LinearWeight(16, n, 1152, dense=(torch.randn(n, 1152, generator=g) * 0.05).half())
     q = quantize_linear(dense, bits)
     want = dequantized_linear(q).half().cuda()
     qg = replace(q, qa=q.qa.cuda(), qb=None if q.qb is None else q.qb.cuda(), scales=q.scales.cuda())
+    if bits == 3:
+        qg = replace(qg, qa=qg.qa.clone(), qb=qg.qb.clone())
+        repack_w3_tiles_(qg.qa, qg.qb)  # in place on the GPU, as the runner does
+        qg = replace(qg, layout="tiles")
     kernel = DequantKernel(torch.device("cuda"))
-    for start, stop in ((0, 1000), (13, 77), (999, 1000)):
+    for start, stop in ((0, n), (13, 77), (n - 1, n)):
         out = torch.full((stop - start, 1152), float("nan"), dtype=torch.float16, device="cuda")
         assert torch.equal(kernel(qg, start, stop, out), want[start:stop])
         assert torch.equal(dequantize_rows(qg, start, stop, DequantTables("cuda")), want[start:stop])

@@ -1,6 +1,7 @@
 // W4/W3 -> fp16 dequantization of weight rows (the GEMM prefill's reused tile buffer).
-// Layouts: docs/FORMATS.md. One thread per packed word: W4 reads one qweight word and writes
-// 8 fp16 (one 16-byte store); W3 reads one qhigh word and its two qlow words and writes 32.
+// Layouts: W4 docs/FORMATS.md, W3 the runtime's tile layout (app/kernels/w3_tiles.py).
+// W4: one thread per packed word writes 8 fp16 (one 16-byte store); W3: one thread per row
+// and 32 inputs reads its 3 words and writes 32.
 // fp16(q * scale): the product is exact in fp32, one rounding - bit-equal to app.quant.
 
 // Pair (k, k+1) of a word as half2: the even k in the low half-word, the odd one in the high.
@@ -25,27 +26,35 @@ extern "C" __global__ void dequant_w4_kernel(const unsigned* __restrict__ qweigh
     reinterpret_cast<uint4*>(out)[i] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-// qlow [R, K/16], qhigh [R, K/32] -> out [R, K]; thread i = qhigh word i (k = 32j .. 32j+31).
-extern "C" __global__ void dequant_w3_kernel(const unsigned* __restrict__ qlow,
-                                             const unsigned* __restrict__ qhigh,
-                                             const half_t* __restrict__ scales,
-                                             half_t* __restrict__ out, long long words, int words_per_row) {
+// W3 tile layout (app/kernels/w3_tiles.py: a [N, K/16], b [N, K/32], N % 16 == 0), rows
+// start..start+rows-1 -> out [rows, K]; thread i = (row, group, t): 3 words -> k = 128 group + 32t .. +31.
+extern "C" __global__ void dequant_w3_tiles_kernel(const unsigned* __restrict__ a,
+                                                   const unsigned* __restrict__ b,
+                                                   const half_t* __restrict__ scales,
+                                                   half_t* __restrict__ out, long long start, long long threads,
+                                                   int groups) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= words) return;
-    const long long row = i / words_per_row;
-    const int j = (int)(i - row * words_per_row);
-    const unsigned hw = qhigh[i];
-    const unsigned low[2] = {qlow[2 * i], qlow[2 * i + 1]};
-    const float s = h2f(scales[row * (words_per_row / 4) + j / 4]);
+    if (i >= threads) return;
+    const long long r = start + i / (4 * groups);  // weight row
+    const int grp = (int)((i / 4) % groups), t = (int)(i & 3);
+    const int slot = (int)(r & 15), g = slot & 7, h = slot >> 3;
+    const long long at = ((r >> 4) * groups + grp) * 32 + 4 * g + t;  // the GEMV lane's vector index
+    const unsigned w[3] = {a[4 * at + 2 * h], a[4 * at + 2 * h + 1], b[2 * at + h]};
+    const float s = h2f(scales[r * groups + grp]);
     unsigned v[16];
 #pragma unroll
-    for (int m = 0; m < 16; ++m) {  // pair k = 32j + 2m, +1
-        const unsigned lw = low[m >> 3];
-        const int f = 2 * (m & 7);
-        const int even = ((lw >> f) & 3) | (((hw >> m) & 1) << 2);
-        const int odd = ((lw >> (16 + f)) & 3) | (((hw >> (16 + m)) & 1) << 2);
-        v[m] = dequant_pair(even, odd, 4, s);
+    for (int p = 0; p < 15; ++p) {  // pair p: k = 32t + 2p (low half-word), + 1 (high)
+        const unsigned wp = w[p / 5];
+        const int f = 3 * (p % 5);
+        v[p] = dequant_pair((wp >> f) & 7, (wp >> (16 + f)) & 7, 4, s);
     }
+    int even = 0, odd = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {  // pair 15: bit j in the sign bits of word j
+        even |= ((w[j] >> 15) & 1) << j;
+        odd |= ((w[j] >> 31) & 1) << j;
+    }
+    v[15] = dequant_pair(even, odd, 4, s);
     uint4* dst = reinterpret_cast<uint4*>(out) + 4 * i;
 #pragma unroll
     for (int q = 0; q < 4; ++q) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);

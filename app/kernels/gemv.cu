@@ -1,5 +1,6 @@
-// Quantized GEMV for decode: y[M, N] = x[M, K] @ W[N, K]^T with W in the W4 or W3 layout
-// (docs/FORMATS.md), fp16 activations, fp32 accumulation, M <= 8.
+// Quantized GEMV for decode: y[M, N] = x[M, K] @ W[N, K]^T with W in the W4 layout
+// (docs/FORMATS.md) or the W3 tile layout the runtime repacks W3 into (app/kernels/w3_tiles.py),
+// fp16 activations, fp32 accumulation, M <= 8.
 //
 // Work split. A warp owns TILES tiles of 16 weight rows; inside a tile the 32 lanes form 8
 // teams of 4 (lane = 4*g + t): team g loads rows g and g+8, lane t the 32 inputs
@@ -21,7 +22,8 @@
 // Each warp keeps two stages of weights in registers: the loads of the next UNROLL groups
 // are issued before the math of the current ones, so every warp has two sets of loads in
 // flight (latency, not bandwidth, limits a GEMV on a big GPU). Dequantization costs about
-// one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair).
+// one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair;
+// W3 a little more for its 16th pair).
 //
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
@@ -33,39 +35,46 @@ __device__ __forceinline__ unsigned u4_get(const uint4& v, int i) {
     return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-// What lane t of a row team holds for one row and one group.
-template <int BITS> struct RowFrag;
-template <> struct RowFrag<4> { uint4 w; };                  // 4 words: k = 32t .. 32t+31
-template <> struct RowFrag<3> { uint2 lo; unsigned hi; };    // qlow words 2t, 2t+1; qhigh word t
+// What lane t of row team g holds for one tile (its rows g and g + 8) and one group.
+template <int BITS> struct Frag;
+template <> struct Frag<4> { uint4 r[2]; };          // row g (r[0]), g + 8 (r[1]): k = 32t .. 32t+31
+template <> struct Frag<3> { uint4 a; uint2 b; };    // tile layout (w3_tiles.py): row g a.x a.y b.x, g + 8 a.z a.w b.y
 
-// One weight row of one lane, with its group offset added per load (32-bit).
-template <int BITS> struct RowPtr;
-template <> struct RowPtr<4> { const unsigned* a; const half_t* s; };
-template <> struct RowPtr<3> { const unsigned* a; const unsigned* b; const half_t* s; };
+// Where one lane's tile starts (group 0), with the group offset added per load (32-bit).
+template <int BITS> struct TilePtr;
+template <> struct TilePtr<4> { const unsigned* w[2]; const half_t* s[2]; };
+template <> struct TilePtr<3> { const uint4* a; const uint2* b; const half_t* s[2]; };
 
-__device__ __forceinline__ RowPtr<4> row_ptr(RowPtr<4>, const unsigned* qa, const unsigned*, const half_t* scales,
-                                             long row, int K, int t) {
-    return {qa + row * (K / 8) + 4 * t, scales + row * (K / GROUP)};
+// W4: one pointer per row (rows past N were mapped to row 0 by the caller; their scale is 0).
+__device__ __forceinline__ TilePtr<4> tile_ptr(TilePtr<4>, const unsigned* qa, const unsigned*, const half_t* scales,
+                                               long row0, long row1, long, int K, int lane) {
+    const int t = lane & 3;
+    return {{qa + row0 * (K / 8) + 4 * t, qa + row1 * (K / 8) + 4 * t},
+            {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
 }
 
-__device__ __forceinline__ RowPtr<3> row_ptr(RowPtr<3>, const unsigned* qa, const unsigned* qb, const half_t* scales,
-                                             long row, int K, int t) {
-    return {qa + row * (K / 16) + 2 * t, qb + row * (K / 32) + t, scales + row * (K / GROUP)};
+// W3 tiles: the lane's 16 + 8 bytes of tile `first_row / 16`, group g at +32 vectors (N % 16 == 0).
+__device__ __forceinline__ TilePtr<3> tile_ptr(TilePtr<3>, const unsigned* qa, const unsigned* qb, const half_t* scales,
+                                               long row0, long row1, long first_row, int K, int lane) {
+    const long at = (first_row / 16) * (K / GROUP) * 32 + lane;
+    return {reinterpret_cast<const uint4*>(qa) + at, reinterpret_cast<const uint2*>(qb) + at,
+            {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
 }
 
 // Loads are volatile asm so they stay at the top of the stage in source order: the whole
 // stage's weights are in flight together, one stage ahead of the mma that consumes them.
-__device__ __forceinline__ void load_frag(RowFrag<4>& f, const RowPtr<4>& p, int group) {
-    f.w = load_streaming_16(p.a + group * 16);
+__device__ __forceinline__ void load_frag(Frag<4>& f, const TilePtr<4>& p, int group) {
+    f.r[0] = load_streaming_16(p.w[0] + group * 16);
+    f.r[1] = load_streaming_16(p.w[1] + group * 16);
 }
 
-__device__ __forceinline__ void load_frag(RowFrag<3>& f, const RowPtr<3>& p, int group) {
-    f.lo = load_streaming_8(p.a + group * 8);
-    f.hi = load_streaming_4(p.b + group * 4);
+__device__ __forceinline__ void load_frag(Frag<3>& f, const TilePtr<3>& p, int group) {
+    f.a = load_streaming_16(p.a + group * 32);
+    f.b = load_streaming_8(p.b + group * 32);
 }
 
-__device__ __forceinline__ void zero_frag(RowFrag<4>& f) { f.w = make_uint4(0, 0, 0, 0); }
-__device__ __forceinline__ void zero_frag(RowFrag<3>& f) { f.lo = make_uint2(0, 0); f.hi = 0; }
+__device__ __forceinline__ void zero_frag(Frag<4>& f) { f.r[0] = f.r[1] = make_uint4(0, 0, 0, 0); }
+__device__ __forceinline__ void zero_frag(Frag<3>& f) { f.a = make_uint4(0, 0, 0, 0); f.b = make_uint2(0, 0); }
 
 // (a & b) | c in one LOP3 (the compiler emits two when both constants are immediates).
 __device__ __forceinline__ unsigned and_or(unsigned a, unsigned b, unsigned c) {
@@ -80,50 +89,64 @@ __device__ __forceinline__ half2_t hfma2(half2_t a, half2_t b, half2_t c) {
     return d;
 }
 
-// The 4 pairs of one W4 word as half2 of the signed integers q (exact). Pair i holds the
-// nibbles at bit 4i of each 16-bit half. Magic number: 0x6400 is fp16 1024, so OR-ing a
-// nibble u into its mantissa gives 1024 + u (bits 0-3) or 1024 + 16u (bits 4-7); the second
-// kind is scaled by 1/16 in the same fma that subtracts (64 + 8): one instruction fewer per
-// pair than shifting every nibble down (Marlin's trick).
-// The two pairs of mma step S (pairs 2S and 2S + 1 of the lane's 32 inputs, as half2 of the
-// signed integers q, exact). W4: pair p holds the nibbles at bit 4(p & 3) of each 16-bit
-// half of word p / 4. Magic number: 0x6400 is fp16 1024, so OR-ing a nibble u into its
-// mantissa gives 1024 + u (bits 0-3) or 1024 + 16u (bits 4-7); the second kind is scaled by
-// 1/16 in the same fma that subtracts 64 + 8, so no shift is needed for it (Marlin's trick).
+// The pairs 2S and 2S + 1 of one W4 row (half2 of the signed integers q, exact). Pair p holds
+// the nibbles at bit 4(p & 3) of each 16-bit half of word p / 4. Magic number: 0x6400 is
+// fp16 1024, so OR-ing a nibble u into its mantissa gives 1024 + u (bits 0-3) or 1024 + 16u
+// (bits 4-7); the second kind is scaled by 1/16 in the same fma that subtracts 64 + 8, so no
+// shift is needed for it (Marlin's trick).
 template <int S>
-__device__ __forceinline__ void dequant_step(const RowFrag<4>& f, half2_t& a, half2_t& b) {
+__device__ __forceinline__ void w4_pairs(const uint4& v, half2_t& a, half2_t& b) {
     const unsigned magic = 0x64006400u;
-    const unsigned w = u4_get(f.w, S / 2) >> ((S & 1) ? 8 : 0);
+    const unsigned w = u4_get(v, S / 2) >> ((S & 1) ? 8 : 0);
     a = hsub2(and_or(w, 0x000F000Fu, magic), 0x64086408u);               // - (1024 + 8)
     b = hfma2(and_or(w, 0x00F000F0u, magic), 0x2C002C00u, 0xD480D480u);  // * 1/16 - 72
 }
 
-// W3 pair p: 2 low bits at bit 2(p & 7) of qlow word p / 8, the high bit at bit p of qhigh,
-// moved to bit 2 with one shift; two LOP3 assemble 1024 + u.
+// Pair P of one W3 row in the tile layout (words w0, w1, w2; diagram in w3_tiles.py).
+// Fields at bits 0 / 3 / 6 of a half-word: 1024 + u / 1024 + 8u / 1024 + 64u after one LOP3,
+// then - 1028 / * 1/8 - 132 / * 1/64 - 20 gives u - 4. Bits 9 and 12 share one shift by 9.
+// Pair 15's bits are the three sign bits: (w & 0x8000) | 0x6400 = 1024 (1 - 2 bit), and
+// -1/2048, -1/1024, -1/512 times those three plus -1/2 add up to u - 4 (every step exact).
 template <int P>
-__device__ __forceinline__ half2_t dequant_pair3(const RowFrag<3>& f) {
-    const unsigned lo = (P < 8 ? f.lo.x : f.lo.y) >> (2 * (P & 7));
-    const unsigned hi = P >= 2 ? f.hi >> (P - 2) : f.hi << (2 - P);
-    const unsigned u = and_or(hi, 0x00040004u, and_or(lo, 0x00030003u, 0x64006400u));
-    return hsub2(u, 0x64046404u);  // - (1024 + 4)
+__device__ __forceinline__ half2_t w3_pair(unsigned w0, unsigned w1, unsigned w2) {
+    const unsigned magic = 0x64006400u;
+    if constexpr (P == 15) {
+        half2_t v = hfma2(and_or(w0, 0x80008000u, magic), 0x90009000u, 0xB800B800u);  // * -1/2048 - 1/2
+        v = hfma2(and_or(w1, 0x80008000u, magic), 0x94009400u, v);                      // * -1/1024
+        return hfma2(and_or(w2, 0x80008000u, magic), 0x98009800u, v);                   // * -1/512
+    } else {
+        constexpr int F = P % 5;
+        const unsigned w = P < 5 ? w0 : (P < 10 ? w1 : w2);
+        const unsigned s = F >= 3 ? w >> 9 : w;
+        if constexpr (F == 0 || F == 3) return hsub2(and_or(s, 0x00070007u, magic), 0x64046404u);
+        if constexpr (F == 1 || F == 4) return hfma2(and_or(s, 0x00380038u, magic), 0x30003000u, 0xD820D820u);
+        return hfma2(and_or(s, 0x01C001C0u, magic), 0x24002400u, 0xCD00CD00u);
+    }
+}
+
+// The four A registers of mma step S: rows g, g + 8 x pairs 2S, 2S + 1 (mma_m16n8k16's a0..a3).
+template <int S>
+__device__ __forceinline__ void dequant_step(const Frag<4>& f, half2_t (&a)[4]) {
+    w4_pairs<S>(f.r[0], a[0], a[2]);
+    w4_pairs<S>(f.r[1], a[1], a[3]);
 }
 
 template <int S>
-__device__ __forceinline__ void dequant_step(const RowFrag<3>& f, half2_t& a, half2_t& b) {
-    a = dequant_pair3<2 * S>(f);
-    b = dequant_pair3<2 * S + 1>(f);
+__device__ __forceinline__ void dequant_step(const Frag<3>& f, half2_t (&a)[4]) {
+    a[0] = w3_pair<2 * S>(f.a.x, f.a.y, f.b.x);
+    a[2] = w3_pair<2 * S + 1>(f.a.x, f.a.y, f.b.x);
+    a[1] = w3_pair<2 * S>(f.a.z, f.a.w, f.b.y);
+    a[3] = w3_pair<2 * S + 1>(f.a.z, f.a.w, f.b.y);
 }
 
 // One tile, one group: the 8 mma steps, each dequantizing just the pairs it consumes (few
 // registers live). Step S: lane t's k-slots (2t, 2t+1) hold its pair 2S, (2t+8, 2t+9) pair 2S+1.
 template <int BITS, int S = 0>
-__device__ __forceinline__ void mma_steps(float (&c)[4], const RowFrag<BITS>& r0, const RowFrag<BITS>& r1,
-                                          const uint4 (&xv)[4]) {
-    half2_t a0, b0, a1, b1;
-    dequant_step<S>(r0, a0, b0);
-    dequant_step<S>(r1, a1, b1);
-    mma_m16n8k16(c, a0, a1, b0, b1, u4_get(xv[S / 2], (2 * S) & 3), u4_get(xv[S / 2], (2 * S + 1) & 3));
-    if constexpr (S < 7) mma_steps<BITS, S + 1>(c, r0, r1, xv);
+__device__ __forceinline__ void mma_steps(float (&c)[4], const Frag<BITS>& f, const uint4 (&xv)[4]) {
+    half2_t a[4];
+    dequant_step<S>(f, a);
+    mma_m16n8k16(c, a[0], a[1], a[2], a[3], u4_get(xv[S / 2], (2 * S) & 3), u4_get(xv[S / 2], (2 * S + 1) & 3));
+    if constexpr (S < 7) mma_steps<BITS, S + 1>(c, f, xv);
 }
 
 __device__ __forceinline__ float load_scale(const half_t* p) {
@@ -135,25 +158,24 @@ __device__ __forceinline__ float load_scale(const half_t* p) {
 // One stage: the weights and scales of UNROLL groups for all tiles of the warp.
 template <int BITS, int TILES, int UNROLL>
 struct Stage {
-    RowFrag<BITS> frag[UNROLL][TILES][2];
+    Frag<BITS> frag[UNROLL][TILES];
     float sc[UNROLL][TILES][2];
 };
 
 template <int BITS, int TILES, int UNROLL>
-__device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const RowPtr<BITS> (&ptr)[TILES][2],
+__device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const TilePtr<BITS> (&ptr)[TILES],
                                            const bool (&row_ok)[TILES][2], int g0, int nwarps, int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int grp = g0 + u * nwarps;
         const bool ok = grp < groups;
 #pragma unroll
-        for (int j = 0; j < TILES; ++j)
+        for (int j = 0; j < TILES; ++j) {
+            if (ok) load_frag(st.frag[u][j], ptr[j], grp);
+            else zero_frag(st.frag[u][j]);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (ok) load_frag(st.frag[u][j][h], ptr[j][h], grp);
-                else zero_frag(st.frag[u][j][h]);
-                st.sc[u][j][h] = (ok && row_ok[j][h]) ? load_scale(ptr[j][h].s + grp) : 0.f;
-            }
+            for (int h = 0; h < 2; ++h) st.sc[u][j][h] = (ok && row_ok[j][h]) ? load_scale(ptr[j].s[h] + grp) : 0.f;
+        }
     }
 }
 
@@ -173,7 +195,7 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             float c[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_steps<BITS>(c, st.frag[u][j][0], st.frag[u][j][1], xv);
+            mma_steps<BITS>(c, st.frag[u][j], xv);
             acc[j][0] = fmaf(st.sc[u][j][0], c[0], acc[j][0]);
             acc[j][1] = fmaf(st.sc[u][j][0], c[1], acc[j][1]);
             acc[j][2] = fmaf(st.sc[u][j][1], c[2], acc[j][2]);
@@ -184,8 +206,8 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 
 template <int BITS, int TILES, bool GATED, int UNROLL>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
-gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 qlow [R, K/16]
-            const unsigned* __restrict__ qb,      // W3 qhigh [R, K/32] | unused
+gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 tiles a [R, K/16]
+            const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
             const half_t* __restrict__ x,         // [M, K]
             const half_t* __restrict__ bias,      // [N] or null
@@ -201,18 +223,20 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ql
     const int unit0 = blockIdx.x * (16 * OUT_TILES);
     const int kwarp = SPLIT ? warp >> 1 : warp, kwarps = SPLIT ? nwarps >> 1 : nwarps;  // split of the groups
 
-    RowPtr<BITS> ptr[TILES][2];
+    TilePtr<BITS> ptr[TILES];
     bool row_ok[TILES][2];
 #pragma unroll
     for (int j = 0; j < TILES; ++j) {
+        const int first = unit0 + 16 * (j % OUT_TILES);  // the tile's first output
+        const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
+        const long base = up ? (long)N + first : (long)first;  // its first weight row
+        long r[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int unit = unit0 + 16 * (j % OUT_TILES) + g + 8 * h;
-            row_ok[j][h] = unit < N;
-            const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
-            const long r = up ? (long)N + unit : (long)unit;
-            ptr[j][h] = row_ptr(RowPtr<BITS>{}, qa, qb, scales, row_ok[j][h] ? r : 0, K, t);  // rows past N: row 0, scale 0
+            row_ok[j][h] = first + g + 8 * h < N;
+            r[h] = row_ok[j][h] ? base + g + 8 * h : 0;  // rows past N: row 0, scale 0 (W4 only)
         }
+        ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, r[0], r[1], base, K, lane);
     }
     const bool has_x = g < M;
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;

@@ -4,6 +4,10 @@
 - :func:`gate_up_silu_w4`, :func:`gate_up_silu_w3`: W = [gate; up] stacked as [2I, K],
   ``y = silu(x @ Wg^T) * (x @ Wu^T)`` -> [M, I], one launch instead of three.
 
+W4 weights are read in the checkpoint layout (docs/FORMATS.md); W3 weights in the tile
+layout of :mod:`app.kernels.w3_tiles` (``repack_w3_tiles`` of the checkpoint's qlow/qhigh,
+same bytes), which needs N (gated: I) to be a multiple of 16.
+
 The launch configuration depends on the weight's shape and the GPU only, never on the batch
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
 """
@@ -93,8 +97,8 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
 @dataclass(frozen=True)
 class _Weights:
     bits: int
-    qa: torch.Tensor  # W4 qweight | W3 qlow
-    qb: torch.Tensor | None  # W3 qhigh
+    qa: torch.Tensor  # W4 qweight | W3 tiles a
+    qb: torch.Tensor | None  # W3 tiles b
     scales: torch.Tensor
     rows: int
     k: int
@@ -109,14 +113,15 @@ def _check_w4(qweight: torch.Tensor, scales: torch.Tensor) -> _Weights:
     return _Weights(4, qweight, None, scales, rows, k)
 
 
-def _check_w3(qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor) -> _Weights:
+def _check_w3(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> _Weights:
     loader.require()
-    check_tensor("qlow", qlow, torch.int32, (None, None))
-    rows, k = qlow.shape[0], qlow.shape[1] * 16
-    check_multiple("K (qlow.shape[1] * 16)", k, GROUP_SIZE)
-    check_tensor("qhigh", qhigh, torch.int32, (rows, k // 32), device=qlow.device)
-    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=qlow.device, aligned=False)
-    return _Weights(3, qlow, qhigh, scales, rows, k)
+    check_tensor("tiles a", a, torch.int32, (None, None))
+    rows, k = a.shape[0], a.shape[1] * 16
+    check_multiple("K (a.shape[1] * 16)", k, GROUP_SIZE)
+    check_multiple("W3 rows (tile layout)", rows, TILE_ROWS)
+    check_tensor("tiles b", b, torch.int32, (rows, k // 32), device=a.device)
+    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=a.device, aligned=False)
+    return _Weights(3, a, b, scales, rows, k)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -129,7 +134,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
     if gated:
-        check_multiple("gate/up rows", w.rows, 2)
+        check_multiple("gate/up rows", w.rows, 2 * TILE_ROWS if w.bits == 3 else 2)
     n_out = w.rows // 2 if gated else w.rows
     bias_ptr = check_optional("bias", bias, torch.float16, (n_out,), device=dev, aligned=False)
     res_ptr = check_optional("residual", residual, torch.float16, (m, n_out), device=dev, aligned=False)
@@ -156,11 +161,11 @@ def gemv_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, bia
     return _run(_check_w4(qweight, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
 
 
-def gemv_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
+def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
-    """Like :func:`gemv_w4` for the W3 layout (qlow [N, K/16], qhigh [N, K/32])."""
-    return _run(_check_w3(qlow, qhigh, scales), x, gated=False, bias=bias, residual=residual, out=out,
+    """Like :func:`gemv_w4` for W3 in the tile layout (a [N, K/16], b [N, K/32], N % 16 == 0)."""
+    return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
                 config=config)
 
 
@@ -170,8 +175,8 @@ def gate_up_silu_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     return _run(_check_w4(qweight, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
 
 
-def gate_up_silu_w3(x: torch.Tensor, qlow: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, *,
+def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
-    """Like :func:`gate_up_silu_w4` for the W3 layout."""
-    return _run(_check_w3(qlow, qhigh, scales), x, gated=True, bias=None, residual=None, out=out,
+    """Like :func:`gate_up_silu_w4` for W3 in the tile layout (I % 16 == 0)."""
+    return _run(_check_w3(a, b, scales), x, gated=True, bias=None, residual=None, out=out,
                 config=config)

@@ -1,7 +1,8 @@
 """W4/W3 -> fp16 dequantization of weight rows in one CUDA kernel (the GEMM prefill's tiles).
 
-One thread per packed word: W4 reads 4 bytes and writes 8 fp16 (one 16-byte store), W3 reads
-one qhigh word and its two qlow words and writes 32 fp16. ``fp16(q * scale)`` with the
+W4 (checkpoint layout): one thread per packed word, 8 fp16 out (one 16-byte store). W3 (the
+runtime's tile layout, app.kernels.w3_tiles): one thread per row and 32 inputs, 3 words in,
+32 fp16 out; any row range. ``fp16(q * scale)`` with the
 product exact in fp32 and one rounding: bit-equal to app.quant and to the PyTorch path of
 app.engine.cuda.weights, which is the fallback when this does not compile.
 
@@ -26,7 +27,7 @@ class DequantKernel:
     def __init__(self, device: torch.device):
         with torch.cuda.device(device):
             self.w4 = loader.get_kernel("dequant.cu", "dequant_w4_kernel")
-            self.w3 = loader.get_kernel("dequant.cu", "dequant_w3_kernel")
+            self.w3 = loader.get_kernel("dequant.cu", "dequant_w3_tiles_kernel")
 
     def __call__(self, w: LinearWeight, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
         rows, k = stop - start, w.in_features
@@ -42,10 +43,11 @@ class DequantKernel:
             args = (qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), np.int64(words), np.int32(k // 8))
             kernel = self.w4
         else:
-            qlow, qhigh = w.qa[start:stop], w.qb[start:stop]
-            words = qhigh.numel()
-            args = (qlow.data_ptr(), qhigh.data_ptr(), scales.data_ptr(), out.data_ptr(), np.int64(words),
-                    np.int32(k // 32))
+            if w.layout != "tiles":
+                raise loader.KernelArgumentError(f"{w.name}: the W3 dequantizer reads the tile layout")
+            words = rows * (k // 32)  # threads: one per row and 32 inputs
+            args = (w.qa.data_ptr(), w.qb.data_ptr(), w.scales.data_ptr(), out.data_ptr(), np.int64(start),
+                    np.int64(words), np.int32(k // 128))
             kernel = self.w3
         if words:
             loader.launch(kernel, ((words + THREADS - 1) // THREADS,), (THREADS,), args)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
+from app.kernels.w3_tiles import unpack_w3_tiles
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,7 @@ class KernelOps:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
             return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out)
-        return self.k.gemv_w3(x, w.qa, w.qb, w.scales, bias=w.bias, residual=residual, out=out)
+        return self.k.gemv_w3(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out)
 
     def gate_up(self, x, w: LinearWeight, *, out):
         if not w.quantized:
@@ -59,7 +60,7 @@ class KernelOps:
             return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
             return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out)
-        return self.k.gate_up_silu_w3(x, w.qa, w.qb, w.scales, out=out)
+        return self.k.gate_up_silu_w3(x, *_tiles(w), w.scales, out=out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
@@ -72,6 +73,18 @@ class KernelOps:
 
     def attention(self, q, k_cache, v_cache, seq_lens, slots, *, workspace, out):
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
+
+
+def _tiles(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The W3 GEMV reads the tile layout; the runner converts (weights.to_kernel_layout)."""
+    if w.layout != "tiles":
+        raise ValueError(f"{w.name}: W3 weights must be in the tile layout for the GEMV kernels")
+    return w.qa, w.qb
+
+
+def _rows(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """W3 (qlow, qhigh) in the checkpoint layout, which the references read."""
+    return unpack_w3_tiles(w.qa, w.qb) if w.layout == "tiles" else (w.qa, w.qb)
 
 
 def _biased_gate_up(ops, x, w: LinearWeight, out):
@@ -94,7 +107,7 @@ class ReferenceOps:
         if w.bits == 4:
             y = ref.gemv_w4_ref(x, w.qa, w.scales, w.bias, residual)
         else:
-            y = ref.gemv_w3_ref(x, w.qa, w.qb, w.scales, w.bias, residual)
+            y = ref.gemv_w3_ref(x, *_rows(w), w.scales, w.bias, residual)
         return out.copy_(y)
 
     def gate_up(self, x, w: LinearWeight, *, out):
@@ -105,7 +118,7 @@ class ReferenceOps:
             return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
-        return out.copy_(ref.gate_up_silu_w3_ref(x, w.qa, w.qb, w.scales))
+        return out.copy_(ref.gate_up_silu_w3_ref(x, *_rows(w), w.scales))
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)

@@ -35,7 +35,8 @@ from app.engine.cuda.memory import (
     resolve_budget,
 )
 from app.engine.cuda.weights import (
-    DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
+    DequantTables, ModelWeights, arena_nbytes, module_to_arena, to_kernel_layout, weights_from_model,
+    weights_to_arena,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class CudaRunner:
     def __init__(self, weights: ModelWeights, *, num_slots: int, max_context: int, plan: MemoryPlan | None = None,
                  ops=None, use_graphs: bool | None = None, prefill_mode: str | None = None,
                  dequant_kernel=None):
+        weights = to_kernel_layout(weights, in_place=False)  # no-op when the builder converted in place
         self.weights = weights
         self.spec = spec = weights.spec
         self.device = weights.device
@@ -244,6 +246,15 @@ def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: in
     return plan, dequant
 
 
+def _kernel_layout_in_place(weights: ModelWeights) -> ModelWeights:
+    """W3 repacked for the GEMV inside the runner's own arena (a model module whose buffers
+    these are has no compute backend on this path: nothing else reads them)."""
+    weights = to_kernel_layout(weights, in_place=True)
+    if weights.device.type == "cuda":
+        torch.cuda.empty_cache()  # the repack's temporaries must not hold budget the cache needs
+    return weights
+
+
 def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
     cap_allocator(device, budget)
     try:
@@ -272,7 +283,7 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
 
     def build() -> CudaRunner:
         module_to_arena(model, device)
-        return CudaRunner(weights_from_model(model), num_slots=num_slots, max_context=max_context, plan=plan,
+        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=num_slots, max_context=max_context, plan=plan,
                           use_graphs=use_graphs, dequant_kernel=dequant)
 
     return _build_capped(device, plan.budget_bytes, build)
@@ -287,7 +298,7 @@ def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: in
                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
 
     def build() -> CudaRunner:
-        return CudaRunner(weights_to_arena(weights, device), num_slots=num_slots, max_context=max_context, plan=plan,
+        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=num_slots, max_context=max_context, plan=plan,
                           use_graphs=use_graphs, dequant_kernel=kernel if dequant else None)
 
     return _build_capped(device, plan.budget_bytes, build)

@@ -98,4 +98,8 @@ def dequantized_linear(w: LinearWeight) -> torch.Tensor:
         return w.dense.float()
     if w.bits == 4:
         return dequantize_w4(w.qa, w.scales, torch.float32)
+    if w.layout == "tiles":
+        from app.kernels.w3_tiles import unpack_w3_tiles
+
+        return dequantize_w3(*unpack_w3_tiles(w.qa, w.qb), w.scales, torch.float32)
     return dequantize_w3(w.qa, w.qb, w.scales, torch.float32)

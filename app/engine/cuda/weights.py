@@ -26,6 +26,7 @@ from torch import nn
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
+from app.kernels.w3_tiles import TILE_ROWS, repack_w3_tiles, repack_w3_tiles_, tile_values
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
 
@@ -36,20 +37,26 @@ ARENA_ALIGN = 256  # bytes; the kernels need 16, cuBLAS likes 256
 
 @dataclass(eq=False)
 class LinearWeight:
-    """y = x W^T (+ bias) with W [N, K] dense fp16 (``bits`` 16) or packed W4/W3."""
+    """y = x W^T (+ bias) with W [N, K] dense fp16 (``bits`` 16) or packed W4/W3.
+
+    ``layout`` of W3: "rows" is the checkpoint's (qa = qlow, qb = qhigh), "tiles" the GEMV's
+    (app.kernels.w3_tiles: same shapes and bytes, repacked; N a multiple of 16)."""
 
     bits: int
     out_features: int
     in_features: int
     dense: torch.Tensor | None = None  # fp16 [N, K]
-    qa: torch.Tensor | None = None  # W4 qweight [N, K/8] | W3 qlow [N, K/16], int32
-    qb: torch.Tensor | None = None  # W3 qhigh [N, K/32], int32
+    qa: torch.Tensor | None = None  # W4 qweight [N, K/8] | W3 qlow or tiles a [N, K/16], int32
+    qb: torch.Tensor | None = None  # W3 qhigh or tiles b [N, K/32], int32
     scales: torch.Tensor | None = None  # fp16 [N, K/128]
     bias: torch.Tensor | None = None  # fp16 [N]
     name: str = "weight"
+    layout: str = "rows"
 
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
+        if self.layout not in ("rows", "tiles") or (self.layout == "tiles" and (self.bits != 3 or n % TILE_ROWS)):
+            raise QwenTrayError(f"{self.name}: layout {self.layout!r} does not fit bits={self.bits}, N={n}")
         if self.bits == 16:
             want = {"dense": ((n, k), torch.float16)}
         elif self.bits in (3, 4):
@@ -304,6 +311,9 @@ def _fields(words: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor], span:
 
 def unsigned_values(w: LinearWeight, rows: slice, tables: DequantTables) -> torch.Tensor:
     """Stored unsigned values u (q + 8 or q + 4) of ``rows``, uint8 [R, K] in k order."""
+    if w.layout == "tiles":
+        ids = torch.arange(w.out_features, device=w.qa.device)[rows]  # a device op: capture-safe
+        return tile_values(w.qa, w.qb, ids)
     if w.bits == 4:
         return _fields(w.qa[rows], tables.w4, 8, 0xF)
     low = _fields(w.qa[rows], tables.w3_low, 16, 0x3)
@@ -335,7 +345,50 @@ def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: 
     """Embedding rows ``ids`` (int32 [B]) of table ``w`` into ``out`` fp16 [B, H] (graph-safe)."""
     if not w.quantized:
         return torch.index_select(w.dense, 0, ids, out=out)
+    if w.layout == "tiles":
+        u = tile_values(w.qa, w.qb, ids.long())
+        return dequantize_values(u, w.scales.index_select(0, ids), w.bits, out)
     picked = LinearWeight(w.bits, ids.shape[0], w.in_features, qa=w.qa.index_select(0, ids),
                           qb=None if w.qb is None else w.qb.index_select(0, ids),
                           scales=w.scales.index_select(0, ids), name=w.name)
     return dequantize_values(unsigned_values(picked, slice(None), tables), picked.scales, w.bits, out)
+
+
+# -- the GEMV's W3 layout ----------------------------------------------------------------
+
+def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
+    """Every W3 weight a GEMV reads (the layers' linears, the head) in the tile layout.
+
+    ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
+    copy in VRAM); otherwise new tensors. A W3 weight whose N (gate/up: each half) is not a
+    multiple of 16 runs dense instead (no Qwen or Llama shape; a few MB in tiny models). A
+    tied embedding stays tied: the lookup reads the tile layout too.
+    """
+    memo: dict[int, LinearWeight] = {}
+
+    def convert(w: LinearWeight, gated: bool = False) -> LinearWeight:
+        if id(w) not in memo:
+            memo[id(w)] = _tiled(w, gated, in_place)
+        return memo[id(w)]
+
+    layers = [replace(layer, qkv=convert(layer.qkv), o=convert(layer.o), gate_up=convert(layer.gate_up, True),
+                      down=convert(layer.down)) for layer in weights.layers]
+    head = convert(weights.lm_head)
+    embed = memo.get(id(weights.embed), weights.embed)
+    return replace(weights, embed=embed, layers=layers, lm_head=head)
+
+
+def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
+    if w.bits != 3 or w.layout == "tiles":
+        return w
+    if w.out_features % (2 * TILE_ROWS if gated else TILE_ROWS):
+        log.info("%s: N=%d does not fill 16-row tiles; running it dense", w.name, w.out_features)
+        from app.quant.w3 import dequantize_w3
+
+        return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
+                            dense=dequantize_w3(w.qa, w.qb, w.scales, torch.float32).half())
+    if in_place:
+        repack_w3_tiles_(w.qa, w.qb)
+        return replace(w, layout="tiles")
+    a, b = repack_w3_tiles(w.qa, w.qb)
+    return replace(w, qa=a, qb=b, layout="tiles")

@@ -1,0 +1,110 @@
+"""The W3 tile layout (app.kernels.w3_tiles) and the runtime's conversion to it (CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
+from app.engine.cuda.weights import (
+    DequantTables, LayerWeights, LinearWeight, ModelWeights, lookup_rows, to_kernel_layout,
+)
+from app.engine.spec import ModelSpec
+from app.kernels import w3_tiles
+from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_, tile_values, unpack_w3_tiles
+from app.quant.w3 import pack_w3
+
+
+def random_q(n: int, k: int, seed: int) -> torch.Tensor:
+    return torch.randint(-4, 4, (n, k), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("n,k", [(16, 128), (48, 384), (160, 1152)])
+def test_repack_round_trips_and_reads_any_row(n, k):
+    q = random_q(n, k, seed=n)
+    qlow, qhigh = pack_w3(q)
+    a, b = repack_w3_tiles(qlow, qhigh)
+    assert a.shape == qlow.shape and b.shape == qhigh.shape  # same bytes
+    assert not torch.equal(a, qlow)  # really another layout
+    back = unpack_w3_tiles(a, b)
+    assert torch.equal(back[0], qlow) and torch.equal(back[1], qhigh)
+    rows = torch.tensor([n - 1, 0, 17 % n, 8, 8])
+    assert torch.equal(tile_values(a, b, rows).long() - 4, q[rows])
+
+
+def test_bit_positions_follow_the_diagram():
+    u = torch.zeros(16, 128, dtype=torch.long)
+    u[0, 0] = 7  # row 0 (lane 0, h 0), pair 0 even: bits 0-2 of W0 = a[0]
+    u[0, 9] = 5  # pair 4 odd: bits 16 + 12..14 of W0
+    u[0, 31] = 0b110  # pair 15 odd: sign bits of W1 and W2 (b), high half
+    u[8, 2] = 2  # row 8 (h 1), pair 1 even: bits 3-5 of its W0 = a[2]
+    u[3, 32 + 20] = 3  # row 3 -> lane 4*3 + 1 (t = 1), pair 10 even: bits 0-2 of W2 = b[2 * 13]
+    a, b = repack_w3_tiles(*pack_w3(u - 4))
+    a, b = a.view(-1).long() & 0xFFFFFFFF, b.view(-1).long() & 0xFFFFFFFF
+    assert a[0] == 7 | (5 << 28) and a[1] == 1 << 31 and b[0] == 1 << 31
+    assert a[2] == 2 << 3
+    assert b[2 * 13] == 3
+    assert int(a.count_nonzero()) == 3 and int(b.count_nonzero()) == 2
+
+
+def test_in_place_repack_in_chunks_equals_copy(monkeypatch):
+    monkeypatch.setattr(w3_tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)  # several chunks
+    qlow, qhigh = pack_w3(random_q(80, 256, seed=3))
+    want = repack_w3_tiles(qlow, qhigh)
+    repack_w3_tiles_(qlow, qhigh)
+    assert torch.equal(qlow, want[0]) and torch.equal(qhigh, want[1])
+
+
+def test_untileable_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match="N % 16 == 0"):
+        repack_w3_tiles(*pack_w3(random_q(40, 128, seed=1)))
+
+
+def _linear(n: int, k: int, bits: int, seed: int, name: str) -> LinearWeight:
+    g = torch.Generator().manual_seed(seed)
+    dense = LinearWeight(16, n, k, dense=(torch.randn(n, k, generator=g) * 0.05).half(), name=name)
+    return quantize_linear(dense, bits)
+
+
+def _model(vocab: int, inter: int, gate_up_rows: int | None = None) -> ModelWeights:
+    spec = ModelSpec.from_hf_config(dict(architectures=["LlamaForCausalLM"], vocab_size=vocab, hidden_size=128,
+                                         intermediate_size=inter, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, tie_word_embeddings=True))
+    layer = LayerWeights(torch.ones(128).half(), torch.ones(128).half(), _linear(256, 128, 4, 1, "qkv"),
+                         _linear(128, 128, 3, 2, "o"), _linear(gate_up_rows or 2 * inter, 128, 3, 3, "gate_up"),
+                         _linear(128, inter, 3, 4, "down"))
+    embed = _linear(vocab, 128, 3, 5, "embed")
+    return ModelWeights(spec, embed, [layer], torch.ones(128).half(), embed)
+
+
+def test_runtime_conversion_keeps_values_and_tied_embedding():
+    weights = _model(vocab=1024, inter=256)
+    want = {name: dequantized_linear(w) for name, w in (("o", weights.layers[0].o), ("head", weights.lm_head))}
+    before = weights.layers[0].o.qa.clone()
+    tiled = to_kernel_layout(weights, in_place=False)
+    assert torch.equal(weights.layers[0].o.qa, before)  # a copy: the caller's tensors are untouched
+    layer = tiled.layers[0]
+    assert layer.qkv is weights.layers[0].qkv  # W4 as it was
+    assert [w.layout for w in (layer.o, layer.gate_up, layer.down, tiled.lm_head)] == ["tiles"] * 4
+    assert tiled.embed is tiled.lm_head  # still tied
+    assert torch.equal(dequantized_linear(layer.o), want["o"])
+    ids = torch.tensor([1023, 0, 17], dtype=torch.int32)
+    out = torch.full((3, 128), float("nan"), dtype=torch.float16)
+    assert torch.equal(lookup_rows(tiled.embed, ids, DequantTables("cpu"), out), want["head"][ids.long()].half())
+    assert to_kernel_layout(tiled, in_place=True).lm_head is tiled.lm_head  # converting twice is a no-op
+
+
+def test_runtime_conversion_runs_untileable_w3_dense():
+    weights = _model(vocab=1000, inter=256, gate_up_rows=2 * 264)  # 1000 and 264 are not multiples of 16
+    want_head = dequantized_linear(weights.lm_head).half()
+    tiled = to_kernel_layout(weights, in_place=True)
+    assert tiled.lm_head.bits == 16 and torch.equal(tiled.lm_head.dense, want_head)
+    assert tiled.layers[0].gate_up.bits == 16 and tiled.layers[0].down.layout == "tiles"
+
+
+def test_tiles_layout_needs_w3_and_whole_tiles():
+    w = _linear(40, 128, 3, 6, "w")
+    with pytest.raises(Exception, match="layout 'tiles'"):
+        replace(w, layout="tiles")
