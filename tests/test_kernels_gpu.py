@@ -17,7 +17,7 @@ from app.kernels import (
 )
 from app.kernels import reference as ref
 from app.kernels.loader import KernelArgumentError
-from app.kernels.w3_tiles import unpack_w3_tiles
+from app.kernels.w3_tiles import padded_rows, unpack_w3_tiles
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 2e-3
@@ -51,7 +51,8 @@ def weights(bits: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
     scales = (torch.rand(n, k // 128, generator=g, device=DEV) * 0.01 + 0.002).half()
     if bits == 4:
         return rand_words(n, k // 8, seed=seed), scales
-    return rand_words(n, k // 16, seed=seed), rand_words(n, k // 32, seed=seed + 2), scales
+    rows = padded_rows(n)  # W3 tile layout: whole 16-row tiles (random padding rows: scale-less, never read out)
+    return rand_words(rows, k // 16, seed=seed), rand_words(rows, k // 32, seed=seed + 2), scales
 
 
 def activations(m: int, k: int, seed: int) -> torch.Tensor:
@@ -61,11 +62,11 @@ def activations(m: int, k: int, seed: int) -> torch.Tensor:
 
 def gemv_w3_tiles_ref(x, a, b, scales, **kw):
     """W3 random words read as the tile layout; the reference reads the checkpoint layout."""
-    return ref.gemv_w3_ref(x, *unpack_w3_tiles(a, b), scales, **kw)
+    return ref.gemv_w3_ref(x, *unpack_w3_tiles(a, b, scales.shape[0]), scales, **kw)
 
 
 def gate_up_silu_w3_tiles_ref(x, a, b, scales):
-    return ref.gate_up_silu_w3_ref(x, *unpack_w3_tiles(a, b), scales)
+    return ref.gate_up_silu_w3_ref(x, *unpack_w3_tiles(a, b, scales.shape[0]), scales)
 
 
 GEMV = {4: (gemv_w4, ref.gemv_w4_ref), 3: (gemv_w3, gemv_w3_tiles_ref)}
@@ -81,10 +82,6 @@ GEMV_CONFIGS = [None, GemvConfig(tiles=1, warps=1, unroll=4), GemvConfig(tiles=2
 def test_gemv_matches_reference(bits, name, n, k):
     op, reference = GEMV[bits]
     w = weights(bits, n, k, seed=n + k)
-    if bits == 3 and n % 16:  # the W3 tile layout has whole 16-row tiles (the runtime runs these dense)
-        with pytest.raises(KernelArgumentError, match="multiple of 16"):
-            op(activations(1, k, seed=1), *w)
-        return
     for m in (1, 5):
         x = activations(m, k, seed=m)
         want = reference(x, *w)
@@ -124,9 +121,9 @@ def test_gate_up_silu_matches_reference(bits, inter, k, config):
 @pytest.mark.parametrize("config", [None, GemvConfig(tiles=2, warps=3, unroll=1), GemvConfig(tiles=4, warps=16, unroll=1),
                                     GemvConfig(tiles=1, warps=6, unroll=2)])
 def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
-    n, k = (1000, 1152) if gated else (2051, 1152)  # odd N: partial tiles (W4)
-    if bits == 3:
-        n = 1056 if gated else 2064  # W3 tiles: whole tiles, but not a multiple of the block's rows
+    n, k = (1000, 1152) if gated else (2051, 1152)  # odd N: partial tiles
+    if bits == 3 and gated:
+        n = 1056  # W3 gate/up: each half whole 16-row tiles
     op = (GATED if gated else GEMV)[bits][0]
     w = weights(bits, n, k, seed=21)
     x = activations(8, k, seed=22)
@@ -288,3 +285,8 @@ def test_cuda_graph_replay_equals_eager():
     torch.cuda.synchronize()
     assert torch.isfinite(static_h).all()
     assert torch.equal(static_h, eager)
+
+
+def test_w3_gate_up_needs_whole_tiles_per_half():
+    with pytest.raises(KernelArgumentError, match="multiple of 32"):
+        gate_up_silu_w3(activations(1, 256, seed=1), *weights(3, 2 * 40, 256, seed=2))

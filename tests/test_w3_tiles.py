@@ -9,7 +9,8 @@ import torch
 
 from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
 from app.engine.cuda.weights import (
-    DequantTables, LayerWeights, LinearWeight, ModelWeights, lookup_rows, to_kernel_layout,
+    DequantTables, LayerWeights, LinearWeight, ModelWeights, kernel_layout_extra_bytes, lookup_rows,
+    to_kernel_layout,
 )
 from app.engine.spec import ModelSpec
 from app.kernels import w3_tiles
@@ -57,9 +58,15 @@ def test_in_place_repack_in_chunks_equals_copy(monkeypatch):
     assert torch.equal(qlow, want[0]) and torch.equal(qhigh, want[1])
 
 
-def test_untileable_shape_is_a_clear_error():
-    with pytest.raises(ValueError, match="N % 16 == 0"):
-        repack_w3_tiles(*pack_w3(random_q(40, 128, seed=1)))
+def test_rows_past_a_whole_tile_are_padded():
+    q = random_q(40, 128, seed=1)
+    a, b = repack_w3_tiles(*pack_w3(q))
+    assert a.shape == (48, 8) and b.shape == (48, 4)
+    back = unpack_w3_tiles(a, b, 40)
+    assert torch.equal(back[0], pack_w3(q)[0]) and torch.equal(back[1], pack_w3(q)[1])
+    assert torch.equal(tile_values(a, b, torch.arange(40, 48)), torch.zeros(8, 128, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="N % 16 == 0"):  # in place needs whole tiles
+        repack_w3_tiles_(*pack_w3(q))
 
 
 def _linear(n: int, k: int, bits: int, seed: int, name: str) -> LinearWeight:
@@ -96,15 +103,24 @@ def test_runtime_conversion_keeps_values_and_tied_embedding():
     assert to_kernel_layout(tiled, in_place=True).lm_head is tiled.lm_head  # converting twice is a no-op
 
 
-def test_runtime_conversion_runs_untileable_w3_dense():
+def test_runtime_conversion_pads_a_partial_tile_and_runs_odd_gate_up_dense():
     weights = _model(vocab=1000, inter=256, gate_up_rows=2 * 264)  # 1000 and 264 are not multiples of 16
-    want_head = dequantized_linear(weights.lm_head).half()
+    want_head, want_gate_up = dequantized_linear(weights.lm_head), dequantized_linear(weights.layers[0].gate_up)
+    extra = kernel_layout_extra_bytes(weights)
     tiled = to_kernel_layout(weights, in_place=True)
-    assert tiled.lm_head.bits == 16 and torch.equal(tiled.lm_head.dense, want_head)
-    assert tiled.layers[0].gate_up.bits == 16 and tiled.layers[0].down.layout == "tiles"
+    head = tiled.lm_head
+    assert head.layout == "tiles" and head.qa.shape[0] == 1008 and head.qa is not weights.lm_head.qa
+    assert torch.equal(dequantized_linear(head), want_head)
+    gate_up = tiled.layers[0].gate_up
+    assert gate_up.bits == 16 and torch.equal(gate_up.dense, want_gate_up.half())
+    assert tiled.layers[0].down.layout == "tiles" and tiled.layers[0].down.qa is weights.layers[0].down.qa
+    padded = head.qa.numel() * 4 + head.qb.numel() * 4
+    assert padded + gate_up.dense.numel() * 2 <= extra < padded + gate_up.dense.numel() * 2 + 3 * 256
 
 
-def test_tiles_layout_needs_w3_and_whole_tiles():
+def test_tiles_layout_is_w3_only_with_padded_tensors():
     w = _linear(40, 128, 3, 6, "w")
+    with pytest.raises(Exception, match=r"qa: expected .*\(48, 8\)"):
+        replace(w, layout="tiles")  # unpadded tensors
     with pytest.raises(Exception, match="layout 'tiles'"):
-        replace(w, layout="tiles")
+        replace(_linear(48, 128, 4, 7, "w4"), layout="tiles")

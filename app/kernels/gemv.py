@@ -5,8 +5,8 @@
   ``y = silu(x @ Wg^T) * (x @ Wu^T)`` -> [M, I], one launch instead of three.
 
 W4 weights are read in the checkpoint layout (docs/FORMATS.md); W3 weights in the tile
-layout of :mod:`app.kernels.w3_tiles` (``repack_w3_tiles`` of the checkpoint's qlow/qhigh,
-same bytes), which needs N (gated: I) to be a multiple of 16.
+layout of :mod:`app.kernels.w3_tiles` (``repack_w3_tiles`` of the checkpoint's qlow/qhigh:
+``padded_rows(N)`` rows; N is the scales' row count). Gated, I must be a multiple of 16.
 
 The launch configuration depends on the weight's shape and the GPU only, never on the batch
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
@@ -24,6 +24,7 @@ from app.kernels.checks import (
     check_multiple, check_optional, check_range, check_tensor, ensure_output, no_overlap,
 )
 from app.kernels.loader import KernelArgumentError
+from app.kernels.w3_tiles import padded_rows
 
 GROUP_SIZE = 128
 MAX_BATCH = 8  # one mma column per batch row
@@ -115,12 +116,10 @@ def _check_w4(qweight: torch.Tensor, scales: torch.Tensor) -> _Weights:
 
 def _check_w3(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> _Weights:
     loader.require()
-    check_tensor("tiles a", a, torch.int32, (None, None))
-    rows, k = a.shape[0], a.shape[1] * 16
-    check_multiple("K (a.shape[1] * 16)", k, GROUP_SIZE)
-    check_multiple("W3 rows (tile layout)", rows, TILE_ROWS)
-    check_tensor("tiles b", b, torch.int32, (rows, k // 32), device=a.device)
-    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=a.device, aligned=False)
+    check_tensor("scales", scales, torch.float16, (None, None), aligned=False)
+    rows, k = scales.shape[0], scales.shape[1] * GROUP_SIZE  # a and b: whole tiles, padded
+    check_tensor("tiles a", a, torch.int32, (padded_rows(rows), k // 16), device=scales.device)
+    check_tensor("tiles b", b, torch.int32, (padded_rows(rows), k // 32), device=scales.device)
     return _Weights(3, a, b, scales, rows, k)
 
 
@@ -164,7 +163,7 @@ def gemv_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, bia
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
-    """Like :func:`gemv_w4` for W3 in the tile layout (a [N, K/16], b [N, K/32], N % 16 == 0)."""
+    """Like :func:`gemv_w4` for W3 in the tile layout (a [Np, K/16], b [Np, K/32], Np = padded_rows(N))."""
     return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
                 config=config)
 

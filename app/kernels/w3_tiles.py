@@ -4,7 +4,8 @@ The checkpoint's W3 layout (docs/FORMATS.md: ``qlow`` 2-bit fields + ``qhigh`` b
 never puts a 3-bit value where the GEMV can turn it into fp16 without shifting it first,
 which made the W3 GEMV instruction-bound (5 instructions per pair of weights). On the GPU
 every W3 weight is repacked, in place, into the same two tensors ``a`` int32 [N, K/16] and
-``b`` int32 [N, K/32] holding this layout instead (N a multiple of 16):
+``b`` int32 [N, K/32] holding this layout instead (when N is not a multiple of 16, new
+tensors of ``padded_rows(N)`` rows whose extra rows are zeros; the scales stay [N, K/128]):
 
 A tile is 16 rows x one group of 128 inputs; the GEMV's lane ``l = 4g + t`` reads rows g
 and g + 8 of the tile, inputs 32t .. 32t + 31 of the group (app/kernels/gemv.cu), and its
@@ -44,6 +45,10 @@ PAIRS_PER_WORD = 5  # pairs 0..14 in W0..W2; pair 15 in the sign bits
 REPACK_CHUNK_ELEMENTS = 1 << 21  # weights per in-place chunk: bounds the temporaries (~50 MB)
 
 
+def padded_rows(n: int) -> int:
+    return -(-n // TILE_ROWS) * TILE_ROWS
+
+
 def check_tileable(n: int, k: int, name: str = "W3 weight") -> None:
     if n % TILE_ROWS or k % GROUP:
         raise ValueError(f"{name}: the W3 tile layout needs N % {TILE_ROWS} == 0 and K % {GROUP} == 0, "
@@ -74,8 +79,13 @@ def _words_from_values(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def repack_w3_tiles(qlow: torch.Tensor, qhigh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checkpoint W3 (qlow [N, K/16], qhigh [N, K/32]) -> tile layout (a, b), new tensors."""
-    return _words_from_values(unpack_w3(qlow, qhigh).to(torch.int32) + OFFSET)
+    """Checkpoint W3 (qlow [N, K/16], qhigh [N, K/32]) -> tile layout (a, b), new tensors of
+    ``padded_rows(N)`` rows (the padding rows hold u = 0; their scales do not exist)."""
+    u = unpack_w3(qlow, qhigh).to(torch.int32) + OFFSET
+    n = u.shape[0]
+    if n % TILE_ROWS:
+        u = torch.cat([u, u.new_zeros((padded_rows(n) - n, u.shape[1]))])
+    return _words_from_values(u)
 
 
 def repack_w3_tiles_(qlow: torch.Tensor, qhigh: torch.Tensor) -> None:
@@ -119,8 +129,9 @@ def tile_values(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.T
     return u.view(rows.shape[0], groups * GROUP)
 
 
-def unpack_w3_tiles(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tile layout (a, b) -> checkpoint layout (qlow, qhigh): the inverse of :func:`repack_w3_tiles`."""
-    rows = torch.arange(a.shape[0], device=a.device)
+def unpack_w3_tiles(a: torch.Tensor, b: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile layout (a, b) -> checkpoint layout (qlow, qhigh) of the first ``n`` rows (default
+    all): the inverse of :func:`repack_w3_tiles`."""
+    rows = torch.arange(a.shape[0] if n is None else n, device=a.device)
     q = tile_values(a, b, rows).to(torch.int32) - OFFSET
     return pack_w3(q)

@@ -84,7 +84,7 @@ def _tiles(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _rows(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """W3 (qlow, qhigh) in the checkpoint layout, which the references read."""
-    return unpack_w3_tiles(w.qa, w.qb) if w.layout == "tiles" else (w.qa, w.qb)
+    return unpack_w3_tiles(w.qa, w.qb, w.out_features) if w.layout == "tiles" else (w.qa, w.qb)
 
 
 def _biased_gate_up(ops, x, w: LinearWeight, out):

@@ -35,8 +35,8 @@ from app.engine.cuda.memory import (
     resolve_budget,
 )
 from app.engine.cuda.weights import (
-    DequantTables, ModelWeights, arena_nbytes, module_to_arena, to_kernel_layout, weights_from_model,
-    weights_to_arena,
+    DequantTables, ModelWeights, arena_nbytes, kernel_layout_extra_bytes, module_to_arena, to_kernel_layout,
+    weights_from_model, weights_to_arena,
 )
 
 log = logging.getLogger(__name__)
@@ -276,15 +276,16 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
                       for t in store.values() if t is not None}
-    plan, dequant = _plan(weights_from_model(model), arena_nbytes(list(module_tensors.values())),
+    weights = weights_from_model(model)
+    plan, dequant = _plan(weights, arena_nbytes(list(module_tensors.values())) + kernel_layout_extra_bytes(weights),
                           num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
                           prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
-    del module_tensors
+    del module_tensors, weights  # the CPU copies go once the arena holds the weights
 
     def build() -> CudaRunner:
         module_to_arena(model, device)
-        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=num_slots, max_context=max_context, plan=plan,
-                          use_graphs=use_graphs, dequant_kernel=dequant)
+        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=num_slots,
+                          max_context=max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
 
     return _build_capped(device, plan.budget_bytes, build)
 
@@ -293,12 +294,13 @@ def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: in
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
                        use_graphs: bool = True, dequant: bool = True) -> CudaRunner:
     """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests)."""
-    plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()), num_slots=num_slots,
-                         max_context=max_context, device=device, vram_budget=vram_budget,
+    plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()) + kernel_layout_extra_bytes(weights),
+                         num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
 
     def build() -> CudaRunner:
-        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=num_slots, max_context=max_context, plan=plan,
-                          use_graphs=use_graphs, dequant_kernel=kernel if dequant else None)
+        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=num_slots,
+                          max_context=max_context, plan=plan, use_graphs=use_graphs,
+                          dequant_kernel=kernel if dequant else None)
 
     return _build_capped(device, plan.budget_bytes, build)

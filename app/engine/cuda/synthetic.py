@@ -101,5 +101,5 @@ def dequantized_linear(w: LinearWeight) -> torch.Tensor:
     if w.layout == "tiles":
         from app.kernels.w3_tiles import unpack_w3_tiles
 
-        return dequantize_w3(*unpack_w3_tiles(w.qa, w.qb), w.scales, torch.float32)
+        return dequantize_w3(*unpack_w3_tiles(w.qa, w.qb, w.out_features), w.scales, torch.float32)
     return dequantize_w3(w.qa, w.qb, w.scales, torch.float32)

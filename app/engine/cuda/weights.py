@@ -26,7 +26,7 @@ from torch import nn
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
-from app.kernels.w3_tiles import TILE_ROWS, repack_w3_tiles, repack_w3_tiles_, tile_values
+from app.kernels.w3_tiles import TILE_ROWS, padded_rows, repack_w3_tiles, repack_w3_tiles_, tile_values
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
 
@@ -40,7 +40,7 @@ class LinearWeight:
     """y = x W^T (+ bias) with W [N, K] dense fp16 (``bits`` 16) or packed W4/W3.
 
     ``layout`` of W3: "rows" is the checkpoint's (qa = qlow, qb = qhigh), "tiles" the GEMV's
-    (app.kernels.w3_tiles: same shapes and bytes, repacked; N a multiple of 16)."""
+    (app.kernels.w3_tiles: repacked, the same bytes; qa and qb have ``padded_rows(N)`` rows)."""
 
     bits: int
     out_features: int
@@ -55,17 +55,18 @@ class LinearWeight:
 
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
-        if self.layout not in ("rows", "tiles") or (self.layout == "tiles" and (self.bits != 3 or n % TILE_ROWS)):
-            raise QwenTrayError(f"{self.name}: layout {self.layout!r} does not fit bits={self.bits}, N={n}")
+        if self.layout not in ("rows", "tiles") or (self.layout == "tiles" and self.bits != 3):
+            raise QwenTrayError(f"{self.name}: layout {self.layout!r} does not fit bits={self.bits}")
+        packed_rows = padded_rows(n) if self.layout == "tiles" else n
         if self.bits == 16:
             want = {"dense": ((n, k), torch.float16)}
         elif self.bits in (3, 4):
             if k % GROUP_SIZE:
                 raise QwenTrayError(f"{self.name}: packed K={k} is not a multiple of {GROUP_SIZE}")
-            want = {"qa": ((n, k // (8 if self.bits == 4 else 16)), torch.int32),
+            want = {"qa": ((packed_rows, k // (8 if self.bits == 4 else 16)), torch.int32),
                     "scales": ((n, k // GROUP_SIZE), torch.float16)}
             if self.bits == 3:
-                want["qb"] = ((n, k // 32), torch.int32)
+                want["qb"] = ((packed_rows, k // 32), torch.int32)
         else:
             raise QwenTrayError(f"{self.name}: bits must be 3, 4 or 16, got {self.bits}")
         if self.bias is not None:
@@ -360,8 +361,9 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     """Every W3 weight a GEMV reads (the layers' linears, the head) in the tile layout.
 
     ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
-    copy in VRAM); otherwise new tensors. A W3 weight whose N (gate/up: each half) is not a
-    multiple of 16 runs dense instead (no Qwen or Llama shape; a few MB in tiny models). A
+    copy in VRAM); otherwise, and when N is not a multiple of 16 (a padded last tile: e.g. a
+    vocabulary of 32,001), into new tensors (:func:`kernel_layout_extra_bytes` counts them).
+    A W3 gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
     tied embedding stays tied: the lookup reads the tile layout too.
     """
     memo: dict[int, LinearWeight] = {}
@@ -378,16 +380,42 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     return replace(weights, embed=embed, layers=layers, lm_head=head)
 
 
+def _needs_copy(w: LinearWeight, gated: bool) -> str | None:
+    """Why converting ``w`` cannot happen in place: "dense", "padded", or None."""
+    if w.bits != 3 or w.layout == "tiles":
+        return None
+    if gated and w.out_features % (2 * TILE_ROWS):
+        return "dense"
+    return "padded" if w.out_features % TILE_ROWS else None
+
+
+def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
+    """VRAM that :func:`to_kernel_layout` (in place) adds beside the weights' own tensors."""
+    extra, seen = 0, set()
+    for w, gated in [(w, g) for layer in weights.layers
+                     for w, g in ((layer.qkv, False), (layer.o, False), (layer.gate_up, True), (layer.down, False))
+                     ] + [(weights.lm_head, False)]:
+        why = _needs_copy(w, gated)
+        if why is None or id(w) in seen:
+            continue
+        seen.add(id(w))
+        n, k = (w.out_features if why == "dense" else padded_rows(w.out_features)), w.in_features
+        extra += _aligned(n * k * 2) if why == "dense" else _aligned(n * k // 16 * 4) + _aligned(n * k // 32 * 4)
+    return extra
+
+
 def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
     if w.bits != 3 or w.layout == "tiles":
         return w
-    if w.out_features % (2 * TILE_ROWS if gated else TILE_ROWS):
-        log.info("%s: N=%d does not fill 16-row tiles; running it dense", w.name, w.out_features)
+    why = _needs_copy(w, gated)
+    if why == "dense":
+        log.info("%s: gate/up halves of %d rows do not fill 16-row tiles; running it dense", w.name,
+                 w.out_features // 2)
         from app.quant.w3 import dequantize_w3
 
         return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
                             dense=dequantize_w3(w.qa, w.qb, w.scales, torch.float32).half())
-    if in_place:
+    if in_place and why is None:
         repack_w3_tiles_(w.qa, w.qb)
         return replace(w, layout="tiles")
     a, b = repack_w3_tiles(w.qa, w.qb)
