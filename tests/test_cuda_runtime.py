@@ -25,13 +25,14 @@ from app.engine.cuda.memory import (
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
-from app.engine.cuda.weights import DequantTables, LinearWeight, dequantize_rows, lookup_rows, weights_from_model
+from app.engine.cuda.weights import (
+    DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows, to_kernel_layout, weights_from_model,
+)
 from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
 from app.engine.cuda.runner import CudaRunner
 from app.engine.spec import ModelSpec
 from app.errors import ContextLengthError
 from app.quant.recipe import BUILTIN_RECIPES
-from app.kernels.w3_tiles import repack_w3_tiles_
 
 LOGITS_BOUND = 1e-2
 
@@ -118,7 +119,7 @@ def test_plan_reports_bytes_for_health():
 
 # -- dequantization inside graphs: bit-equal to app.quant ------------------------------------
 
-@pytest.mark.parametrize("bits,layout", [(4, "rows"), (3, "rows"), (3, "tiles")])
+@pytest.mark.parametrize("bits,layout", [(4, "rows"), (4, "tiles"), (3, "rows"), (3, "tiles")])
 def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
     n = 304  # whole 16-row tiles, so W3 can be repacked
     g = torch.Generator().manual_seed(bits)
@@ -126,10 +127,8 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
     q = quantize_linear(dense, bits)
     want = dequantized_linear(q).half()  # fp16(q * scale), app.quant's rounding
     if layout == "tiles":
-        q = replace(q, qa=q.qa.clone(), qb=q.qb.clone())
-        repack_w3_tiles_(q.qa, q.qb)
-        q = replace(q, layout="tiles")
-        assert torch.equal(dequantized_linear(q).half(), want)
+        q = to_kernel_layout_linear(q)
+        assert q.layout == "tiles" and torch.equal(dequantized_linear(q).half(), want)
     tables = DequantTables("cpu")
     assert torch.equal(dequantize_rows(q, 0, n, tables), want)
     assert torch.equal(dequantize_rows(q, 17, 95, tables), want[17:95])
@@ -138,11 +137,25 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
     assert torch.equal(lookup_rows(q, ids, tables, out), want[ids.long()])
 
 
+def to_kernel_layout_linear(w: LinearWeight) -> LinearWeight:
+    """One packed weight in the GEMV's tile layout, as the runner converts it (a new copy; no layers)."""
+    spec = hf_spec(vocab_size=16, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1)
+    norm = torch.ones(128, dtype=torch.float16, device=w.scales.device)
+    return to_kernel_layout(ModelWeights(spec, w, [], norm, w), in_place=False).lm_head
+
+
 def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
     """The bit arithmetic of app/engine/cuda/dequant.py's kernels, word by word, in PyTorch int64."""
     words = (q.qa.long() & 0xFFFFFFFF).view(q.out_features, -1)  # unsigned 32-bit words
     s = q.scales.float().repeat_interleave(128, dim=1)  # [N, K]
-    if q.bits == 4:  # word j: pair m = (nibble m -> k = 8j + 2m, nibble 4+m -> 8j + 2m + 1)
+    if q.bits == 4:  # output word (r, j) is tile word 4 * lane_vec + j % 4; pair m = nibbles m, 4 + m
+        tiles = (q.qa.long() & 0xFFFFFFFF).view(-1)
+        groups = q.in_features // 128
+        r, j = torch.arange(q.out_features)[:, None], torch.arange(q.in_features // 8)[None, :]
+        slot = r & 15
+        lane_vec = (((r >> 4) * groups + (j >> 4)) * 2 + (slot >> 3)) * 32 + 4 * (slot & 7) + ((j >> 2) & 3)
+        words = tiles[4 * lane_vec + (j & 3)]  # [N, K/8]: the checkpoint's words
         even = torch.stack([(words >> (4 * m)) & 15 for m in range(4)], -1)
         odd = torch.stack([(words >> (16 + 4 * m)) & 15 for m in range(4)], -1)
         u, offset = torch.stack((even, odd), -1).view(q.out_features, -1), 8
@@ -166,11 +179,8 @@ def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
 @pytest.mark.parametrize("bits", [4, 3])
 def test_dequant_kernel_bit_mapping_emulated(bits):
     g = torch.Generator().manual_seed(20 + bits)
-    n = 37 if bits == 4 else 48
-    q = quantize_linear(LinearWeight(16, n, 384, dense=(torch.randn(n, 384, generator=g) * 0.05).half()), bits)
-    if bits == 3:
-        q = replace(q, layout="tiles")
-        repack_w3_tiles_(q.qa, q.qb)  # fresh tensors from quantize_linear
+    q = quantize_linear(LinearWeight(16, 48, 384, dense=(torch.randn(48, 384, generator=g) * 0.05).half()), bits)
+    q = to_kernel_layout_linear(q)
     assert torch.equal(emulate_dequant_kernel(q), dequantized_linear(q).half())
 
 
@@ -279,7 +289,7 @@ def test_greedy_ids_pad_rows_and_ranges_on_cpu():
     with pytest.raises(ContextLengthError):
         runner.prefill(1, list(range(10)), 60)
     info = runner.memory_info()
-    assert info["weights_bytes"] == weights.nbytes and info["kv_cache_bytes"] == runner.cache.nbytes
+    assert info["weights_bytes"] == runner.weights.nbytes and info["kv_cache_bytes"] == runner.cache.nbytes
 
 
 def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir):
@@ -338,16 +348,13 @@ def gpu_runner(weights, **kw) -> CudaRunner:
 def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
     from app.engine.cuda.dequant import DequantKernel
 
-    n = 1000 if bits == 4 else 1008  # W3 runs in the tile layout: whole 16-row tiles
+    n = 1000  # a padded last tile
     g = torch.Generator().manual_seed(10 + bits)
     dense = LinearWeight(16, n, 1152, dense=(torch.randn(n, 1152, generator=g) * 0.05).half())
     q = quantize_linear(dense, bits)
     want = dequantized_linear(q).half().cuda()
-    qg = replace(q, qa=q.qa.cuda(), qb=None if q.qb is None else q.qb.cuda(), scales=q.scales.cuda())
-    if bits == 3:
-        qg = replace(qg, qa=qg.qa.clone(), qb=qg.qb.clone())
-        repack_w3_tiles_(qg.qa, qg.qb)  # in place on the GPU, as the runner does
-        qg = replace(qg, layout="tiles")
+    qg = to_kernel_layout_linear(replace(q, qa=q.qa.cuda(), qb=None if q.qb is None else q.qb.cuda(),
+                                         scales=q.scales.cuda()))  # repacked on the GPU, as the runner does
     kernel = DequantKernel(torch.device("cuda"))
     for start, stop in ((0, n), (13, 77), (n - 1, n)):
         out = torch.full((stop - start, 1152), float("nan"), dtype=torch.float16, device="cuda")

@@ -18,6 +18,7 @@ from app.kernels import (
 from app.kernels import reference as ref
 from app.kernels.loader import KernelArgumentError
 from app.kernels.w3_tiles import padded_rows, unpack_w3_tiles
+from app.kernels.w4_tiles import unpack_w4_tiles
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 2e-3
@@ -49,9 +50,9 @@ def weights(bits: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
     """Random packed words (every bit pattern is a valid weight) and scales ~0.01."""
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     scales = (torch.rand(n, k // 128, generator=g, device=DEV) * 0.01 + 0.002).half()
+    rows = padded_rows(n)  # tile layouts: whole 16-row tiles (random padding rows: scale-less, never read out)
     if bits == 4:
-        return rand_words(n, k // 8, seed=seed), scales
-    rows = padded_rows(n)  # W3 tile layout: whole 16-row tiles (random padding rows: scale-less, never read out)
+        return rand_words(rows, k // 8, seed=seed), scales
     return rand_words(rows, k // 16, seed=seed), rand_words(rows, k // 32, seed=seed + 2), scales
 
 
@@ -60,8 +61,16 @@ def activations(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=g, device=DEV).half()
 
 
+def gemv_w4_tiles_ref(x, tiles, scales, **kw):
+    """Random words read as the tile layout; the references read the checkpoint layout."""
+    return ref.gemv_w4_ref(x, unpack_w4_tiles(tiles, scales.shape[0]), scales, **kw)
+
+
+def gate_up_silu_w4_tiles_ref(x, tiles, scales):
+    return ref.gate_up_silu_w4_ref(x, unpack_w4_tiles(tiles, scales.shape[0]), scales)
+
+
 def gemv_w3_tiles_ref(x, a, b, scales, **kw):
-    """W3 random words read as the tile layout; the reference reads the checkpoint layout."""
     return ref.gemv_w3_ref(x, *unpack_w3_tiles(a, b, scales.shape[0]), scales, **kw)
 
 
@@ -69,8 +78,8 @@ def gate_up_silu_w3_tiles_ref(x, a, b, scales):
     return ref.gate_up_silu_w3_ref(x, *unpack_w3_tiles(a, b, scales.shape[0]), scales)
 
 
-GEMV = {4: (gemv_w4, ref.gemv_w4_ref), 3: (gemv_w3, gemv_w3_tiles_ref)}
-GATED = {4: (gate_up_silu_w4, ref.gate_up_silu_w4_ref), 3: (gate_up_silu_w3, gate_up_silu_w3_tiles_ref)}
+GEMV = {4: (gemv_w4, gemv_w4_tiles_ref), 3: (gemv_w3, gemv_w3_tiles_ref)}
+GATED = {4: (gate_up_silu_w4, gate_up_silu_w4_tiles_ref), 3: (gate_up_silu_w3, gate_up_silu_w3_tiles_ref)}
 
 
 # The default split, one warp per block (no block reduction), two tiles per warp.
@@ -121,9 +130,7 @@ def test_gate_up_silu_matches_reference(bits, inter, k, config):
 @pytest.mark.parametrize("config", [None, GemvConfig(tiles=2, warps=3, unroll=1), GemvConfig(tiles=4, warps=16, unroll=1),
                                     GemvConfig(tiles=1, warps=6, unroll=2)])
 def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
-    n, k = (1000, 1152) if gated else (2051, 1152)  # odd N: partial tiles
-    if bits == 3 and gated:
-        n = 1056  # W3 gate/up: each half whole 16-row tiles
+    n, k = (1056, 1152) if gated else (2051, 1152)  # odd N: a padded tile; gated: each half whole tiles
     op = (GATED if gated else GEMV)[bits][0]
     w = weights(bits, n, k, seed=21)
     x = activations(8, k, seed=22)
@@ -287,6 +294,7 @@ def test_cuda_graph_replay_equals_eager():
     assert torch.equal(static_h, eager)
 
 
-def test_w3_gate_up_needs_whole_tiles_per_half():
+@pytest.mark.parametrize("bits", [4, 3])
+def test_gate_up_needs_whole_tiles_per_half(bits):
     with pytest.raises(KernelArgumentError, match="multiple of 32"):
-        gate_up_silu_w3(activations(1, 256, seed=1), *weights(3, 2 * 40, 256, seed=2))
+        GATED[bits][0](activations(1, 256, seed=1), *weights(bits, 2 * 40, 256, seed=2))

@@ -1,5 +1,5 @@
 // W4/W3 -> fp16 dequantization of weight rows (the GEMM prefill's reused tile buffer).
-// Layouts: W4 docs/FORMATS.md, W3 the runtime's tile layout (app/kernels/w3_tiles.py).
+// Layouts: the runtime's tile layouts (app/kernels/w4_tiles.py, w3_tiles.py), any row range.
 // W4: one thread per packed word writes 8 fp16 (one 16-byte store); W3: one thread per row
 // and 32 inputs reads its 3 words and writes 32.
 // fp16(q * scale): the product is exact in fp32, one rounding - bit-equal to app.quant.
@@ -9,16 +9,21 @@ __device__ __forceinline__ half2_t dequant_pair(int even, int odd, int offset, f
     return float2_to_half2((float)(even - offset) * s, (float)(odd - offset) * s);
 }
 
-// qweight [R, K/8] -> out [R, K] fp16; thread i = word i (k = 8j .. 8j+7 of its row).
-extern "C" __global__ void dequant_w4_kernel(const unsigned* __restrict__ qweight,
-                                             const half_t* __restrict__ scales,
-                                             half_t* __restrict__ out, long long words, int words_per_row) {
+// W4 tile layout (app/kernels/w4_tiles.py: [tile][group][h][lane][4 words]), rows
+// start..start+rows-1 -> out [rows, K] fp16; thread i = output word i (k = 8j .. 8j+7 of its row).
+extern "C" __global__ void dequant_w4_tiles_kernel(const unsigned* __restrict__ tiles,
+                                                   const half_t* __restrict__ scales,
+                                                   half_t* __restrict__ out, long long start, long long words,
+                                                   int groups) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= words) return;
-    const long long row = i / words_per_row;
-    const int j = (int)(i - row * words_per_row);
-    const unsigned w = qweight[i];
-    const float s = h2f(scales[row * (words_per_row / 16) + j / 16]);
+    const int words_per_row = 16 * groups;
+    const long long r = start + i / words_per_row;  // weight row
+    const int j = (int)(i % words_per_row), grp = j >> 4, t = (j >> 2) & 3;
+    const int slot = (int)(r & 15);
+    const long long lane_vec = (((r >> 4) * groups + grp) * 2 + (slot >> 3)) * 32 + 4 * (slot & 7) + t;
+    const unsigned w = tiles[4 * lane_vec + (j & 3)];
+    const float s = h2f(scales[r * groups + grp]);
     unsigned v[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)  // nibble m: k = 8j + 2m; nibble 4 + m: k = 8j + 2m + 1

@@ -1,6 +1,6 @@
-// Quantized GEMV for decode: y[M, N] = x[M, K] @ W[N, K]^T with W in the W4 layout
-// (docs/FORMATS.md) or the W3 tile layout the runtime repacks W3 into (app/kernels/w3_tiles.py),
-// fp16 activations, fp32 accumulation, M <= 8.
+// Quantized GEMV for decode: y[M, N] = x[M, K] @ W[N, K]^T with W in the tile layouts the
+// runtime repacks W4 and W3 into at load time (app/kernels/w4_tiles.py, w3_tiles.py: whole
+// 16-row tiles, a warp's loads contiguous), fp16 activations, fp32 accumulation, M <= 8.
 //
 // Work split. A warp owns TILES tiles of 16 weight rows; inside a tile the 32 lanes form 8
 // teams of 4 (lane = 4*g + t): team g loads rows g and g+8, lane t the 32 inputs
@@ -42,18 +42,18 @@ template <> struct Frag<3> { uint4 a; uint2 b; };    // tile layout (w3_tiles.py
 
 // Where one lane's tile starts (group 0), with the group offset added per load (32-bit).
 template <int BITS> struct TilePtr;
-template <> struct TilePtr<4> { const unsigned* w[2]; const half_t* s[2]; };
+template <> struct TilePtr<4> { const uint4* w; const half_t* s[2]; };
 template <> struct TilePtr<3> { const uint4* a; const uint2* b; const half_t* s[2]; };
 
-// W4: one pointer per row (rows past N were mapped to row 0 by the caller; their scale is 0).
+// The lane's first 16-byte vector in tile `first_row / 16` (W4: [tile][group][h][lane]
+// vectors; W3: [tile][group][lane] in a and in b). Group g is +64 (W4) or +32 vectors later.
+// Scales are per row as in the checkpoint (rows past N were mapped to row 0, scale 0).
 __device__ __forceinline__ TilePtr<4> tile_ptr(TilePtr<4>, const unsigned* qa, const unsigned*, const half_t* scales,
-                                               long row0, long row1, long, int K, int lane) {
-    const int t = lane & 3;
-    return {{qa + row0 * (K / 8) + 4 * t, qa + row1 * (K / 8) + 4 * t},
+                                               long row0, long row1, long first_row, int K, int lane) {
+    return {reinterpret_cast<const uint4*>(qa) + (first_row / 16) * (K / GROUP) * 64 + lane,
             {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
 }
 
-// W3 tiles: the lane's 16 + 8 bytes of tile `first_row / 16`, group g at +32 vectors (N % 16 == 0).
 __device__ __forceinline__ TilePtr<3> tile_ptr(TilePtr<3>, const unsigned* qa, const unsigned* qb, const half_t* scales,
                                                long row0, long row1, long first_row, int K, int lane) {
     const long at = (first_row / 16) * (K / GROUP) * 32 + lane;
@@ -64,8 +64,8 @@ __device__ __forceinline__ TilePtr<3> tile_ptr(TilePtr<3>, const unsigned* qa, c
 // Loads are volatile asm so they stay at the top of the stage in source order: the whole
 // stage's weights are in flight together, one stage ahead of the mma that consumes them.
 __device__ __forceinline__ void load_frag(Frag<4>& f, const TilePtr<4>& p, int group) {
-    f.r[0] = load_streaming_16(p.w[0] + group * 16);
-    f.r[1] = load_streaming_16(p.w[1] + group * 16);
+    f.r[0] = load_streaming_16(p.w + group * 64);
+    f.r[1] = load_streaming_16(p.w + group * 64 + 32);
 }
 
 __device__ __forceinline__ void load_frag(Frag<3>& f, const TilePtr<3>& p, int group) {
@@ -206,7 +206,7 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 
 template <int BITS, int TILES, bool GATED, int UNROLL>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
-gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 tiles a [R, K/16]
+gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
             const half_t* __restrict__ x,         // [M, K]
@@ -234,7 +234,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 qweight [R, K/8] | W3 ti
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             row_ok[j][h] = first + g + 8 * h < N;
-            r[h] = row_ok[j][h] ? base + g + 8 * h : 0;  // rows past N: row 0, scale 0 (W4 only)
+            r[h] = row_ok[j][h] ? base + g + 8 * h : 0;  // rows past N (a padded tile): scale 0
         }
         ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, r[0], r[1], base, K, lane);
     }

@@ -4,9 +4,10 @@
 - :func:`gate_up_silu_w4`, :func:`gate_up_silu_w3`: W = [gate; up] stacked as [2I, K],
   ``y = silu(x @ Wg^T) * (x @ Wu^T)`` -> [M, I], one launch instead of three.
 
-W4 weights are read in the checkpoint layout (docs/FORMATS.md); W3 weights in the tile
-layout of :mod:`app.kernels.w3_tiles` (``repack_w3_tiles`` of the checkpoint's qlow/qhigh:
-``padded_rows(N)`` rows; N is the scales' row count). Gated, I must be a multiple of 16.
+Weights are read in the tile layouts of :mod:`app.kernels.w4_tiles` / :mod:`app.kernels.w3_tiles`
+(``repack_w4_tiles(qweight)``, ``repack_w3_tiles(qlow, qhigh)``: ``padded_rows(N)`` rows; N
+is the scales' row count, which stay as the checkpoint has them). Gated, I must be a
+multiple of 16.
 
 The launch configuration depends on the weight's shape and the GPU only, never on the batch
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
@@ -98,20 +99,19 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
 @dataclass(frozen=True)
 class _Weights:
     bits: int
-    qa: torch.Tensor  # W4 qweight | W3 tiles a
+    qa: torch.Tensor  # W4 tiles | W3 tiles a
     qb: torch.Tensor | None  # W3 tiles b
     scales: torch.Tensor
     rows: int
     k: int
 
 
-def _check_w4(qweight: torch.Tensor, scales: torch.Tensor) -> _Weights:
+def _check_w4(tiles: torch.Tensor, scales: torch.Tensor) -> _Weights:
     loader.require()
-    check_tensor("qweight", qweight, torch.int32, (None, None))
-    rows, k = qweight.shape[0], qweight.shape[1] * 8
-    check_multiple("K (qweight.shape[1] * 8)", k, GROUP_SIZE)
-    check_tensor("scales", scales, torch.float16, (rows, k // GROUP_SIZE), device=qweight.device, aligned=False)
-    return _Weights(4, qweight, None, scales, rows, k)
+    check_tensor("scales", scales, torch.float16, (None, None), aligned=False)
+    rows, k = scales.shape[0], scales.shape[1] * GROUP_SIZE
+    check_tensor("W4 tiles", tiles, torch.int32, (padded_rows(rows), k // 8), device=scales.device)
+    return _Weights(4, tiles, None, scales, rows, k)
 
 
 def _check_w3(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> _Weights:
@@ -133,7 +133,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
     if gated:
-        check_multiple("gate/up rows", w.rows, 2 * TILE_ROWS if w.bits == 3 else 2)
+        check_multiple("gate/up rows", w.rows, 2 * TILE_ROWS)
     n_out = w.rows // 2 if gated else w.rows
     bias_ptr = check_optional("bias", bias, torch.float16, (n_out,), device=dev, aligned=False)
     res_ptr = check_optional("residual", residual, torch.float16, (m, n_out), device=dev, aligned=False)
@@ -150,14 +150,15 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     return y
 
 
-def gemv_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
+def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M<=8, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16.
+    """x [M<=8, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
+    layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
     ``out`` may be ``residual`` itself (in-place residual add).
     """
-    return _run(_check_w4(qweight, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
+    return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
 
 
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
@@ -168,10 +169,10 @@ def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Ten
                 config=config)
 
 
-def gate_up_silu_w4(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *,
+def gate_up_silu_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M, K] with W4 [gate; up] of shape [2I, K] -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
-    return _run(_check_w4(qweight, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
+    """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
+    return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
 
 
 def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,

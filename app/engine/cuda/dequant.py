@@ -1,8 +1,8 @@
 """W4/W3 -> fp16 dequantization of weight rows in one CUDA kernel (the GEMM prefill's tiles).
 
-W4 (checkpoint layout): one thread per packed word, 8 fp16 out (one 16-byte store). W3 (the
-runtime's tile layout, app.kernels.w3_tiles): one thread per row and 32 inputs, 3 words in,
-32 fp16 out; any row range. ``fp16(q * scale)`` with the
+Both read the runtime's tile layouts (app.kernels.w4_tiles / w3_tiles), any row range. W4:
+one thread per packed word, 8 fp16 out (one 16-byte store). W3: one thread per row and 32
+inputs, 3 words in, 32 fp16 out. ``fp16(q * scale)`` with the
 product exact in fp32 and one rounding: bit-equal to app.quant and to the PyTorch path of
 app.engine.cuda.weights, which is the fallback when this does not compile.
 
@@ -26,7 +26,7 @@ class DequantKernel:
 
     def __init__(self, device: torch.device):
         with torch.cuda.device(device):
-            self.w4 = loader.get_kernel("dequant.cu", "dequant_w4_kernel")
+            self.w4 = loader.get_kernel("dequant.cu", "dequant_w4_tiles_kernel")
             self.w3 = loader.get_kernel("dequant.cu", "dequant_w3_tiles_kernel")
 
     def __call__(self, w: LinearWeight, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
@@ -36,15 +36,15 @@ class DequantKernel:
                                              f"{out.dtype} {tuple(out.shape)}")
         if out.data_ptr() % 16:
             raise loader.KernelArgumentError("dequant out: must be 16-byte aligned")
-        scales = w.scales[start:stop]
+        if w.layout != "tiles":
+            raise loader.KernelArgumentError(f"{w.name}: the dequantizer reads the tile layout "
+                                             "(app.engine.cuda.weights.to_kernel_layout)")
         if w.bits == 4:
-            qweight = w.qa[start:stop]
-            words = qweight.numel()
-            args = (qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), np.int64(words), np.int32(k // 8))
+            words = rows * (k // 8)  # threads: one per output word
+            args = (w.qa.data_ptr(), w.scales.data_ptr(), out.data_ptr(), np.int64(start), np.int64(words),
+                    np.int32(k // 128))
             kernel = self.w4
         else:
-            if w.layout != "tiles":
-                raise loader.KernelArgumentError(f"{w.name}: the W3 dequantizer reads the tile layout")
             words = rows * (k // 32)  # threads: one per row and 32 inputs
             args = (w.qa.data_ptr(), w.qb.data_ptr(), w.scales.data_ptr(), out.data_ptr(), np.int64(start),
                     np.int64(words), np.int32(k // 128))

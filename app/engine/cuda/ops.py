@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
 from app.kernels.w3_tiles import unpack_w3_tiles
+from app.kernels.w4_tiles import unpack_w4_tiles
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,7 @@ class KernelOps:
         if not w.quantized:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
-            return self.k.gemv_w4(x, w.qa, w.scales, bias=w.bias, residual=residual, out=out)
+            return self.k.gemv_w4(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out)
         return self.k.gemv_w3(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out)
 
     def gate_up(self, x, w: LinearWeight, *, out):
@@ -59,7 +60,7 @@ class KernelOps:
         if w.bias is not None:  # the fused kernel has no bias epilogue
             return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
-            return self.k.gate_up_silu_w4(x, w.qa, w.scales, out=out)
+            return self.k.gate_up_silu_w4(x, *_tiles(w), w.scales, out=out)
         return self.k.gate_up_silu_w3(x, *_tiles(w), w.scales, out=out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
@@ -75,16 +76,20 @@ class KernelOps:
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
 
 
-def _tiles(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """The W3 GEMV reads the tile layout; the runner converts (weights.to_kernel_layout)."""
+def _tiles(w: LinearWeight) -> tuple[torch.Tensor, ...]:
+    """The GEMVs read the tile layout; the runner converts (weights.to_kernel_layout)."""
     if w.layout != "tiles":
-        raise ValueError(f"{w.name}: W3 weights must be in the tile layout for the GEMV kernels")
-    return w.qa, w.qb
+        raise ValueError(f"{w.name}: packed weights must be in the tile layout for the GEMV kernels")
+    return (w.qa,) if w.bits == 4 else (w.qa, w.qb)
 
 
-def _rows(w: LinearWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """W3 (qlow, qhigh) in the checkpoint layout, which the references read."""
-    return unpack_w3_tiles(w.qa, w.qb, w.out_features) if w.layout == "tiles" else (w.qa, w.qb)
+def _rows(w: LinearWeight) -> tuple[torch.Tensor, ...]:
+    """The checkpoint layout ((qweight,) or (qlow, qhigh)), which the references read."""
+    if w.layout == "rows":
+        return (w.qa,) if w.bits == 4 else (w.qa, w.qb)
+    if w.bits == 4:
+        return (unpack_w4_tiles(w.qa, w.out_features),)
+    return unpack_w3_tiles(w.qa, w.qb, w.out_features)
 
 
 def _biased_gate_up(ops, x, w: LinearWeight, out):
@@ -105,7 +110,7 @@ class ReferenceOps:
         if not w.quantized:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
-            y = ref.gemv_w4_ref(x, w.qa, w.scales, w.bias, residual)
+            y = ref.gemv_w4_ref(x, *_rows(w), w.scales, w.bias, residual)
         else:
             y = ref.gemv_w3_ref(x, *_rows(w), w.scales, w.bias, residual)
         return out.copy_(y)
@@ -117,7 +122,7 @@ class ReferenceOps:
         if w.bias is not None:
             return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
-            return out.copy_(ref.gate_up_silu_w4_ref(x, w.qa, w.scales))
+            return out.copy_(ref.gate_up_silu_w4_ref(x, *_rows(w), w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, *_rows(w), w.scales))
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):

@@ -27,6 +27,7 @@ from torch import nn
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
 from app.kernels.w3_tiles import TILE_ROWS, padded_rows, repack_w3_tiles, repack_w3_tiles_, tile_values
+from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_, tile_words
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
 
@@ -39,14 +40,15 @@ ARENA_ALIGN = 256  # bytes; the kernels need 16, cuBLAS likes 256
 class LinearWeight:
     """y = x W^T (+ bias) with W [N, K] dense fp16 (``bits`` 16) or packed W4/W3.
 
-    ``layout`` of W3: "rows" is the checkpoint's (qa = qlow, qb = qhigh), "tiles" the GEMV's
-    (app.kernels.w3_tiles: repacked, the same bytes; qa and qb have ``padded_rows(N)`` rows)."""
+    ``layout``: "rows" is the checkpoint's (qa = qweight, or qlow + qb = qhigh), "tiles" the
+    GEMV's (app.kernels.w4_tiles / w3_tiles: repacked, the same bytes; qa and qb have
+    ``padded_rows(N)`` rows, the scales stay [N, K/128])."""
 
     bits: int
     out_features: int
     in_features: int
     dense: torch.Tensor | None = None  # fp16 [N, K]
-    qa: torch.Tensor | None = None  # W4 qweight [N, K/8] | W3 qlow or tiles a [N, K/16], int32
+    qa: torch.Tensor | None = None  # W4 qweight or tiles [N, K/8] | W3 qlow or tiles a [N, K/16], int32
     qb: torch.Tensor | None = None  # W3 qhigh or tiles b [N, K/32], int32
     scales: torch.Tensor | None = None  # fp16 [N, K/128]
     bias: torch.Tensor | None = None  # fp16 [N]
@@ -55,7 +57,7 @@ class LinearWeight:
 
     def __post_init__(self) -> None:
         n, k = self.out_features, self.in_features
-        if self.layout not in ("rows", "tiles") or (self.layout == "tiles" and self.bits != 3):
+        if self.layout not in ("rows", "tiles") or (self.layout == "tiles" and self.bits == 16):
             raise QwenTrayError(f"{self.name}: layout {self.layout!r} does not fit bits={self.bits}")
         packed_rows = padded_rows(n) if self.layout == "tiles" else n
         if self.bits == 16:
@@ -314,12 +316,18 @@ def unsigned_values(w: LinearWeight, rows: slice, tables: DequantTables) -> torc
     """Stored unsigned values u (q + 8 or q + 4) of ``rows``, uint8 [R, K] in k order."""
     if w.layout == "tiles":
         ids = torch.arange(w.out_features, device=w.qa.device)[rows]  # a device op: capture-safe
-        return tile_values(w.qa, w.qb, ids)
+        return _tile_values(w, ids, tables)
     if w.bits == 4:
         return _fields(w.qa[rows], tables.w4, 8, 0xF)
     low = _fields(w.qa[rows], tables.w3_low, 16, 0x3)
     high = _fields(w.qb[rows], tables.w3_high, 32, 0x1)
     return low | (high << 2)
+
+
+def _tile_values(w: LinearWeight, ids: torch.Tensor, tables: DequantTables) -> torch.Tensor:
+    if w.bits == 4:
+        return _fields(tile_words(w.qa, ids), tables.w4, 8, 0xF)
+    return tile_values(w.qa, w.qb, ids)
 
 
 def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
@@ -347,7 +355,7 @@ def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: 
     if not w.quantized:
         return torch.index_select(w.dense, 0, ids, out=out)
     if w.layout == "tiles":
-        u = tile_values(w.qa, w.qb, ids.long())
+        u = _tile_values(w, ids.long(), tables)
         return dequantize_values(u, w.scales.index_select(0, ids), w.bits, out)
     picked = LinearWeight(w.bits, ids.shape[0], w.in_features, qa=w.qa.index_select(0, ids),
                           qb=None if w.qb is None else w.qb.index_select(0, ids),
@@ -358,12 +366,12 @@ def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: 
 # -- the GEMV's W3 layout ----------------------------------------------------------------
 
 def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
-    """Every W3 weight a GEMV reads (the layers' linears, the head) in the tile layout.
+    """Every packed weight a GEMV reads (the layers' linears, the head) in the tile layout.
 
     ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
     copy in VRAM); otherwise, and when N is not a multiple of 16 (a padded last tile: e.g. a
     vocabulary of 32,001), into new tensors (:func:`kernel_layout_extra_bytes` counts them).
-    A W3 gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
+    A gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
     tied embedding stays tied: the lookup reads the tile layout too.
     """
     memo: dict[int, LinearWeight] = {}
@@ -382,7 +390,7 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
 
 def _needs_copy(w: LinearWeight, gated: bool) -> str | None:
     """Why converting ``w`` cannot happen in place: "dense", "padded", or None."""
-    if w.bits != 3 or w.layout == "tiles":
+    if not w.quantized or w.layout == "tiles":
         return None
     if gated and w.out_features % (2 * TILE_ROWS):
         return "dense"
@@ -399,24 +407,32 @@ def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
         if why is None or id(w) in seen:
             continue
         seen.add(id(w))
-        n, k = (w.out_features if why == "dense" else padded_rows(w.out_features)), w.in_features
-        extra += _aligned(n * k * 2) if why == "dense" else _aligned(n * k // 16 * 4) + _aligned(n * k // 32 * 4)
+        n, k = w.out_features, w.in_features
+        if why == "dense":
+            extra += _aligned(n * k * 2)
+        else:
+            extra += sum(_aligned(padded_rows(n) * t.shape[1] * 4) for t in (w.qa, w.qb) if t is not None)
     return extra
 
 
 def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
-    if w.bits != 3 or w.layout == "tiles":
+    if not w.quantized or w.layout == "tiles":
         return w
     why = _needs_copy(w, gated)
     if why == "dense":
         log.info("%s: gate/up halves of %d rows do not fill 16-row tiles; running it dense", w.name,
                  w.out_features // 2)
-        from app.quant.w3 import dequantize_w3
+        from app.engine.cuda.synthetic import dequantized_linear
 
         return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
-                            dense=dequantize_w3(w.qa, w.qb, w.scales, torch.float32).half())
+                            dense=dequantized_linear(w).half())
     if in_place and why is None:
-        repack_w3_tiles_(w.qa, w.qb)
+        if w.bits == 4:
+            repack_w4_tiles_(w.qa)
+        else:
+            repack_w3_tiles_(w.qa, w.qb)
         return replace(w, layout="tiles")
+    if w.bits == 4:
+        return replace(w, qa=repack_w4_tiles(w.qa), layout="tiles")
     a, b = repack_w3_tiles(w.qa, w.qb)
     return replace(w, qa=a, qb=b, layout="tiles")

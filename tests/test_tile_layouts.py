@@ -1,4 +1,4 @@
-"""The W3 tile layout (app.kernels.w3_tiles) and the runtime's conversion to it (CPU)."""
+"""The GEMV's tile layouts (app.kernels.w4_tiles, w3_tiles) and the runtime's conversion (CPU)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from app.engine.cuda.weights import (
     to_kernel_layout,
 )
 from app.engine.spec import ModelSpec
-from app.kernels import w3_tiles
+from app.kernels import w3_tiles, w4_tiles
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_, tile_values, unpack_w3_tiles
+from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_, tile_words, unpack_w4_tiles
 from app.quant.w3 import pack_w3
+from app.quant.w4 import pack_w4
 
 
 def random_q(n: int, k: int, seed: int) -> torch.Tensor:
@@ -69,6 +71,28 @@ def test_rows_past_a_whole_tile_are_padded():
         repack_w3_tiles_(*pack_w3(q))
 
 
+# -- W4 -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,k", [(16, 128), (48, 384), (40, 256)])
+def test_w4_repack_moves_words_only_and_round_trips(n, k):
+    qweight = pack_w4(random_q(n, k, seed=k) * 2)  # [-8, 6]
+    tiles = repack_w4_tiles(qweight)
+    assert tiles.shape == (-(-n // 16) * 16, k // 8)
+    assert torch.equal(unpack_w4_tiles(tiles, n), qweight)
+    rows = torch.tensor([n - 1, 3, 8, 0])
+    assert torch.equal(tile_words(tiles, rows), qweight[rows])
+    # row 8 + g = 9 (h 1, g 1), lane 4*1 + t: t = 2 holds words 8..11 of group 0
+    assert torch.equal(tiles.view(-1, 2, 32, 4)[0, 1, 4 * 1 + 2], qweight[9, 8:12])
+
+
+def test_w4_in_place_repack_in_chunks_equals_copy(monkeypatch):
+    monkeypatch.setattr(w4_tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)
+    qweight = pack_w4(random_q(64, 512, seed=9))
+    want = repack_w4_tiles(qweight)
+    repack_w4_tiles_(qweight)
+    assert torch.equal(qweight, want)
+
+
 def _linear(n: int, k: int, bits: int, seed: int, name: str) -> LinearWeight:
     g = torch.Generator().manual_seed(seed)
     dense = LinearWeight(16, n, k, dense=(torch.randn(n, k, generator=g) * 0.05).half(), name=name)
@@ -89,14 +113,15 @@ def _model(vocab: int, inter: int, gate_up_rows: int | None = None) -> ModelWeig
 def test_runtime_conversion_keeps_values_and_tied_embedding():
     weights = _model(vocab=1024, inter=256)
     want = {name: dequantized_linear(w) for name, w in (("o", weights.layers[0].o), ("head", weights.lm_head))}
+    want["qkv"] = dequantized_linear(weights.layers[0].qkv)
     before = weights.layers[0].o.qa.clone()
     tiled = to_kernel_layout(weights, in_place=False)
     assert torch.equal(weights.layers[0].o.qa, before)  # a copy: the caller's tensors are untouched
     layer = tiled.layers[0]
-    assert layer.qkv is weights.layers[0].qkv  # W4 as it was
-    assert [w.layout for w in (layer.o, layer.gate_up, layer.down, tiled.lm_head)] == ["tiles"] * 4
+    assert [w.layout for w in (layer.qkv, layer.o, layer.gate_up, layer.down, tiled.lm_head)] == ["tiles"] * 5
     assert tiled.embed is tiled.lm_head  # still tied
     assert torch.equal(dequantized_linear(layer.o), want["o"])
+    assert torch.equal(dequantized_linear(layer.qkv), want["qkv"])  # W4
     ids = torch.tensor([1023, 0, 17], dtype=torch.int32)
     out = torch.full((3, 128), float("nan"), dtype=torch.float16)
     assert torch.equal(lookup_rows(tiled.embed, ids, DequantTables("cpu"), out), want["head"][ids.long()].half())
@@ -118,9 +143,9 @@ def test_runtime_conversion_pads_a_partial_tile_and_runs_odd_gate_up_dense():
     assert padded + gate_up.dense.numel() * 2 <= extra < padded + gate_up.dense.numel() * 2 + 3 * 256
 
 
-def test_tiles_layout_is_w3_only_with_padded_tensors():
+def test_tiles_layout_needs_packed_weights_and_padded_tensors():
     w = _linear(40, 128, 3, 6, "w")
     with pytest.raises(Exception, match=r"qa: expected .*\(48, 8\)"):
         replace(w, layout="tiles")  # unpadded tensors
     with pytest.raises(Exception, match="layout 'tiles'"):
-        replace(_linear(48, 128, 4, 7, "w4"), layout="tiles")
+        LinearWeight(16, 16, 128, dense=torch.zeros(16, 128).half(), layout="tiles")
