@@ -25,8 +25,9 @@ from app.engine.cuda.memory import (
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
+from app.engine.cuda.layout import to_kernel_layout
 from app.engine.cuda.weights import (
-    DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows, to_kernel_layout, weights_from_model,
+    DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows, weights_from_model,
 )
 from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
 from app.engine.cuda.runner import CudaRunner

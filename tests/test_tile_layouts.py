@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
-from app.engine.cuda.weights import (
-    DequantTables, LayerWeights, LinearWeight, ModelWeights, kernel_layout_extra_bytes, lookup_rows,
-    to_kernel_layout,
-)
+from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
+from app.engine.cuda.weights import DequantTables, LayerWeights, LinearWeight, ModelWeights, lookup_rows
 from app.engine.spec import ModelSpec
 from app.kernels import w3_tiles, w4_tiles
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_, tile_values, unpack_w3_tiles

@@ -38,7 +38,7 @@ class DequantKernel:
             raise loader.KernelArgumentError("dequant out: must be 16-byte aligned")
         if w.layout != "tiles":
             raise loader.KernelArgumentError(f"{w.name}: the dequantizer reads the tile layout "
-                                             "(app.engine.cuda.weights.to_kernel_layout)")
+                                             "(app.engine.cuda.layout.to_kernel_layout)")
         if w.bits == 4:
             words = rows * (k // 8)  # threads: one per output word
             args = (w.qa.data_ptr(), w.scales.data_ptr(), out.data_ptr(), np.int64(start), np.int64(words),

@@ -77,7 +77,7 @@ class KernelOps:
 
 
 def _tiles(w: LinearWeight) -> tuple[torch.Tensor, ...]:
-    """The GEMVs read the tile layout; the runner converts (weights.to_kernel_layout)."""
+    """The GEMVs read the tile layout; the runner converts (layout.to_kernel_layout)."""
     if w.layout != "tiles":
         raise ValueError(f"{w.name}: packed weights must be in the tile layout for the GEMV kernels")
     return (w.qa,) if w.bits == 4 else (w.qa, w.qb)

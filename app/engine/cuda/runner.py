@@ -34,9 +34,9 @@ from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
     resolve_budget,
 )
+from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
-    DequantTables, ModelWeights, arena_nbytes, kernel_layout_extra_bytes, module_to_arena, to_kernel_layout,
-    weights_from_model, weights_to_arena,
+    DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from torch import nn
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
-from app.kernels.w3_tiles import TILE_ROWS, padded_rows, repack_w3_tiles, repack_w3_tiles_, tile_values
-from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_, tile_words
+from app.kernels.w3_tiles import TILE_ROWS, padded_rows, tile_values
+from app.kernels.w4_tiles import tile_words
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
 
@@ -177,12 +177,13 @@ def _map(obj, fn, memo: dict[int, object]):
 
 # -- one allocation for all weights ----------------------------------------------------------
 
-def _aligned(nbytes: int) -> int:
+def aligned_nbytes(nbytes: int) -> int:
+    """Bytes ``nbytes`` takes in the arena (rounded up to ARENA_ALIGN)."""
     return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
 
 
 def arena_nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(_aligned(t.numel() * t.element_size()) for t in tensors)
+    return sum(aligned_nbytes(t.numel() * t.element_size()) for t in tensors)
 
 
 def pack_into_arena(tensors: list[torch.Tensor],
@@ -196,7 +197,7 @@ def pack_into_arena(tensors: list[torch.Tensor],
         view = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
         view.copy_(t)
         views[id(t)] = view
-        offset += _aligned(nbytes)
+        offset += aligned_nbytes(nbytes)
     return arena, views
 
 
@@ -361,78 +362,3 @@ def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: 
                           qb=None if w.qb is None else w.qb.index_select(0, ids),
                           scales=w.scales.index_select(0, ids), name=w.name)
     return dequantize_values(unsigned_values(picked, slice(None), tables), picked.scales, w.bits, out)
-
-
-# -- the GEMV's W3 layout ----------------------------------------------------------------
-
-def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
-    """Every packed weight a GEMV reads (the layers' linears, the head) in the tile layout.
-
-    ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
-    copy in VRAM); otherwise, and when N is not a multiple of 16 (a padded last tile: e.g. a
-    vocabulary of 32,001), into new tensors (:func:`kernel_layout_extra_bytes` counts them).
-    A gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
-    tied embedding stays tied: the lookup reads the tile layout too.
-    """
-    memo: dict[int, LinearWeight] = {}
-
-    def convert(w: LinearWeight, gated: bool = False) -> LinearWeight:
-        if id(w) not in memo:
-            memo[id(w)] = _tiled(w, gated, in_place)
-        return memo[id(w)]
-
-    layers = [replace(layer, qkv=convert(layer.qkv), o=convert(layer.o), gate_up=convert(layer.gate_up, True),
-                      down=convert(layer.down)) for layer in weights.layers]
-    head = convert(weights.lm_head)
-    embed = memo.get(id(weights.embed), weights.embed)
-    return replace(weights, embed=embed, layers=layers, lm_head=head)
-
-
-def _needs_copy(w: LinearWeight, gated: bool) -> str | None:
-    """Why converting ``w`` cannot happen in place: "dense", "padded", or None."""
-    if not w.quantized or w.layout == "tiles":
-        return None
-    if gated and w.out_features % (2 * TILE_ROWS):
-        return "dense"
-    return "padded" if w.out_features % TILE_ROWS else None
-
-
-def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
-    """VRAM that :func:`to_kernel_layout` (in place) adds beside the weights' own tensors."""
-    extra, seen = 0, set()
-    for w, gated in [(w, g) for layer in weights.layers
-                     for w, g in ((layer.qkv, False), (layer.o, False), (layer.gate_up, True), (layer.down, False))
-                     ] + [(weights.lm_head, False)]:
-        why = _needs_copy(w, gated)
-        if why is None or id(w) in seen:
-            continue
-        seen.add(id(w))
-        n, k = w.out_features, w.in_features
-        if why == "dense":
-            extra += _aligned(n * k * 2)
-        else:
-            extra += sum(_aligned(padded_rows(n) * t.shape[1] * 4) for t in (w.qa, w.qb) if t is not None)
-    return extra
-
-
-def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
-    if not w.quantized or w.layout == "tiles":
-        return w
-    why = _needs_copy(w, gated)
-    if why == "dense":
-        log.info("%s: gate/up halves of %d rows do not fill 16-row tiles; running it dense", w.name,
-                 w.out_features // 2)
-        from app.engine.cuda.synthetic import dequantized_linear
-
-        return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
-                            dense=dequantized_linear(w).half())
-    if in_place and why is None:
-        if w.bits == 4:
-            repack_w4_tiles_(w.qa)
-        else:
-            repack_w3_tiles_(w.qa, w.qb)
-        return replace(w, layout="tiles")
-    if w.bits == 4:
-        return replace(w, qa=repack_w4_tiles(w.qa), layout="tiles")
-    a, b = repack_w3_tiles(w.qa, w.qb)
-    return replace(w, qa=a, qb=b, layout="tiles")

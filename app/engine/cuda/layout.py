@@ -1,0 +1,93 @@
+"""The GEMV's weight layouts: every packed weight repacked once, when the runtime takes it.
+
+The kernels read W4 and W3 in tile layouts (app.kernels.w4_tiles, w3_tiles) that keep a
+checkpoint's bytes but regroup them per 16-row tile and GEMV lane. :func:`to_kernel_layout`
+converts a :class:`~app.engine.cuda.weights.ModelWeights` (in place inside the runner's arena,
+or into copies); :func:`kernel_layout_extra_bytes` is what the VRAM plan adds for the few
+weights that need a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from app.engine.cuda.weights import LinearWeight, ModelWeights, aligned_nbytes
+from app.kernels.w3_tiles import TILE_ROWS, padded_rows, repack_w3_tiles, repack_w3_tiles_
+from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_
+
+log = logging.getLogger(__name__)
+
+
+
+def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
+    """Every packed weight a GEMV reads (the layers' linears, the head) in the tile layout.
+
+    ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
+    copy in VRAM); otherwise, and when N is not a multiple of 16 (a padded last tile: e.g. a
+    vocabulary of 32,001), into new tensors (:func:`kernel_layout_extra_bytes` counts them).
+    A gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
+    tied embedding stays tied: the lookup reads the tile layout too.
+    """
+    memo: dict[int, LinearWeight] = {}
+
+    def convert(w: LinearWeight, gated: bool = False) -> LinearWeight:
+        if id(w) not in memo:
+            memo[id(w)] = _tiled(w, gated, in_place)
+        return memo[id(w)]
+
+    layers = [replace(layer, qkv=convert(layer.qkv), o=convert(layer.o), gate_up=convert(layer.gate_up, True),
+                      down=convert(layer.down)) for layer in weights.layers]
+    head = convert(weights.lm_head)
+    embed = memo.get(id(weights.embed), weights.embed)
+    return replace(weights, embed=embed, layers=layers, lm_head=head)
+
+
+def _needs_copy(w: LinearWeight, gated: bool) -> str | None:
+    """Why converting ``w`` cannot happen in place: "dense", "padded", or None."""
+    if not w.quantized or w.layout == "tiles":
+        return None
+    if gated and w.out_features % (2 * TILE_ROWS):
+        return "dense"
+    return "padded" if w.out_features % TILE_ROWS else None
+
+
+def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
+    """VRAM that :func:`to_kernel_layout` (in place) adds beside the weights' own tensors."""
+    extra, seen = 0, set()
+    for w, gated in [(w, g) for layer in weights.layers
+                     for w, g in ((layer.qkv, False), (layer.o, False), (layer.gate_up, True), (layer.down, False))
+                     ] + [(weights.lm_head, False)]:
+        why = _needs_copy(w, gated)
+        if why is None or id(w) in seen:
+            continue
+        seen.add(id(w))
+        n, k = w.out_features, w.in_features
+        if why == "dense":
+            extra += aligned_nbytes(n * k * 2)
+        else:
+            extra += sum(aligned_nbytes(padded_rows(n) * t.shape[1] * 4) for t in (w.qa, w.qb) if t is not None)
+    return extra
+
+
+def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
+    if not w.quantized or w.layout == "tiles":
+        return w
+    why = _needs_copy(w, gated)
+    if why == "dense":
+        log.info("%s: gate/up halves of %d rows do not fill 16-row tiles; running it dense", w.name,
+                 w.out_features // 2)
+        from app.engine.cuda.synthetic import dequantized_linear
+
+        return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
+                            dense=dequantized_linear(w).half())
+    if in_place and why is None:
+        if w.bits == 4:
+            repack_w4_tiles_(w.qa)
+        else:
+            repack_w3_tiles_(w.qa, w.qb)
+        return replace(w, layout="tiles")
+    if w.bits == 4:
+        return replace(w, qa=repack_w4_tiles(w.qa), layout="tiles")
+    a, b = repack_w3_tiles(w.qa, w.qb)
+    return replace(w, qa=a, qb=b, layout="tiles")
