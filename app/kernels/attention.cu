@@ -11,7 +11,8 @@
 // read once per group. Inside a block, D/8 lanes share one key (16 bytes each) and a warp
 // handles 32/(D/8) keys per step with an online softmax in fp32 (base-2 exponent, the
 // scale * log2(e) folded into q). The block writes an unnormalised partial (o, m, l).
-// Pass 2 (attn_combine_kernel) merges the partials of the splits that had work.
+// Pass 2 (attn_combine_kernel) merges the partials of the splits that had work, four
+// threads per output element.
 //
 // nsplit is a launch constant chosen by the host from the model and the device, never from
 // the batch, and every merge runs in a fixed order: a sequence's result does not depend on
@@ -163,18 +164,23 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     }
 }
 
+// Pass 2: grid (Hq, B), COMBINE_PARTS * D threads. Thread (part, d) sums the splits
+// part, part + COMBINE_PARTS, ... of element d (a quarter of the dependent global loads of
+// one thread per element); the parts are then added in a fixed order (deterministic).
+constexpr int COMBINE_PARTS = 4;  // keep in sync with attention.py
+
 template <int D>
-__global__ void __launch_bounds__(D)
+__global__ void __launch_bounds__(COMBINE_PARTS * D)
 attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                     const int* __restrict__ seq_lens, const int* __restrict__ slots,
                     half_t* __restrict__ out,  // [B, Hq, D]
                     int Hq, int L, int num_slots, int nsplit, int min_chunk) {
-    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x % D, part = threadIdx.x / D;
     const long head = (long)b * Hq + h;
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
     if (len <= 0) {
-        out[head * D + d] = 0;
+        if (part == 0) out[head * D + d] = 0;
         return;
     }
     const int chunk = split_chunk(len, nsplit, min_chunk);
@@ -183,19 +189,27 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
     // Stage (m, l) of every split in shared memory with all threads at once, so no thread
     // walks a chain of global loads (latency-bound at up to 256 splits).
     __shared__ float s_m[MAX_SPLITS], s_l[MAX_SPLITS], s_w[MAX_SPLITS];
-    for (int i = d; i < n; i += D) {
+    __shared__ float s_o[COMBINE_PARTS][D];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
         s_m[i] = ml[2 * i];
         s_l[i] = ml[2 * i + 1];
     }
     __syncthreads();
     float mx = NEG_INF;
     for (int i = 0; i < n; ++i) mx = fmaxf(mx, s_m[i]);
-    for (int i = d; i < n; i += D) s_w[i] = exp2f(s_m[i] - mx);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s_w[i] = exp2f(s_m[i] - mx);
     __syncthreads();
-    float lsum = 0.f, osum = 0.f;
-    for (int i = 0; i < n; ++i) lsum += s_l[i] * s_w[i];
     const float* po = part_o + head * nsplit * D + d;
+    float osum = 0.f;
 #pragma unroll 8
-    for (int i = 0; i < n; ++i) osum += po[(long)i * D] * s_w[i];
+    for (int i = part; i < n; i += COMBINE_PARTS) osum += po[(long)i * D] * s_w[i];
+    s_o[part][d] = osum;
+    __syncthreads();
+    if (part != 0) return;
+    float lsum = 0.f;
+    for (int i = 0; i < n; ++i) lsum += s_l[i] * s_w[i];
+    osum = s_o[0][d];
+#pragma unroll
+    for (int p = 1; p < COMBINE_PARTS; ++p) osum += s_o[p][d];
     out[head * D + d] = f2h(osum / lsum);
 }

@@ -22,6 +22,7 @@ MAX_GROUP = 8  # query heads per kv head
 MIN_CHUNK = 16  # positions per split at least (short contexts use fewer splits)
 MAX_SPLITS = 256
 LOG2E = 1.4426950408889634
+COMBINE_PARTS = 4  # threads per output element in the combine (keep in sync with attention.cu)
 
 
 def default_num_splits(num_kv_heads: int, max_context: int, sm_count: int) -> int:
@@ -108,7 +109,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), seq_lens.data_ptr(), slots.data_ptr(),
                    part_o, part_ml, np.int32(hkv), np.int32(max_len), np.int32(num_slots), np.int32(splits),
                    np.int32(min_chunk), np.float32(scale * LOG2E)))
-    loader.launch(combine_kernel, (hq, batch), (head_dim,),
+    loader.launch(combine_kernel, (hq, batch), (COMBINE_PARTS * head_dim,),
                   (part_o, part_ml, seq_lens.data_ptr(), slots.data_ptr(), o.data_ptr(), np.int32(hq),
                    np.int32(max_len), np.int32(num_slots), np.int32(splits), np.int32(min_chunk)))
     return o
