@@ -19,7 +19,6 @@ from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_
 log = logging.getLogger(__name__)
 
 
-
 def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     """Every packed weight a GEMV reads (the layers' linears, the head) in the tile layout.
 

@@ -247,7 +247,7 @@ def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: in
 
 
 def _kernel_layout_in_place(weights: ModelWeights) -> ModelWeights:
-    """W3 repacked for the GEMV inside the runner's own arena (a model module whose buffers
+    """W4/W3 repacked for the GEMVs inside the runner's own arena (a model module whose buffers
     these are has no compute backend on this path: nothing else reads them)."""
     weights = to_kernel_layout(weights, in_place=True)
     if weights.device.type == "cuda":

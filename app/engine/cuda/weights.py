@@ -26,7 +26,7 @@ from torch import nn
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
-from app.kernels.w3_tiles import TILE_ROWS, padded_rows, tile_values
+from app.kernels.w3_tiles import padded_rows, tile_values
 from app.kernels.w4_tiles import tile_words
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
