@@ -5,7 +5,7 @@ Uses NVRTC (libnvrtc from pip `nvidia-cuda-nvrtc-cu12`) for the exact source the
 compiles, then `ptxas -v` (pip `nvidia-cuda-nvcc-cu12`) and optionally `cuobjdump -sass`
 (pip `nvidia-cuda-cuobjdump`). A development tool: none of it is needed at run time.
 
-    python3 scripts/kernel_sass.py gemv.cu "gemv_kernel<4, 2, true, 1>" --arch 86 [--sass] \
+    python3 scripts/kernel_sass.py gemv.cu "gemv_kernel<4, 2, true, 1, 1>" --arch 86 [--sass] \
         --nvrtc /tmp/nv/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 --ptxas /tmp/nv/nvidia/cuda_nvcc/bin/ptxas
 """
 
@@ -60,7 +60,7 @@ def check(lib: ctypes.CDLL, rc: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("source", help="kernel file in app/kernels, e.g. gemv.cu")
-    ap.add_argument("names", nargs="+", help='instances, e.g. "gemv_kernel<4, 2, true, 1>" or an extern "C" name')
+    ap.add_argument("names", nargs="+", help='instances, e.g. "gemv_kernel<4, 2, true, 1, 1>" or an extern "C" name')
     ap.add_argument("--arch", type=int, default=86)
     ap.add_argument("--sass", action="store_true", help="print the SASS (needs cuobjdump)")
     ap.add_argument("--nvrtc", default="/tmp/nv/nvidia/cuda_nvrtc/lib/libnvrtc.so.12")

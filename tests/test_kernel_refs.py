@@ -234,7 +234,7 @@ def test_decode_attention_ref_matches_engine_attention():
 
 # -- configuration and argument checks --------------------------------------------------------
 def test_gemv_config_validates_and_names_instances():
-    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2>"
+    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1>"
     assert GemvConfig(2, 4, 1).grid(100, gated=True) == (7,)  # 16 outputs per block
     for bad in (dict(tiles=3), dict(warps=0), dict(warps=17), dict(unroll=3), dict(tiles=4, unroll=2)):
         with pytest.raises(KernelArgumentError):
@@ -242,7 +242,7 @@ def test_gemv_config_validates_and_names_instances():
     with pytest.raises(KernelArgumentError):
         GemvConfig(tiles=1, warps=3).grid(64, gated=True)  # split gate/up needs an even number of warps
     assert GemvConfig(tiles=1, warps=2).grid(100, gated=True) == (7,)
-    assert GemvConfig(tiles=1, warps=2).name_expression(3, True) == "gemv_kernel<3, 1, true, 1>"
+    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2>"
 
 
 @pytest.mark.parametrize("n,k,gated,sms", [(2048, 2048, False, 16), (2048, 2048, False, 132),

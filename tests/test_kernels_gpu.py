@@ -141,6 +141,28 @@ def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
             assert torch.equal(batched[i], singles[i][0]), (m, i)
 
 
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=4)])
+def test_more_than_8_rows_use_a_second_column_block(bits, gated, config):
+    """Rows 9..16 (the prefill through the decode graph): right, and rows 0..7 bit-equal to a batch of 8."""
+    n, k = (2 * 528, 1152) if gated else (2051, 1152)
+    op, reference = (GATED if gated else GEMV)[bits]
+    w = weights(bits, n, k, seed=91)
+    x = activations(16, k, seed=92)
+    eight = op(x[:8], *w, config=config)
+    for m in (9, 12, 16):
+        out = poisoned(m, n // 2 if gated else n)
+        op(x[:m], *w, out=out, config=config)
+        assert rel_err(out, reference(x[:m], *w)) < REL_TOL, m
+        assert torch.equal(out[:8], eight), m
+
+
+def test_more_than_8_rows_refuse_configs_that_would_spill():
+    with pytest.raises(KernelArgumentError, match="at most 8 batch rows"):
+        gemv_w4(activations(12, 256, seed=1), *weights(4, 64, 256, seed=2), config=GemvConfig(tiles=4, warps=2))
+
+
 @pytest.mark.parametrize("rows,hidden", [(1, 2048), (5, 3584), (8, 896), (3, 8)])
 def test_rms_norm_matches_reference(rows, hidden):
     x, w = activations(rows, hidden, seed=31) * 3, activations(1, hidden, seed=32)[0]

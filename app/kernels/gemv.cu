@@ -1,6 +1,6 @@
 // Quantized GEMV for decode: y[M, N] = x[M, K] @ W[N, K]^T with W in the tile layouts the
 // runtime repacks W4 and W3 into at load time (app/kernels/w4_tiles.py, w3_tiles.py: whole
-// 16-row tiles, a warp's loads contiguous), fp16 activations, fp32 accumulation, M <= 8.
+// 16-row tiles, a warp's loads contiguous), fp16 activations, fp32 accumulation, M <= 8 (16 with COLS = 2).
 //
 // Work split. A warp owns TILES tiles of 16 weight rows; inside a tile the 32 lanes form 8
 // teams of 4 (lane = 4*g + t): team g loads rows g and g+8, lane t the 32 inputs
@@ -140,13 +140,17 @@ __device__ __forceinline__ void dequant_step(const Frag<3>& f, half2_t (&a)[4]) 
 }
 
 // One tile, one group: the 8 mma steps, each dequantizing just the pairs it consumes (few
-// registers live). Step S: lane t's k-slots (2t, 2t+1) hold its pair 2S, (2t+8, 2t+9) pair 2S+1.
-template <int BITS, int S = 0>
-__device__ __forceinline__ void mma_steps(float (&c)[4], const Frag<BITS>& f, const uint4 (&xv)[4]) {
+// registers live) and using them for every block of 8 batch rows (COLS mma per step).
+// Step S: lane t's k-slots (2t, 2t+1) hold its pair 2S, (2t+8, 2t+9) pair 2S+1.
+template <int BITS, int COLS, int S = 0>
+__device__ __forceinline__ void mma_steps(float (&c)[COLS][4], const Frag<BITS>& f, const uint4 (&xv)[COLS][4]) {
     half2_t a[4];
     dequant_step<S>(f, a);
-    mma_m16n8k16(c, a[0], a[1], a[2], a[3], u4_get(xv[S / 2], (2 * S) & 3), u4_get(xv[S / 2], (2 * S + 1) & 3));
-    if constexpr (S < 7) mma_steps<BITS, S + 1>(c, f, xv);
+#pragma unroll
+    for (int cb = 0; cb < COLS; ++cb)
+        mma_m16n8k16(c[cb], a[0], a[1], a[2], a[3], u4_get(xv[cb][S / 2], (2 * S) & 3),
+                     u4_get(xv[cb][S / 2], (2 * S + 1) & 3));
+    if constexpr (S < 7) mma_steps<BITS, COLS, S + 1>(c, f, xv);
 }
 
 __device__ __forceinline__ float load_scale(const half_t* p) {
@@ -179,32 +183,41 @@ __device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const
     }
 }
 
-// xrow: this lane's 32 inputs of group 0 as 16-byte vectors (row g of x, from 32t on); group
-// grp starts GROUP / 8 vectors later (x is shared by every warp of the block: L1 hits after
-// the first).
-template <int BITS, int TILES, int UNROLL>
-__device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][4],
-                                              const uint4* xrow, bool has_x, int g0, int nwarps, int groups) {
+// xrow: this lane's 32 inputs of group 0 as 16-byte vectors (row g of x, from 32t on; row
+// g + 8cb for column block cb is cb * K / 8 vectors later); group grp starts GROUP / 8 vectors
+// later (x is shared by every warp of the block: L1 hits after the first).
+template <int BITS, int TILES, int UNROLL, int COLS>
+__device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][COLS][4],
+                                              const uint4* xrow, int rows_x, int K, int g0, int nwarps,
+                                              int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int grp = g0 + u * nwarps;
         if (grp >= groups) break;  // warp-uniform
-        uint4 xv[4];
+        uint4 xv[COLS][4];
 #pragma unroll
-        for (int v = 0; v < 4; ++v) xv[v] = has_x ? xrow[grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
+        for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+                xv[cb][v] = cb < rows_x ? xrow[(long)cb * (K / 8) * 8 + grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_steps<BITS>(c, st.frag[u][j], xv);
-            acc[j][0] = fmaf(st.sc[u][j][0], c[0], acc[j][0]);
-            acc[j][1] = fmaf(st.sc[u][j][0], c[1], acc[j][1]);
-            acc[j][2] = fmaf(st.sc[u][j][1], c[2], acc[j][2]);
-            acc[j][3] = fmaf(st.sc[u][j][1], c[3], acc[j][3]);
+            float c[COLS][4] = {};
+            mma_steps<BITS, COLS>(c, st.frag[u][j], xv);
+#pragma unroll
+            for (int cb = 0; cb < COLS; ++cb) {
+                acc[j][cb][0] = fmaf(st.sc[u][j][0], c[cb][0], acc[j][cb][0]);
+                acc[j][cb][1] = fmaf(st.sc[u][j][0], c[cb][1], acc[j][cb][1]);
+                acc[j][cb][2] = fmaf(st.sc[u][j][1], c[cb][2], acc[j][cb][2]);
+                acc[j][cb][3] = fmaf(st.sc[u][j][1], c[cb][3], acc[j][cb][3]);
+            }
         }
     }
 }
 
-template <int BITS, int TILES, bool GATED, int UNROLL>
+// COLS blocks of 8 batch rows (M <= 8 * COLS): each dequantized fragment feeds COLS mma, so
+// column block 0 is computed exactly as with COLS = 1 (rows 0..7 stay bit-equal).
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS>
 __global__ void __launch_bounds__(MAX_WARPS * 32)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
@@ -238,14 +251,10 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         }
         ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, r[0], r[1], base, K, lane);
     }
-    const bool has_x = g < M;
+    const int rows_x = g < M ? (M - g + 7) / 8 : 0;  // column blocks whose row g + 8cb exists
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
-    float acc[TILES][4];
-#pragma unroll
-    for (int j = 0; j < TILES; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+    float acc[TILES][COLS][4] = {};
 
     // Two stages in registers: the next stage's loads are issued before this stage's math.
     const int step = kwarps * UNROLL;
@@ -254,60 +263,69 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
-        compute_stage(a, acc, xrow, has_x, g0, kwarps, groups);
+        compute_stage(a, acc, xrow, rows_x, K, g0, kwarps, groups);
         if (g0 + step >= groups) break;
         if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
-        compute_stage(b, acc, xrow, has_x, g0 + step, kwarps, groups);
+        compute_stage(b, acc, xrow, rows_x, K, g0 + step, kwarps, groups);
     }
 
     // Add the warps' partial sums in a fixed order (deterministic, batch-invariant). Split:
     // result tile 0 (gate) sums the even warps, tile 1 (up) the odd ones.
-    float res[RES_TILES][4];
-    __shared__ float partial[MAX_WARPS][TILES * 4][32];
+    float res[RES_TILES][COLS][4];
+    __shared__ float partial[MAX_WARPS][TILES * COLS * 4][32];
     if (nwarps > 1) {
 #pragma unroll
         for (int j = 0; j < TILES; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) partial[warp][j * 4 + c][lane] = acc[j][c];
+            for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) partial[warp][(j * COLS + cb) * 4 + c][lane] = acc[j][cb][c];
         __syncthreads();
         if (warp != 0) return;
 #pragma unroll
         for (int j = 0; j < RES_TILES; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int w0 = SPLIT ? j : 0, dw = SPLIT ? 2 : 1, jj = SPLIT ? 0 : j;
-                float v = partial[w0][jj * 4 + c][lane];
+            for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
-                for (int i = 1; i < MAX_WARPS; ++i)  // unrolled: all loads issued at once
-                    if (w0 + i * dw < nwarps) v += partial[w0 + i * dw][jj * 4 + c][lane];
-                res[j][c] = v;
-            }
+                for (int c = 0; c < 4; ++c) {
+                    const int w0 = SPLIT ? j : 0, dw = SPLIT ? 2 : 1, jj = SPLIT ? 0 : j;
+                    const int at = (jj * COLS + cb) * 4 + c;
+                    float v = partial[w0][at][lane];
+#pragma unroll
+                    for (int i = 1; i < MAX_WARPS; ++i)  // unrolled: all loads issued at once
+                        if (w0 + i * dw < nwarps) v += partial[w0 + i * dw][at][lane];
+                    res[j][cb][c] = v;
+                }
     } else {
 #pragma unroll
         for (int j = 0; j < RES_TILES; ++j)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) res[j][c] = acc[j < TILES ? j : 0][c];  // (SPLIT needs nwarps >= 2)
+            for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) res[j][cb][c] = acc[j < TILES ? j : 0][cb][c];  // (SPLIT needs nwarps >= 2)
     }
 
 #pragma unroll
     for (int j = 0; j < OUT_TILES; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
-            const int m = 2 * t + (c & 1);
-            if (unit >= N || m >= M) continue;
-            const long at = (long)m * N + unit;
-            if constexpr (GATED) {
-                const float gate = h2f(f2h(res[j][c]));
-                const float up = h2f(f2h(res[j + OUT_TILES][c]));
-                const float act = h2f(f2h(gate / (1.f + expf(-gate))));
-                y[at] = f2h(act * up);
-            } else {
-                float v = res[j][c];
-                if (bias != nullptr) v += h2f(bias[unit]);
-                half_t out = f2h(v);
-                if (residual != nullptr) out = f2h(h2f(out) + h2f(residual[at]));
-                y[at] = out;
+        for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
+                const int m = 8 * cb + 2 * t + (c & 1);
+                if (unit >= N || m >= M) continue;
+                const long at = (long)m * N + unit;
+                if constexpr (GATED) {
+                    const float gate = h2f(f2h(res[j][cb][c]));
+                    const float up = h2f(f2h(res[j + OUT_TILES][cb][c]));
+                    const float act = h2f(f2h(gate / (1.f + expf(-gate))));
+                    y[at] = f2h(act * up);
+                } else {
+                    float v = res[j][cb][c];
+                    if (bias != nullptr) v += h2f(bias[unit]);
+                    half_t out = f2h(v);
+                    if (residual != nullptr) out = f2h(h2f(out) + h2f(residual[at]));
+                    y[at] = out;
+                }
             }
-        }
 }

@@ -1,4 +1,4 @@
-"""Quantized GEMV launchers (gemv.cu): W4A16 / W3A16, batch 1..8, fused epilogues.
+"""Quantized GEMV launchers (gemv.cu): W4A16 / W3A16, batch 1..16, fused epilogues.
 
 - :func:`gemv_w4`, :func:`gemv_w3`: ``y = x @ W^T (+ bias) (+ residual)``.
 - :func:`gate_up_silu_w4`, :func:`gate_up_silu_w3`: W = [gate; up] stacked as [2I, K],
@@ -11,6 +11,8 @@ multiple of 16.
 
 The launch configuration depends on the weight's shape and the GPU only, never on the batch
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
+Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma columns that
+reuses every dequantized weight fragment: twice the tokens per pass over the weights.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from app.kernels.loader import KernelArgumentError
 from app.kernels.w3_tiles import padded_rows
 
 GROUP_SIZE = 128
-MAX_BATCH = 8  # one mma column per batch row
+MAX_BATCH = 16  # batch rows: one mma column each, 8 per column block
+COLUMN_BLOCK = 8
 MAX_WARPS = 16  # keep in sync with gemv.cu
 TILE_ROWS = 16
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
@@ -66,8 +69,8 @@ class GemvConfig:
             return TILE_ROWS
         return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
 
-    def name_expression(self, bits: int, gated: bool) -> str:
-        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}>"
+    def name_expression(self, bits: int, gated: bool, cols: int = 1) -> str:
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -146,7 +149,11 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     if residual is not None and residual.data_ptr() != y.data_ptr():
         no_overlap("residual", residual, "out", y)  # in place (residual is out) is fine
     cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
-    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated))
+    cols = -(-m // COLUMN_BLOCK)  # rows 0..7 are computed the same way whatever M is (batch invariance)
+    if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
+        raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
+                                  f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
             np.int32(m), np.int32(n_out), np.int32(w.k))
@@ -157,7 +164,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
 def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M<=8, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
+    """x [M<=16, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
     layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
     ``out`` may be ``residual`` itself (in-place residual add).
