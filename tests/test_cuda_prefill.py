@@ -24,7 +24,7 @@ import torch
 
 from app.engine.cuda import prefill as prefill_mod
 from app.engine.cuda.memory import (
-    GiB, MIN_TILE_ELEMENTS, RTX_3050_LAPTOP, VramBudgetError, parse_size, plan_memory, prefill_activation_bytes,
+    GiB, MIN_TILE_ELEMENTS, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, parse_size, plan_memory, prefill_activation_bytes,
     prefill_gemm_bytes,
 )
 from app.engine.cuda.prefill import causal_attention, gathered_attention, grouped_attention
@@ -33,7 +33,7 @@ from app.engine.cuda.runner import CudaRunner
 from app.engine.kv_cache import StaticKVCache
 from app.engine.runner import TorchRunner
 from tests.test_cuda_runtime import (
-    LOGITS_BOUND, QWEN3B, compare_with_reference, gpu_runner, plan, random_model, rel, runtime_weights, tiny_spec,
+    LOGITS_BOUND, QWEN3B, QWEN7B, compare_with_reference, gpu_runner, plan, random_model, rel, runtime_weights, tiny_spec,
 )
 
 CPU_BOUND = 2e-3
@@ -173,6 +173,40 @@ def test_graph_prefill_mode_has_no_prefill_graphs():
     assert runner.prefill_graphs is None and not runner.padded_prefill
     with pytest.raises(VramBudgetError):
         plan(QWEN3B, "w4", 8192, budget="1.8GiB", prefill_mode="gemm")
+
+
+def test_graph_prefill_takes_16_rows_when_the_budget_has_room():
+    laptop = plan(QWEN7B, "mixed", 4096)  # 3.2 GiB on the 16-SM card: 8 attention splits, room for 16 rows
+    assert laptop.prefill_mode == "graph" and laptop.decode_rows == laptop.prefill_chunk == 16
+    assert laptop.total_bytes <= parse_size("3.2GiB")
+    h200 = GpuInfo("H200", 140 * GiB, 139 * GiB, 132, (9, 0))  # 66 splits: bigger partials, no room left
+    tight = plan(QWEN7B, "mixed", 4096, gpu=h200)
+    assert tight.prefill_mode == "graph" and tight.decode_rows == tight.prefill_chunk == 8
+    roomy = plan(QWEN7B, "mixed", 4096, budget="3.4GiB", gpu=h200, prefill_mode="graph")
+    assert roomy.decode_rows == 16
+    assert roomy.decode_bytes > tight.decode_bytes + 20 * 2**20  # the LARGE_SEGMENT margin is counted
+    assert plan(QWEN3B, "w4", 8192).decode_rows == 8  # the GEMM prefill needs no wide decode rows
+
+
+@pytest.mark.parametrize("recipe", ["w4", "mixed"])
+def test_16_row_graph_prefill_equals_8_rows_on_cpu(recipe):
+    """The same prompt through 16-token and 8-token replays of the decode step: the same cache and logits."""
+    spec = tiny_spec()
+    weights = runtime_weights(random_model(spec, seed=3), recipe)
+    runs = []
+    for budget in (None, GiB):
+        p = plan_memory(spec, weights.nbytes, num_slots=1, max_context=CONTEXT, budget_bytes=budget or GiB,
+                        gpu=RTX_3050_LAPTOP, prefill_mode="graph")
+        if budget is None:
+            p = replace(p, decode_rows=8, prefill_chunk=8)
+        runner = CudaRunner(weights, num_slots=1, max_context=CONTEXT, plan=p, use_graphs=False)
+        assert runner.buffers.rows == p.decode_rows
+        logits = runner.prefill(0, prompt(45), 0)
+        runs.append((p.decode_rows, logits, kv_rows(runner, 0, 45)))
+    (rows8, logits8, kv8), (rows16, logits16, kv16) = runs
+    assert (rows8, rows16) == (8, 16)
+    assert rel(logits16, logits8) < 1e-3
+    assert all(rel(a, b) < 1e-3 for a, b in zip(kv16, kv8))
 
 
 # -- GPU: graph replay ------------------------------------------------------------------------

@@ -188,8 +188,8 @@ __device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const
 // later (x is shared by every warp of the block: L1 hits after the first).
 template <int BITS, int TILES, int UNROLL, int COLS>
 __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][COLS][4],
-                                              const uint4* xrow, int rows_x, int K, int g0, int nwarps,
-                                              int groups) {
+                                              const uint4* xrow, const bool (&has_x)[COLS], int K, int g0,
+                                              int nwarps, int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int grp = g0 + u * nwarps;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
         for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
             for (int v = 0; v < 4; ++v)
-                xv[cb][v] = cb < rows_x ? xrow[(long)cb * (K / 8) * 8 + grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
+                xv[cb][v] = has_x[cb] ? xrow[(long)cb * K + grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             float c[COLS][4] = {};
@@ -251,7 +251,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         }
         ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, r[0], r[1], base, K, lane);
     }
-    const int rows_x = g < M ? (M - g + 7) / 8 : 0;  // column blocks whose row g + 8cb exists
+    bool has_x[COLS];  // column block cb: does batch row g + 8cb exist
+#pragma unroll
+    for (int cb = 0; cb < COLS; ++cb) has_x[cb] = g + 8 * cb < M;
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
     float acc[TILES][COLS][4] = {};
@@ -263,10 +265,10 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
-        compute_stage(a, acc, xrow, rows_x, K, g0, kwarps, groups);
+        compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
         if (g0 + step >= groups) break;
         if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
-        compute_stage(b, acc, xrow, rows_x, K, g0 + step, kwarps, groups);
+        compute_stage(b, acc, xrow, has_x, K, g0 + step, kwarps, groups);
     }
 
     // Add the warps' partial sums in a fixed order (deterministic, batch-invariant). Split:

@@ -27,7 +27,8 @@ MARGIN_FRACTION = 0.05
 KERNEL_MODULES = 8 * MiB  # CuPy/NVRTC modules of the kernels (code, constants)
 GRAPH_POOL = 4 * MiB  # small temporaries captured in the decode graphs (2 MB segments)
 LARGE_SEGMENT = 20 * MiB  # the caching allocator serves 1-10 MB tensors from 20 MB segments
-GRAPH_PREFILL_ROWS = 16  # prefill through the decode graph runs 16 tokens per replay (two mma column blocks)
+GRAPH_PREFILL_ROWS = 8  # decode graph rows at least: the prefill through it runs that many tokens per replay
+WIDE_PREFILL_ROWS = 16  # ... or 16 (two mma column blocks per weight pass) when the budget has room
 PREFILL_CHUNKS = (512, 256, 128)  # token chunk sizes tried for the dequantize + GEMM prefill
 MIN_TILE_ELEMENTS = 1 << 20  # dequantized weight tile of the GEMM prefill (fp16 elements)
 MAX_TILE_ELEMENTS = 1 << 25
@@ -157,7 +158,7 @@ class MemoryPlan:
     max_context: int
     decode_rows: int
     attention_splits: int
-    prefill_mode: str  # "gemm" (dequantize + cuBLAS) or "graph" (GEMV kernels, 8 tokens a replay)
+    prefill_mode: str  # "gemm" (dequantize + cuBLAS) or "graph" (GEMV kernels, decode_rows tokens a replay)
     prefill_chunk: int  # tokens per GEMM pass
     tile_elements: int  # dequantized weight tile of the GEMM prefill
 
@@ -216,13 +217,21 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
         if prefill_mode == "gemm":
             raise VramBudgetError(f"{label}: no room for the GEMM prefill in the {gib(budget_bytes)} VRAM budget "
                                   f"({gib(left)} left after weights and KV cache); use the graph prefill")
+    # 16-row replays when they fit: bigger decode buffers, and a margin for step temporaries
+    # that pass 1 MB with the rows (the allocator serves those from 20 MB segments; the 7B
+    # measured 12 MB above its plan at 16 rows without it)
+    wide_rows, _, wide_decode, _, _ = need(num_slots, max_context, WIDE_PREFILL_ROWS)
+    wide_decode += LARGE_SEGMENT
+    if wide_rows > rows and weights_bytes + wide_decode + fixed + kv <= budget_bytes:
+        base.update(decode_rows=wide_rows, decode_bytes=wide_decode)
     return MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
-                      prefill_chunk=GRAPH_PREFILL_ROWS, tile_elements=0)
+                      prefill_chunk=base["decode_rows"], tile_elements=0)
 
 
-def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int):
+def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int,
+              min_rows: int = GRAPH_PREFILL_ROWS):
     """(decode rows, attention splits, decode bytes, fixed bytes, KV bytes) for this shape."""
-    rows = max(slots, GRAPH_PREFILL_ROWS)
+    rows = max(slots, min_rows)
     splits = attention_splits(spec, context, gpu.sm_count)
     decode = decode_buffer_bytes(spec, rows, splits) + GRAPH_POOL
     fixed = KERNEL_MODULES + 2 * context * spec.head_dim * 4 + (
