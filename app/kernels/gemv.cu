@@ -9,7 +9,8 @@
 // real k each k-slot stands for: in mma step s (0..7) lane t's slots (2t, 2t+1) hold its
 // input pair 2s and slots (2t+8, 2t+9) its pair 2s+1. The B operand (x) uses the same
 // mapping, column n = batch row g. So one group of 128 inputs x 16 rows is 8 mma steps, the
-// scale is applied per group in fp32, and a batch of up to 8 rows costs the same as one.
+// scale is applied per group in fp32, and a batch of up to 8 rows costs the same as one
+// (rows 9..16: a second block of mma columns, COLS = 2).
 //
 // Batch invariance: column m of an mma depends only on A and column m of B, every other
 // loop is independent of M, so row m of a batched call is bit-equal to a batch-1 call.

@@ -9,8 +9,8 @@
 - Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill), the
   first chunk of a prompt (start 0) replayed from a CUDA graph per token bucket, padded
   (app.engine.cuda.prefill_graphs), later chunks eagerly; "graph" = the decode graph with
-  up to 8 consecutive tokens of one sequence as its rows (row j attends to positions
-  0..start+j), for budgets with no room for a GEMM workspace.
+  up to 8 (16 when the budget has room) consecutive tokens of one sequence as its rows (row
+  j attends to positions 0..start+j), for budgets with no room for a GEMM workspace.
 
 With ``ReferenceOps`` and no graphs the same runner runs on the CPU (the test suite).
 """
