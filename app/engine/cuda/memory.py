@@ -181,6 +181,7 @@ class MemoryPlan:
                 f"KV cache {gib(self.kv_cache_bytes)} ({self.num_slots} x {self.max_context} tokens), "
                 f"decode {self.decode_bytes / MiB:.0f} MiB, "
                 f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB"
+                f"{f' ({self.prefill_chunk} tokens a replay)' if self.prefill_mode == 'graph' else ''}"
                 f"{f' + graphs {self.prefill_graph_bytes / MiB:.0f} MiB' if self.prefill_graph_bytes else ''}, "
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
