@@ -17,7 +17,8 @@ from app.kernels import (
 )
 from app.kernels import reference as ref
 from app.kernels.loader import KernelArgumentError
-from app.kernels.w3_tiles import padded_rows, unpack_w3_tiles
+from app.kernels.tiles import padded_rows
+from app.kernels.w3_tiles import unpack_w3_tiles
 from app.kernels.w4_tiles import unpack_w4_tiles
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,7 @@ from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
 from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import DequantTables, LayerWeights, LinearWeight, ModelWeights, lookup_rows
 from app.engine.spec import ModelSpec
-from app.kernels import w3_tiles, w4_tiles
+from app.kernels import tiles
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_, tile_values, unpack_w3_tiles
 from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_, tile_words, unpack_w4_tiles
 from app.quant.w3 import pack_w3
@@ -51,7 +51,7 @@ def test_bit_positions_follow_the_diagram():
 
 
 def test_in_place_repack_in_chunks_equals_copy(monkeypatch):
-    monkeypatch.setattr(w3_tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)  # several chunks
+    monkeypatch.setattr(tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)  # several chunks
     qlow, qhigh = pack_w3(random_q(80, 256, seed=3))
     want = repack_w3_tiles(qlow, qhigh)
     repack_w3_tiles_(qlow, qhigh)
@@ -84,7 +84,7 @@ def test_w4_repack_moves_words_only_and_round_trips(n, k):
 
 
 def test_w4_in_place_repack_in_chunks_equals_copy(monkeypatch):
-    monkeypatch.setattr(w4_tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)
+    monkeypatch.setattr(tiles, "REPACK_CHUNK_ELEMENTS", 16 * 256)
     qweight = pack_w4(random_q(64, 512, seed=9))
     want = repack_w4_tiles(qweight)
     repack_w4_tiles_(qweight)

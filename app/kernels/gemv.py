@@ -27,13 +27,12 @@ from app.kernels.checks import (
     check_multiple, check_optional, check_range, check_tensor, ensure_output, no_overlap,
 )
 from app.kernels.loader import KernelArgumentError
-from app.kernels.w3_tiles import padded_rows
+from app.kernels.tiles import TILE_ROWS, padded_rows
 
 GROUP_SIZE = 128
 MAX_BATCH = 16  # batch rows: one mma column each, 8 per column block
 COLUMN_BLOCK = 8
 MAX_WARPS = 16  # keep in sync with gemv.cu
-TILE_ROWS = 16
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
 SOURCE = "gemv.cu"
 

@@ -37,22 +37,10 @@ from __future__ import annotations
 
 import torch
 
+from app.kernels.tiles import GROUP, TILE_ROWS, check_tileable, padded_rows, repack_in_place
 from app.quant.w3 import OFFSET, pack_w3, unpack_w3
 
-TILE_ROWS = 16
-GROUP = 128
 PAIRS_PER_WORD = 5  # pairs 0..14 in W0..W2; pair 15 in the sign bits
-REPACK_CHUNK_ELEMENTS = 1 << 21  # weights per in-place chunk: bounds the temporaries (~50 MB)
-
-
-def padded_rows(n: int) -> int:
-    return -(-n // TILE_ROWS) * TILE_ROWS
-
-
-def check_tileable(n: int, k: int, name: str = "W3 weight") -> None:
-    if n % TILE_ROWS or k % GROUP:
-        raise ValueError(f"{name}: the W3 tile layout needs N % {TILE_ROWS} == 0 and K % {GROUP} == 0, "
-                         f"got N={n}, K={k}")
 
 
 def _words_from_values(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,11 +51,11 @@ def _words_from_values(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # [tile, h, g, group, t, pair, parity]: row = 16 tile + 8h + g, k = 128 group + 32t + 2 pair + parity
     v = u.to(torch.int64).view(tiles, 2, 8, groups, 4, 16, 2)
     parity_shift = torch.tensor([0, 16], dtype=torch.int64, device=u.device)
+    field_shift = 3 * torch.arange(PAIRS_PER_WORD, dtype=torch.int64, device=u.device)[:, None] + parity_shift
     words = []
     for i in range(3):
         fields = v[..., PAIRS_PER_WORD * i:PAIRS_PER_WORD * (i + 1), :]  # [..., 5, 2]
-        field_shift = 3 * torch.arange(PAIRS_PER_WORD, dtype=torch.int64, device=u.device)
-        w = (fields << (field_shift[:, None] + parity_shift)).sum(dim=(-2, -1))
+        w = (fields << field_shift).sum(dim=(-2, -1))
         w = w | (((v[..., 15, :] >> i) & 1) << (15 + parity_shift)).sum(dim=-1)  # bit i of pair 15
         words.append(w)  # [tile, h, g, group, t]
     as_int32 = [torch.where(w >= 2**31, w - 2**32, w).to(torch.int32) for w in words]
@@ -90,14 +78,7 @@ def repack_w3_tiles(qlow: torch.Tensor, qhigh: torch.Tensor) -> tuple[torch.Tens
 
 def repack_w3_tiles_(qlow: torch.Tensor, qhigh: torch.Tensor) -> None:
     """:func:`repack_w3_tiles` into the same two tensors, a chunk of tiles at a time."""
-    n, k = qlow.shape[0], qlow.shape[1] * 16
-    check_tileable(n, k)
-    rows = max(TILE_ROWS, REPACK_CHUNK_ELEMENTS // k // TILE_ROWS * TILE_ROWS)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        a, b = repack_w3_tiles(qlow[r0:r1], qhigh[r0:r1])
-        qlow[r0:r1].copy_(a)
-        qhigh[r0:r1].copy_(b)
+    repack_in_place((qlow, qhigh), qlow.shape[1] * 16, repack_w3_tiles)
 
 
 def tile_values(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -106,14 +87,9 @@ def tile_values(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> torch.T
     dev = a.device
     tile, slot = rows // TILE_ROWS, rows % TILE_ROWS
     g, h = slot % 8, slot // 8
-    a5 = a.view(n // TILE_ROWS, groups, 8, 4, 4)  # [tile, group, g, t, (W0 W1 of row g, W0 W1 of row g + 8)]
-    b5 = b.view(n // TILE_ROWS, groups, 8, 4, 2)  # [tile, group, g, t, (W2 of row g, W2 of row g + 8)]
-    a_rows = a5[tile, :, g]  # [R, group, t, 4] (advanced indices first)
-    b_rows = b5[tile, :, g]  # [R, group, t, 2]
-    pick = (2 * h)[:, None, None, None] + torch.arange(2, device=dev)  # [R, 1, 1, 2]
-    w01 = a_rows.gather(-1, pick.expand(*a_rows.shape[:-1], 2))
-    w2 = b_rows.gather(-1, h[:, None, None, None].expand(*b_rows.shape[:-1], 1))
-    words = torch.cat([w01, w2], dim=-1)  # [R, group, t, 3] int32
+    w01 = a.view(n // TILE_ROWS, groups, 8, 4, 2, 2)[tile, :, g, :, h]  # [R, group, t, (W0, W1)]
+    w2 = b.view(n // TILE_ROWS, groups, 8, 4, 2)[tile, :, g, :, h]  # [R, group, t] (advanced indices first)
+    words = torch.cat([w01, w2[..., None]], dim=-1)  # [R, group, t, 3] int32
     parity_shift = 16 * torch.arange(2, device=dev, dtype=torch.int32)
     field_shift = 3 * torch.arange(PAIRS_PER_WORD, device=dev, dtype=torch.int32)[:, None] + parity_shift  # [5, 2]
     # u[R, group, t, pair, parity]: k = 128 group + 32t + 2 pair + parity. One word at a time

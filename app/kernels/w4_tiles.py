@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from app.kernels.w3_tiles import GROUP, REPACK_CHUNK_ELEMENTS, TILE_ROWS, check_tileable, padded_rows
+from app.kernels.tiles import GROUP, TILE_ROWS, check_tileable, padded_rows, repack_in_place
 
 WORDS_PER_GROUP = GROUP // 8  # int32 words per row and group
 
@@ -41,12 +41,7 @@ def repack_w4_tiles(qweight: torch.Tensor) -> torch.Tensor:
 
 def repack_w4_tiles_(qweight: torch.Tensor) -> None:
     """:func:`repack_w4_tiles` inside ``qweight`` itself (N a multiple of 16), a chunk at a time."""
-    n, words = qweight.shape
-    check_tileable(n, words * 8)
-    rows = max(TILE_ROWS, REPACK_CHUNK_ELEMENTS // (words * 8) // TILE_ROWS * TILE_ROWS)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        qweight[r0:r1].copy_(repack_w4_tiles(qweight[r0:r1]))
+    repack_in_place((qweight,), qweight.shape[1] * 8, lambda chunk: (repack_w4_tiles(chunk),))
 
 
 def tile_words(a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

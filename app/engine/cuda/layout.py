@@ -13,10 +13,13 @@ import logging
 from dataclasses import replace
 
 from app.engine.cuda.weights import LinearWeight, ModelWeights, aligned_nbytes
-from app.kernels.w3_tiles import TILE_ROWS, padded_rows, repack_w3_tiles, repack_w3_tiles_
+from app.kernels.tiles import TILE_ROWS, padded_rows
+from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_
 from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_
 
 log = logging.getLogger(__name__)
+
+GEMV_PARTS = (("qkv", False), ("o", False), ("gate_up", True), ("down", False))  # (layer attribute, gated)
 
 
 def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
@@ -35,8 +38,8 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
             memo[id(w)] = _tiled(w, gated, in_place)
         return memo[id(w)]
 
-    layers = [replace(layer, qkv=convert(layer.qkv), o=convert(layer.o), gate_up=convert(layer.gate_up, True),
-                      down=convert(layer.down)) for layer in weights.layers]
+    layers = [replace(layer, **{part: convert(getattr(layer, part), gated) for part, gated in GEMV_PARTS})
+              for layer in weights.layers]
     head = convert(weights.lm_head)
     embed = memo.get(id(weights.embed), weights.embed)
     return replace(weights, embed=embed, layers=layers, lm_head=head)
@@ -54,9 +57,8 @@ def _needs_copy(w: LinearWeight, gated: bool) -> str | None:
 def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
     """VRAM that :func:`to_kernel_layout` (in place) adds beside the weights' own tensors."""
     extra, seen = 0, set()
-    for w, gated in [(w, g) for layer in weights.layers
-                     for w, g in ((layer.qkv, False), (layer.o, False), (layer.gate_up, True), (layer.down, False))
-                     ] + [(weights.lm_head, False)]:
+    linears = [(getattr(layer, part), gated) for layer in weights.layers for part, gated in GEMV_PARTS]
+    for w, gated in linears + [(weights.lm_head, False)]:
         why = _needs_copy(w, gated)
         if why is None or id(w) in seen:
             continue

@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
-from app.kernels.w3_tiles import unpack_w3_tiles
-from app.kernels.w4_tiles import unpack_w4_tiles
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -83,15 +81,6 @@ def _tiles(w: LinearWeight) -> tuple[torch.Tensor, ...]:
     return (w.qa,) if w.bits == 4 else (w.qa, w.qb)
 
 
-def _rows(w: LinearWeight) -> tuple[torch.Tensor, ...]:
-    """The checkpoint layout ((qweight,) or (qlow, qhigh)), which the references read."""
-    if w.layout == "rows":
-        return (w.qa,) if w.bits == 4 else (w.qa, w.qb)
-    if w.bits == 4:
-        return (unpack_w4_tiles(w.qa, w.out_features),)
-    return unpack_w3_tiles(w.qa, w.qb, w.out_features)
-
-
 def _biased_gate_up(ops, x, w: LinearWeight, out):
     """Gate/up with an MLP bias (no Qwen/Llama config has one): two GEMVs, then SiLU * up."""
     half = w.out_features // 2
@@ -110,9 +99,9 @@ class ReferenceOps:
         if not w.quantized:
             return dense_linear(x, w, residual, out)
         if w.bits == 4:
-            y = ref.gemv_w4_ref(x, *_rows(w), w.scales, w.bias, residual)
+            y = ref.gemv_w4_ref(x, *w.checkpoint_words(), w.scales, w.bias, residual)
         else:
-            y = ref.gemv_w3_ref(x, *_rows(w), w.scales, w.bias, residual)
+            y = ref.gemv_w3_ref(x, *w.checkpoint_words(), w.scales, w.bias, residual)
         return out.copy_(y)
 
     def gate_up(self, x, w: LinearWeight, *, out):
@@ -122,8 +111,8 @@ class ReferenceOps:
         if w.bias is not None:
             return _biased_gate_up(self, x, w, out)
         if w.bits == 4:
-            return out.copy_(ref.gate_up_silu_w4_ref(x, *_rows(w), w.scales))
-        return out.copy_(ref.gate_up_silu_w3_ref(x, *_rows(w), w.scales))
+            return out.copy_(ref.gate_up_silu_w4_ref(x, *w.checkpoint_words(), w.scales))
+        return out.copy_(ref.gate_up_silu_w3_ref(x, *w.checkpoint_words(), w.scales))
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)

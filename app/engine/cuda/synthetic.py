@@ -96,14 +96,5 @@ def dequantized_linear(w: LinearWeight) -> torch.Tensor:
 
     if w.bits == 16:
         return w.dense.float()
-    if w.bits == 4:
-        if w.layout == "tiles":
-            from app.kernels.w4_tiles import unpack_w4_tiles
-
-            return dequantize_w4(unpack_w4_tiles(w.qa, w.out_features), w.scales, torch.float32)
-        return dequantize_w4(w.qa, w.scales, torch.float32)
-    if w.layout == "tiles":
-        from app.kernels.w3_tiles import unpack_w3_tiles
-
-        return dequantize_w3(*unpack_w3_tiles(w.qa, w.qb, w.out_features), w.scales, torch.float32)
-    return dequantize_w3(w.qa, w.qb, w.scales, torch.float32)
+    dequantize = dequantize_w4 if w.bits == 4 else dequantize_w3
+    return dequantize(*w.checkpoint_words(), w.scales, torch.float32)

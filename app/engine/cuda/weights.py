@@ -26,8 +26,9 @@ from torch import nn
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
-from app.kernels.w3_tiles import padded_rows, tile_values
-from app.kernels.w4_tiles import tile_words
+from app.kernels.tiles import padded_rows
+from app.kernels.w3_tiles import tile_values, unpack_w3_tiles
+from app.kernels.w4_tiles import tile_words, unpack_w4_tiles
 from app.quant.core import GROUP_SIZE, even_odd_order
 from app.quant.w4 import PERM4
 
@@ -88,6 +89,15 @@ class LinearWeight:
             t = getattr(self, attr)
             if t is not None:
                 yield t
+
+    def checkpoint_words(self) -> tuple[torch.Tensor, ...]:
+        """The packed words in the checkpoint's layout, (qweight,) or (qlow, qhigh): what
+        app.quant and the kernels' references read (unpacked from the tile layout if need be)."""
+        if self.layout == "rows":
+            return (self.qa,) if self.bits == 4 else (self.qa, self.qb)
+        if self.bits == 4:
+            return (unpack_w4_tiles(self.qa, self.out_features),)
+        return unpack_w3_tiles(self.qa, self.qb, self.out_features)
 
     @property
     def weight_nbytes(self) -> int:
@@ -316,7 +326,7 @@ def _fields(words: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor], span:
 def unsigned_values(w: LinearWeight, rows: slice, tables: DequantTables) -> torch.Tensor:
     """Stored unsigned values u (q + 8 or q + 4) of ``rows``, uint8 [R, K] in k order."""
     if w.layout == "tiles":
-        ids = torch.arange(w.out_features, device=w.qa.device)[rows]  # a device op: capture-safe
+        ids = torch.arange(*rows.indices(w.out_features), device=w.qa.device)  # a device op: capture-safe
         return _tile_values(w, ids, tables)
     if w.bits == 4:
         return _fields(w.qa[rows], tables.w4, 8, 0xF)
