@@ -46,6 +46,7 @@ from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.spec import ModelSpec  # noqa: E402
+from app.kernels import programmatic  # noqa: E402
 from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -283,11 +284,15 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/decode_h200.json")
     ap.add_argument("--only", choices=[f"{m}-{r}" for m, r in RUNS], action="append")
     ap.add_argument("--budget-only", action="store_true", help="only the --vram-budget runs")
+    ap.add_argument("--launch", choices=programmatic.MODES, default="auto",
+                    help="programmatic dependent launches (SM90+); budget runs take it from QWEN_TRAY_PDL")
     args = ap.parse_args()
+    programmatic.set_mode(args.launch)
     props = torch.cuda.get_device_properties(DEV)
     copy = copy_bandwidth_gbps()
     result = dict(gpu=props.name, sms=props.multi_processor_count, date=dt.date.today().isoformat(),
-                  commit=args.commit, torch=torch.__version__, copy_gbps=copy, models=[], budget=[])
+                  commit=args.commit, torch=torch.__version__, copy_gbps=copy, models=[], budget=[],
+                  programmatic_launch=programmatic.enabled(torch.cuda.get_device_capability(DEV)))
     # most important first: a timeout then loses the least
     jobs = [("models", m, r, None) for m, r in RUNS[:2]] + [("budget", m, r, c) for m, r, c in BUDGET_RUNS] + [
         ("models", m, r, None) for m, r in RUNS[2:]]
@@ -317,7 +322,8 @@ def record(result: dict, key: str, run, out: str) -> None:
 def print_table(r: dict) -> None:
     for error in r.get("errors", []):
         print("ERROR", error)
-    print(f"\n{r['gpu']} ({r['sms']} SMs), copy {r['copy_gbps']:.0f} GB/s, torch {r['torch']}, commit {r['commit']}")
+    print(f"\n{r['gpu']} ({r['sms']} SMs), copy {r['copy_gbps']:.0f} GB/s, torch {r['torch']}, commit {r['commit']}, "
+          f"programmatic launches {'on' if r.get('programmatic_launch') else 'off'}")
     print(f"{'model':<18}{'B=1 tok/s':>10}{'graph':>8}{'B=2':>7}{'B=4':>7}{'B=8':>7}{'%copy':>7}"
           f"{'lin-only':>9}{'bf16':>7}{'int4':>7}{'pf512':>8}{'pf2048':>8}{'ttft512':>8}{'peakGiB':>8}")
     for m in r["models"]:

@@ -52,6 +52,8 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
                   int Hkv, int L, int num_slots, int nsplit, int min_chunk, float scale_log2) {
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
+    pdl_launch_dependents();
+    pdl_wait();
     const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / KL, kl = lane % KL;
@@ -175,6 +177,8 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
                     const int* __restrict__ seq_lens, const int* __restrict__ slots,
                     half_t* __restrict__ out,  // [B, Hq, D]
                     int Hq, int L, int num_slots, int nsplit, int min_chunk) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x % D, part = threadIdx.x / D;
     const long head = (long)b * Hq + h;
     const int slot = slots[b];

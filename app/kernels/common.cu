@@ -79,3 +79,21 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
+
+// Programmatic dependent launch (app/kernels/programmatic.py). Every kernel calls
+// pdl_launch_dependents() first, so the next kernel in the stream may be scheduled while this
+// one runs, and pdl_wait() before it reads an activation or writes anything: that waits until
+// the previous kernel has finished and its writes are visible. Only constant data (weights)
+// may be read before pdl_wait(). Without a programmatic launch both are no-ops; below SM90
+// they compile to nothing (the SM80/SM86 code is unchanged).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

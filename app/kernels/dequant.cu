@@ -15,6 +15,7 @@ extern "C" __global__ void dequant_w4_tiles_kernel(const unsigned* __restrict__ 
                                                    const half_t* __restrict__ scales,
                                                    half_t* __restrict__ out, long long start, long long words,
                                                    int groups) {
+    pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= words) return;
     const int words_per_row = 16 * groups;
@@ -28,6 +29,7 @@ extern "C" __global__ void dequant_w4_tiles_kernel(const unsigned* __restrict__ 
 #pragma unroll
     for (int m = 0; m < 4; ++m)  // nibble m: k = 8j + 2m; nibble 4 + m: k = 8j + 2m + 1
         v[m] = dequant_pair((w >> (4 * m)) & 15, (w >> (16 + 4 * m)) & 15, 8, s);
+    pdl_wait();  // out may still be read by the previous kernel (the last GEMM)
     reinterpret_cast<uint4*>(out)[i] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
@@ -38,6 +40,7 @@ extern "C" __global__ void dequant_w3_tiles_kernel(const unsigned* __restrict__ 
                                                    const half_t* __restrict__ scales,
                                                    half_t* __restrict__ out, long long start, long long threads,
                                                    int groups) {
+    pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= threads) return;
     const long long r = start + i / (4 * groups);  // weight row
@@ -60,6 +63,7 @@ extern "C" __global__ void dequant_w3_tiles_kernel(const unsigned* __restrict__ 
         odd |= ((w[j] >> 31) & 1) << j;
     }
     v[15] = dequant_pair(even, odd, 4, s);
+    pdl_wait();
     uint4* dst = reinterpret_cast<uint4*>(out) + 4 * i;
 #pragma unroll
     for (int q = 0; q < 4; ++q) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);

@@ -231,6 +231,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
+    pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int groups = K / GROUP;
@@ -264,6 +265,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     // (Unrolled by two so the stages swap roles without register copies.)
     Stage<BITS, TILES, UNROLL> a, b;
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+    pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
         compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);

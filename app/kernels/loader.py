@@ -143,16 +143,51 @@ def _cupy_stream(torch_stream):
     return stream
 
 
-def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
-    """Launch ``kernel`` on PyTorch's current stream (graph-capturable).
+_thread_state = threading.local()
 
-    ``args`` must already have the kernel's C types: ``numpy.int32`` / ``numpy.float32``
-    for scalars, Python ints (``data_ptr()``, 0 for null) for pointers.
+
+def _programmatic(device_index: int) -> bool:
+    """Whether this launch is programmatic (app.kernels.programmatic; SM90+ unless turned off)."""
+    from app.kernels import programmatic
+
+    capability = _capability(device_index)
+    if not programmatic.enabled(capability):
+        return False
+    ready = getattr(_thread_state, "devices", None)
+    if ready is None:
+        ready = _thread_state.devices = set()
+    if device_index not in ready:  # cuLaunchKernelEx needs the context current on this thread
+        import cupy
+
+        cupy.cuda.runtime.setDevice(device_index)
+        ready.add(device_index)
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
+def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
+    """Launch ``kernel`` on PyTorch's current stream (graph-capturable); programmatic (it may
+    overlap the previous kernel's tail, app.kernels.programmatic) where the GPU supports it.
+
+    ``args`` must already have the kernel's C types: ``numpy.int32`` / ``numpy.int64`` /
+    ``numpy.float32`` for scalars, Python ints (``data_ptr()``, 0 for null) for pointers.
     """
     import torch
 
     if any(d < 1 for d in grid) or any(d < 1 for d in block):
         raise KernelArgumentError(f"empty launch grid={grid} block={block}")
-    stream = _cupy_stream(torch.cuda.current_stream())
+    torch_stream = torch.cuda.current_stream()
+    if _programmatic(torch_stream.device.index):
+        from app.kernels import programmatic
+
+        programmatic.launch(kernel.ptr, grid, block, args, shared_mem, torch_stream.cuda_stream)
+        return
+    stream = _cupy_stream(torch_stream)
     with stream:
         kernel(grid, block, args, shared_mem=shared_mem)

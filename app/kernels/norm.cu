@@ -48,6 +48,8 @@ rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
                 const half_t* __restrict__ weight,    // [H]
                 half_t* __restrict__ y,               // [rows, H]
                 int H, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();
     const long base = (long)blockIdx.x * H;
     const int nvec = H / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x + base);

@@ -16,6 +16,8 @@ rope_kv_kernel(const half_t* __restrict__ qkv, half_t* __restrict__ q_out,
                const int* __restrict__ positions, const int* __restrict__ slots,  // [T]
                int T, int Hq, int Hkv, int D, int table_rows, int table_stride,
                int L, int num_slots) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const long wid = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int heads = Hq + 2 * Hkv;
