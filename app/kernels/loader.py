@@ -171,6 +171,13 @@ def _capability(device_index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
+def _function_handle(kernel) -> int:
+    """The CUfunction of a compiled kernel (CuPy 13: a Function with .ptr; CuPy 14: a RawKernel
+    whose .kernel is that Function)."""
+    function = kernel if hasattr(kernel, "ptr") else kernel.kernel
+    return int(function.ptr)
+
+
 def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
     """Launch ``kernel`` on PyTorch's current stream (graph-capturable); programmatic (it may
     overlap the previous kernel's tail, app.kernels.programmatic) where the GPU supports it.
@@ -186,7 +193,7 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
     if _programmatic(torch_stream.device.index):
         from app.kernels import programmatic
 
-        programmatic.launch(kernel.ptr, grid, block, args, shared_mem, torch_stream.cuda_stream)
+        programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, torch_stream.cuda_stream)
         return
     stream = _cupy_stream(torch_stream)
     with stream:

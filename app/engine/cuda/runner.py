@@ -209,8 +209,11 @@ def cap_allocator(device: torch.device, budget: int) -> None:
     out-of-memory error, never a silent spill into system memory (Windows pages a full card)."""
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget) / total)
-    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
-    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    torch.cuda.set_per_process_memory_fraction(fraction, _device_index(device))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
 
 
 def _keep_packed(model, dtype: torch.dtype) -> None:
@@ -260,7 +263,7 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
     try:
         runner = build()
     except BaseException:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, _device_index(device))  # (lifts the cap, keeps the error)
         raise
     runner.budget_capped = True
     return runner
