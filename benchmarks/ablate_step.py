@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes: the step with one kind of op replaced by nothing.
+
+Not a correctness run (the logits are garbage when an op is skipped): each variant builds the
+runner with those KernelOps methods turned into no-ops, so its CUDA graph simply lacks those
+kernels, and times the replayed graph at batch 1 after 512-token prompts (bench_decode's
+decode_tokens_per_s). The difference to the full step is what those kernels cost in place,
+their launch and dependency gaps included: the ceiling of what fusing them away could give.
+
+    python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
+
+import app.engine.cuda.runner as runner_module  # noqa: E402
+from app.engine.cuda.ops import KernelOps  # noqa: E402
+from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
+from app.kernels import programmatic  # noqa: E402
+from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+
+SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
+VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
+            "linears_only": SKIPPABLE}
+RUNS = [("3B", "w4"), ("7B", "mixed")]
+
+
+def ops_without(skipped: tuple[str, ...]) -> KernelOps:
+    ops = KernelOps()
+    for name in skipped:
+        setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
+    return ops
+
+
+def step_us(model: str, recipe: str, skipped: tuple[str, ...]) -> float:
+    spec = spec_of(model)
+    weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
+    fresh()
+    original = runner_module.default_ops
+    runner_module.default_ops = lambda device: ops_without(skipped)
+    try:
+        runner = runner_module.runner_for_weights(weights, num_slots=1, max_context=1024, device=DEV,
+                                                  prefill_mode="gemm", label=f"Qwen2.5-{model}")
+    finally:
+        runner_module.default_ops = original
+    try:
+        return decode_tokens_per_s(runner, 1, spec.vocab_size)[1]
+    finally:
+        runner.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/ablate_step_h200.json")
+    args = ap.parse_args()
+    capability = torch.cuda.get_device_capability(DEV)
+    result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
+                  programmatic_launch=programmatic.enabled(capability), batch=1, context=512, models=[])
+    for model, recipe in RUNS:
+        row = dict(model=f"Qwen2.5-{model}", recipe=recipe, layers=spec_of(model).num_layers,
+                   step_us={name: step_us(model, recipe, skipped) for name, skipped in VARIANTS.items()})
+        result["models"].append(row)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["models"]:
+        full = row["step_us"]["full"]
+        parts = ", ".join(f"{k} {v:.0f} µs ({full - v:+.0f}, {(full - v) / row['layers']:.2f} per layer)"
+                          for k, v in row["step_us"].items() if k != "full")
+        print(f"{row['model']} {row['recipe']}: full {full:.0f} µs; {parts}")
+
+
+if __name__ == "__main__":
+    main()
