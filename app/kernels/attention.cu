@@ -168,7 +168,9 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
 
 // Pass 2: grid (Hq, B), COMBINE_PARTS * D threads. Thread (part, d) sums the splits
 // part, part + COMBINE_PARTS, ... of element d (a quarter of the dependent global loads of
-// one thread per element); the parts are then added in a fixed order (deterministic).
+// one thread per element); the parts are then added in a fixed order (deterministic). The
+// max over the splits' m is a warp reduction in every warp (no barrier, no serial walk),
+// the sum of the weighted l a fixed-order reduction in the last warp while the others load.
 constexpr int COMBINE_PARTS = 4;  // keep in sync with attention.py
 
 template <int D>
@@ -180,6 +182,7 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
     pdl_launch_dependents();
     pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x % D, part = threadIdx.x / D;
+    const int lane = threadIdx.x & 31;
     const long head = (long)b * Hq + h;
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
@@ -190,19 +193,25 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
     const int chunk = split_chunk(len, nsplit, min_chunk);
     const int n = (len + chunk - 1) / chunk;  // splits that had work, <= nsplit <= MAX_SPLITS
     const float* ml = part_ml + head * nsplit * 2;
-    // Stage (m, l) of every split in shared memory with all threads at once, so no thread
-    // walks a chain of global loads (latency-bound at up to 256 splits).
-    __shared__ float s_m[MAX_SPLITS], s_l[MAX_SPLITS], s_w[MAX_SPLITS];
+    __shared__ float s_w[MAX_SPLITS], s_lw[MAX_SPLITS];
     __shared__ float s_o[COMBINE_PARTS][D];
+    __shared__ float s_lsum;
+    float mx = NEG_INF;  // every split with work saw at least one key: m is finite
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, ml[2 * i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        s_m[i] = ml[2 * i];
-        s_l[i] = ml[2 * i + 1];
+        const float w = exp2f(ml[2 * i] - mx);
+        s_w[i] = w;
+        s_lw[i] = ml[2 * i + 1] * w;
     }
     __syncthreads();
-    float mx = NEG_INF;
-    for (int i = 0; i < n; ++i) mx = fmaxf(mx, s_m[i]);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s_w[i] = exp2f(s_m[i] - mx);
-    __syncthreads();
+    if (threadIdx.x >= blockDim.x - 32) {  // the last warp: sum of l * w, fixed order
+        float lsum = 0.f;
+        for (int i = lane; i < n; i += 32) lsum += s_lw[i];
+        lsum = warp_sum(lsum);
+        if (lane == 0) s_lsum = lsum;
+    }
     const float* po = part_o + head * nsplit * D + d;
     float osum = 0.f;
 #pragma unroll 8
@@ -210,10 +219,8 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
     s_o[part][d] = osum;
     __syncthreads();
     if (part != 0) return;
-    float lsum = 0.f;
-    for (int i = 0; i < n; ++i) lsum += s_l[i] * s_w[i];
     osum = s_o[0][d];
 #pragma unroll
     for (int p = 1; p < COMBINE_PARTS; ++p) osum += s_o[p][d];
-    out[head * D + d] = f2h(osum / lsum);
+    out[head * D + d] = f2h(osum / s_lsum);
 }
