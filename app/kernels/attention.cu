@@ -97,21 +97,29 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
             k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base + step));
             v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base + step));
         }
+        // Scores of the G heads, then the lane reduction one level at a time for all of them
+        // (G independent shuffles in flight instead of one head's chain after another).
+        float sc[G];
 #pragma unroll
         for (int h = 0; h < G; ++h) {
-            float s = 0.f;
+            sc[h] = 0.f;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) s = fmaf(qf[h][e], kf[e], s);
+            for (int e = 0; e < 8; ++e) sc[h] = fmaf(qf[h][e], kf[e], sc[h]);
+        }
 #pragma unroll
-            for (int off = KL / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL_MASK, s, off);
-            if (valid) {
-                const float mn = fmaxf(m[h], s);
-                const float corr = rescale(m[h], mn), p = exp2f(s - mn);
-                l[h] = l[h] * corr + p;
+        for (int off = KL / 2; off > 0; off >>= 1)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) o[h][e] = fmaf(o[h][e], corr, p * vf[e]);
-                m[h] = mn;
-            }
+            for (int h = 0; h < G; ++h) sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], off);
+        // Branch-free: a masked key scores -inf (corr = 1, p = 0: nothing changes).
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const float s = valid ? sc[h] : NEG_INF;
+            const float mn = fmaxf(m[h], s);
+            const float corr = rescale(m[h], mn), p = rescale(s, mn);
+            l[h] = l[h] * corr + p;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[h][e] = fmaf(o[h][e], corr, p * vf[e]);
+            m[h] = mn;
         }
     }
 
