@@ -42,6 +42,28 @@ __device__ __forceinline__ float rescale(float a, float b) {
     return a == NEG_INF ? 0.f : exp2f(a - b);
 }
 
+// SM90 (programmatic launches): while the previous kernel (RoPE + KV write) finishes, ask L2
+// for the K and V rows this block will read. Runs before pdl_wait(), so slots / seq_lens may
+// in principle still be changing (they are the step's inputs, set before the graph runs): a
+// stale value only misdirects a prefetch, and the addresses are clamped into the cache. The
+// rows themselves are loaded after the wait, when the new token's K/V are in place.
+template <int D>
+__device__ __forceinline__ void prefetch_chunk(const half_t* k_cache, const half_t* v_cache, const int* seq_lens,
+                                               const int* slots, int b, int hkv, int split, int Hkv, int L,
+                                               int num_slots, int nsplit, int min_chunk) {
+    const int slot = min(max(slots[b], 0), num_slots - 1);
+    const int len = min(max(seq_lens[b], 0), L);
+    const int chunk = split_chunk(len, nsplit, min_chunk);
+    const int p0 = split * chunk, p1 = min(len, p0 + chunk);
+    if (p0 >= p1) return;
+    const long first = (((long)slot * Hkv + hkv) * L + p0) * D;  // rows p0 .. p1 - 1 are contiguous
+    const int lines = ((p1 - p0) * D * 2 + 127) / 128;
+    for (int i = threadIdx.x; i < 2 * lines; i += blockDim.x) {
+        const half_t* base = i < lines ? k_cache : v_cache;
+        prefetch_l2(reinterpret_cast<const char*>(base + first) + (long)(i < lines ? i : i - lines) * 128);
+    }
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cache,
@@ -53,8 +75,11 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
     pdl_launch_dependents();
-    pdl_wait();
     const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    prefetch_chunk<D>(k_cache, v_cache, seq_lens, slots, b, hkv, split, Hkv, L, num_slots, nsplit, min_chunk);
+#endif
+    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / KL, kl = lane % KL;
     const int slot = slots[b];

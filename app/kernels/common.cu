@@ -92,6 +92,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Ask L2 for the 128-byte line holding p (no register result, never faults on the
+// in-bounds addresses the kernels give it). Used in the window a programmatic launch opens:
+// a kernel's blocks are resident while the previous kernel still runs.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

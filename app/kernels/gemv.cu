@@ -62,6 +62,29 @@ __device__ __forceinline__ TilePtr<3> tile_ptr(TilePtr<3>, const unsigned* qa, c
             {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
 }
 
+// SM90 (programmatic launches): while the previous kernel finishes, ask L2 for the weight
+// lines of every group this warp walks after its first stage, and for its rows' scales, so
+// the loads after pdl_wait() find them there. W4: 1 KB per tile and group, W3: 512 + 256 B.
+__device__ __forceinline__ void prefetch_groups(const TilePtr<4>& p, int lane, int first, int stride, int groups) {
+    const uint4* tile = p.w - lane;
+    const int n = first < groups ? (groups - first + stride - 1) / stride : 0;  // this warp's groups
+    for (int i = lane; i < 8 * n; i += 32) {
+        const int grp = first + (i >> 3) * stride;
+        prefetch_l2(tile + grp * 64 + (i & 7) * 8);
+    }
+}
+
+__device__ __forceinline__ void prefetch_groups(const TilePtr<3>& p, int lane, int first, int stride, int groups) {
+    const uint4* a = p.a - lane;
+    const uint2* b = p.b - lane;
+    const int n = first < groups ? (groups - first + stride - 1) / stride : 0;
+    for (int i = lane; i < 8 * n; i += 32) {
+        const int grp = first + (i >> 3) * stride, line = i & 7;
+        if (line < 6) prefetch_l2(line < 4 ? (const void*)(a + grp * 32 + line * 8)
+                                                            : (const void*)(b + grp * 32 + (line - 4) * 16));
+    }
+}
+
 // Loads are volatile asm so they stay at the top of the stage in source order: the whole
 // stage's weights are in flight together, one stage ahead of the mma that consumes them.
 __device__ __forceinline__ void load_frag(Frag<4>& f, const TilePtr<4>& p, int group) {
@@ -265,6 +288,14 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     // (Unrolled by two so the stages swap roles without register copies.)
     Stage<BITS, TILES, UNROLL> a, b;
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (int j = 0; j < TILES; ++j) {
+        prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
+        if (t == 0 && row_ok[j][0]) prefetch_l2(ptr[j].s[0] + kwarp);  // the line of the row's scales it needs first
+        if (t == 0 && row_ok[j][1]) prefetch_l2(ptr[j].s[1] + kwarp);
+    }
+#endif
     pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
         if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
