@@ -41,6 +41,22 @@ __device__ __forceinline__ float sum_squares8(uint4 a) {
     return s;
 }
 
+// y = fp16(w * fp16(h * inv)) for 8 values.
+__device__ __forceinline__ uint4 normalize8(uint4 h, uint4 w, float inv) {
+    unsigned* ph = reinterpret_cast<unsigned*>(&h);
+    const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
+        const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
+        ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
+    }
+    return h;
+}
+
+// A thread's first vector stays in registers between the two passes (with the launcher's
+// block size that is every vector up to H = 8192), and its weight vector is loaded before
+// pdl_wait() (constant): the second pass needs no memory round trip.
 extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS)
 rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
                 const half_t* residual,               // [rows, H] or null
@@ -49,38 +65,31 @@ rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
                 half_t* __restrict__ y,               // [rows, H]
                 int H, float eps) {
     pdl_launch_dependents();
-    pdl_wait();
     const long base = (long)blockIdx.x * H;
-    const int nvec = H / 8;
+    const int nvec = H / 8, i0 = threadIdx.x;
     const uint4* xv = reinterpret_cast<const uint4*>(x + base);
     const uint4* rv = reinterpret_cast<const uint4*>(residual + base);
     uint4* hv = reinterpret_cast<uint4*>(residual_out + base);
     const uint4* wv = reinterpret_cast<const uint4*>(weight);
     uint4* yv = reinterpret_cast<uint4*>(y + base);
     const bool fused = residual != nullptr;
+    const uint4 w0 = i0 < nvec ? wv[i0] : make_uint4(0, 0, 0, 0);
+    pdl_wait();
 
     float ss = 0.f;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    uint4 h0 = make_uint4(0, 0, 0, 0);
+    for (int i = i0; i < nvec; i += blockDim.x) {
         uint4 h = xv[i];
         if (fused) {
             h = add_half8(h, rv[i]);
             hv[i] = h;
         }
+        if (i == i0) h0 = h;
         ss += sum_squares8(h);
     }
     const float inv = 1.f / sqrtf(block_sum(ss) / (float)H + eps);
 
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        uint4 h = fused ? hv[i] : xv[i];  // the same thread wrote hv[i] above
-        const uint4 w = wv[i];
-        unsigned* ph = reinterpret_cast<unsigned*>(&h);
-        const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
-            const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
-            ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
-        }
-        yv[i] = h;
-    }
+    if (i0 < nvec) yv[i0] = normalize8(h0, w0, inv);
+    for (int i = i0 + blockDim.x; i < nvec; i += blockDim.x)
+        yv[i] = normalize8(fused ? hv[i] : xv[i], wv[i], inv);  // the same thread wrote hv[i] above
 }
