@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from app.kernels import loader, programmatic
-from app.kernels.loader import KERNEL_DIR, KernelArgumentError, KernelError
+from app.kernels.errors import KernelArgumentError, KernelError
+from app.kernels.loader import KERNEL_DIR
 
 
 @pytest.fixture(autouse=True)
@@ -43,14 +44,21 @@ def test_launch_config_sets_the_serialization_attribute_and_pads_dimensions():
     assert ctypes.c_int.from_buffer(attr.value).value == 1  # programmaticStreamSerializationAllowed
 
 
-def test_kernel_arguments_take_the_c_types_loader_launch_documents():
-    values = programmatic.kernel_arguments((0x7F00_0000_1000, 0, np.int32(-3), np.int64(1 << 40), np.float32(0.5)))
-    assert [type(v) for v in values] == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64,
-                                         ctypes.c_float]
-    assert [v.value for v in values] == [0x7F00_0000_1000, 0, -3, 1 << 40, 0.5]
+def test_arguments_are_packed_into_8_byte_slots_with_their_c_types():
+    args = (0x7F00_0000_1000, 0, np.int32(-3), np.int64(1 << 40), np.float32(0.5))
+    values = (ctypes.c_uint64 * len(args))(*([0xFFFF_FFFF_FFFF_FFFF] * len(args)))  # junk to overwrite
+    programmatic.pack_arguments(args, values)
+    raw = bytes(values)
+    assert int.from_bytes(raw[0:8], "little") == 0x7F00_0000_1000
+    assert int.from_bytes(raw[8:16], "little") == 0
+    assert ctypes.c_int32.from_buffer_copy(raw[16:20]).value == -3  # what the kernel's int reads
+    assert ctypes.c_int64.from_buffer_copy(raw[24:32]).value == 1 << 40
+    assert ctypes.c_float.from_buffer_copy(raw[32:36]).value == 0.5
+    scratch_values, params, _ = programmatic._scratch.buffers(3)  # the parameter array points at the slots
+    assert [params[i] for i in range(3)] == [ctypes.addressof(scratch_values) + 8 * i for i in range(3)]
     for bad in (1.5, True, "x", np.float64(1.0)):
         with pytest.raises(KernelArgumentError, match="kernel argument 1"):
-            programmatic.kernel_arguments((0, bad))
+            programmatic.pack_arguments((0, bad), values)
 
 
 def test_mode_comes_from_set_mode_then_the_environment(monkeypatch):

@@ -21,7 +21,10 @@ import functools
 import threading
 from pathlib import Path
 
-from app.errors import QwenTrayError
+from app.kernels import programmatic
+from app.kernels.errors import (  # noqa: F401 - re-exported: the kernel modules import them from here
+    KernelArgumentError, KernelCompileError, KernelError, KernelUnavailableError,
+)
 
 KERNEL_DIR = Path(__file__).resolve().parent
 COMMON_SOURCE = "common.cu"
@@ -29,22 +32,6 @@ COMMON_SOURCE = "common.cu"
 # helpers in common.cu be plain functions.
 COMPILE_OPTIONS = ("-std=c++17", "-default-device")
 MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync.m16n8k16 with fp32 accumulation, cvt.rn.f16x2
-
-
-class KernelError(QwenTrayError):
-    """Base class of the kernel layer's errors."""
-
-
-class KernelUnavailableError(KernelError):
-    """No usable CUDA device, or CuPy is missing (the message says which)."""
-
-
-class KernelCompileError(KernelError):
-    """NVRTC rejected a kernel source (the message names the file and instance)."""
-
-
-class KernelArgumentError(KernelError, ValueError):
-    """A tensor passed to a kernel has the wrong dtype, shape, device or layout."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,8 +135,6 @@ _thread_state = threading.local()
 
 def _programmatic(device_index: int) -> bool:
     """Whether this launch is programmatic (app.kernels.programmatic; SM90+ unless turned off)."""
-    from app.kernels import programmatic
-
     capability = _capability(device_index)
     if not programmatic.enabled(capability):
         return False
@@ -191,8 +176,6 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
         raise KernelArgumentError(f"empty launch grid={grid} block={block}")
     torch_stream = torch.cuda.current_stream()
     if _programmatic(torch_stream.device.index):
-        from app.kernels import programmatic
-
         programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, torch_stream.cuda_stream)
         return
     stream = _cupy_stream(torch_stream)

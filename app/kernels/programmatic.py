@@ -26,11 +26,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import sys
+import threading
 
 import numpy as np
 
-from app.kernels.loader import KernelArgumentError, KernelError
+from app.kernels.errors import KernelArgumentError, KernelError
 
 MODES = ("auto", "on", "off")
 ENV_VAR = "QWEN_TRAY_PDL"
@@ -103,31 +105,56 @@ def _launch_kernel_ex():
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p] * 4  # config, CUfunction, kernel parameters, extra: addresses
     return fn
 
 
-def kernel_arguments(args: tuple) -> list:
-    """ctypes values for a kernel's arguments: Python int = pointer (8 bytes), ``numpy.int32`` /
-    ``numpy.int64`` / ``numpy.float32`` = those C types (what loader.launch accepts)."""
-    values = []
-    for i, a in enumerate(args):
-        if isinstance(a, np.int32):
-            values.append(ctypes.c_int32(int(a)))
-        elif isinstance(a, np.int64):
-            values.append(ctypes.c_int64(int(a)))
-        elif isinstance(a, np.float32):
-            values.append(ctypes.c_float(float(a)))
-        elif isinstance(a, int) and not isinstance(a, bool):
-            values.append(ctypes.c_uint64(a))
-        else:
-            raise KernelArgumentError(f"kernel argument {i}: {type(a).__name__} is not a pointer (int), "
+# Each argument gets an 8-byte slot of one reused buffer (little-endian; a 4-byte value in the
+# slot's first half), and the parameter array points at the slots: one struct.pack_into per
+# launch instead of a ctypes object per argument (host time matters for eager prefill).
+_SLOT_FORMATS = {int: "Q", np.int32: "i4x", np.int64: "q", np.float32: "f4x"}
+
+
+@functools.lru_cache(maxsize=256)
+def argument_format(types: tuple[type, ...]) -> str:
+    """The struct format packing arguments of these types: Python int = pointer (8 bytes),
+    ``numpy.int32`` / ``numpy.int64`` / ``numpy.float32`` = those C types (what loader.launch takes)."""
+    codes = []
+    for i, t in enumerate(types):
+        code = _SLOT_FORMATS.get(t)
+        if code is None:
+            raise KernelArgumentError(f"kernel argument {i}: {t.__name__} is not a pointer (int), "
                                       "numpy.int32, numpy.int64 or numpy.float32")
-    return values
+        codes.append(code)
+    return "<" + "".join(codes)
 
 
+class _Scratch(threading.local):
+    """Per thread: for each argument count, the slot buffer and the parameter array into it."""
+
+    def __init__(self):
+        self.by_count: dict[int, tuple] = {}
+
+    def buffers(self, n: int) -> tuple:
+        entry = self.by_count.get(n)
+        if entry is None:
+            values = (ctypes.c_uint64 * max(1, n))()
+            params = (ctypes.c_void_p * max(1, n))(*[ctypes.addressof(values) + 8 * i for i in range(max(1, n))])
+            entry = self.by_count[n] = (values, params, ctypes.addressof(params))
+        return entry
+
+
+_scratch = _Scratch()
+
+
+def pack_arguments(args: tuple, values) -> None:
+    """Write ``args`` into ``values`` (a ctypes array of at least len(args) uint64 slots)."""
+    struct.pack_into(argument_format(tuple(map(type, args))), values, 0, *args)
+
+
+@functools.lru_cache(maxsize=1024)
 def launch_config(grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int, stream: int):
-    """A CUlaunchConfig with the programmatic-serialization attribute (kept alive by the config)."""
+    """A CUlaunchConfig with the programmatic-serialization attribute (cached: reused as is)."""
     attr = _LaunchAttribute(id=ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1  # programmaticStreamSerializationAllowed (an int at offset 0 of the union)
     g = tuple(grid) + (1,) * (3 - len(grid))
@@ -143,10 +170,9 @@ def launch(function_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], arg
     fn = _launch_kernel_ex()
     if fn is None:
         raise KernelError("cuLaunchKernelEx is unavailable (needs a CUDA 12 driver)")
-    values = kernel_arguments(args)
-    params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-                                                          for v in values])
-    config = launch_config(grid, block, shared_mem, stream)
-    status = fn(ctypes.byref(config), ctypes.c_void_p(function_ptr), params, None)
+    values, _, params = _scratch.buffers(len(args))
+    pack_arguments(args, values)
+    config = launch_config(tuple(grid), tuple(block), shared_mem, stream)
+    status = fn(ctypes.addressof(config), function_ptr, params, None)  # copies the arguments before returning
     if status != 0:
         raise KernelError(f"cuLaunchKernelEx failed with CUresult {status} (grid={tuple(grid)}, block={tuple(block)})")
