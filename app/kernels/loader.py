@@ -9,7 +9,8 @@ architecture, NVRTC version and instance name, so an edited kernel is rebuilt an
 unchanged one loads in milliseconds.
 
 Kernels launch on PyTorch's current stream with raw ``data_ptr()`` arguments, so they
-order correctly with torch ops and can be captured in a ``torch.cuda.CUDAGraph``.
+order correctly with torch ops and can be captured in a ``torch.cuda.CUDAGraph``; on SM90+
+through ``cuLaunchKernelEx`` as programmatic dependent launches (:mod:`app.kernels.programmatic`).
 
 Importing this module never fails on a machine without CUDA or CuPy: :func:`available`
 is False and :func:`unavailable_reason` says why.
