@@ -84,8 +84,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 // pdl_launch_dependents() first, so the next kernel in the stream may be scheduled while this
 // one runs, and pdl_wait() before it reads an activation or writes anything: that waits until
 // the previous kernel has finished and its writes are visible. Only constant data (weights)
-// may be read before pdl_wait(). Without a programmatic launch both are no-ops; below SM90
-// they compile to nothing (the SM80/SM86 code is unchanged).
+// may be read before pdl_wait(), and values used only as L2 prefetch hints (attention's slot
+// and length). Without a programmatic launch both are no-ops; below SM90 they compile to
+// nothing (the SM80/SM86 code is unchanged).
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

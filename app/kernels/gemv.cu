@@ -80,8 +80,8 @@ __device__ __forceinline__ void prefetch_groups(const TilePtr<3>& p, int lane, i
     const int n = first < groups ? (groups - first + stride - 1) / stride : 0;
     for (int i = lane; i < 8 * n; i += 32) {
         const int grp = first + (i >> 3) * stride, line = i & 7;
-        if (line < 6) prefetch_l2(line < 4 ? (const void*)(a + grp * 32 + line * 8)
-                                                            : (const void*)(b + grp * 32 + (line - 4) * 16));
+        if (line < 6)  // lines 0-3: a (512 B), 4-5: b (256 B)
+            prefetch_l2(line < 4 ? (const void*)(a + grp * 32 + line * 8) : (const void*)(b + grp * 32 + (line - 4) * 16));
     }
 }
 
