@@ -78,6 +78,9 @@ def test_mode_comes_from_set_mode_then_the_environment(monkeypatch):
 def test_sm86_launches_stay_plain_and_on_is_refused_there():
     assert not programmatic.enabled((8, 6))  # auto: the RTX 3050's default path is unchanged
     assert programmatic.unsupported_reason((8, 6)) == "compute capability 8.6 < 9.0"
+    # an SM90 GPU with a driver whose graphs cannot hold programmatic edges stays plain too
+    assert programmatic.unsupported_reason((9, 0), driver_version=12020) == (
+        "the CUDA driver supports CUDA 12.2; CUDA graphs need 12.3 for programmatic launches")
     programmatic.set_mode("off")
     assert not programmatic.enabled((9, 0))
     programmatic.set_mode("on")

@@ -37,6 +37,7 @@ from app.kernels.errors import KernelArgumentError, KernelError
 MODES = ("auto", "on", "off")
 ENV_VAR = "QWEN_TRAY_PDL"
 MIN_COMPUTE_CAPABILITY = (9, 0)  # griddepcontrol.* (PTX 7.8, sm_90)
+MIN_DRIVER_VERSION = 12030  # CUDA 12.3: stream capture records programmatic launches as graph edges
 ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
 
@@ -87,22 +88,46 @@ def enabled(capability: tuple[int, int]) -> bool:
     return reason is None
 
 
-def unsupported_reason(capability: tuple[int, int]) -> str | None:
+def unsupported_reason(capability: tuple[int, int], driver_version: int | None = None) -> str | None:
+    """Why launches cannot be programmatic here (None: they can). ``driver_version`` as
+    cuDriverGetVersion reports it (12030 = CUDA 12.3); by default the installed driver's."""
     if tuple(capability) < MIN_COMPUTE_CAPABILITY:
         return f"compute capability {capability[0]}.{capability[1]} < 9.0"
+    if driver_version is None:
+        driver_version = _driver_version()
+    if driver_version < MIN_DRIVER_VERSION:
+        major, minor = divmod(driver_version // 10, 100)
+        return f"the CUDA driver supports CUDA {major}.{minor}; CUDA graphs need 12.3 for programmatic launches"
     if _launch_kernel_ex() is None:
-        return "the CUDA driver has no cuLaunchKernelEx (needs a CUDA 12 driver)"
+        return "the CUDA driver has no cuLaunchKernelEx"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        return ctypes.WinDLL(name) if sys.platform == "win32" else ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_version() -> int:
+    """cuDriverGetVersion (e.g. 13000), 0 without a driver."""
+    driver = _driver()
+    version = ctypes.c_int(0)
+    if driver is None or driver.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return 0
+    return version.value
 
 
 @functools.lru_cache(maxsize=None)
 def _launch_kernel_ex():
     """The driver's cuLaunchKernelEx, or None."""
-    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-    try:
-        driver = ctypes.WinDLL(name) if sys.platform == "win32" else ctypes.CDLL(name)
-        fn = driver.cuLaunchKernelEx
-    except (OSError, AttributeError):
+    driver = _driver()
+    fn = getattr(driver, "cuLaunchKernelEx", None) if driver is not None else None
+    if fn is None:
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 4  # config, CUfunction, kernel parameters, extra: addresses
@@ -175,4 +200,5 @@ def launch(function_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], arg
     config = launch_config(tuple(grid), tuple(block), shared_mem, stream)
     status = fn(ctypes.addressof(config), function_ptr, params, None)  # copies the arguments before returning
     if status != 0:
-        raise KernelError(f"cuLaunchKernelEx failed with CUresult {status} (grid={tuple(grid)}, block={tuple(block)})")
+        raise KernelError(f"cuLaunchKernelEx failed with CUresult {status} (grid={tuple(grid)}, block={tuple(block)}); "
+                          f"{ENV_VAR}=off launches kernels the plain way")
