@@ -200,7 +200,7 @@ class CudaRunner:
         if self.prefill_graphs is not None:
             self.prefill_graphs.close()
         if self.budget_capped:
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            torch.cuda.set_per_process_memory_fraction(1.0, _device_index(self.device))
             self.budget_capped = False
 
 
