@@ -65,17 +65,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/ablate_step_h200.json")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     args = ap.parse_args()
+    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     capability = torch.cuda.get_device_capability(DEV)
     result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
                   programmatic_launch=programmatic.enabled(capability), batch=1, context=512, models=[])
     for model, recipe in RUNS:
         row = dict(model=f"Qwen2.5-{model}", recipe=recipe, layers=spec_of(model).num_layers,
-                   step_us={name: step_us(model, recipe, skipped) for name, skipped in VARIANTS.items()})
+                   step_us={name: step_us(model, recipe, skipped) for name, skipped in variants.items()})
         result["models"].append(row)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for row in result["models"]:
-        full = row["step_us"]["full"]
+        full = row["step_us"].get("full", float("nan"))
         parts = ", ".join(f"{k} {v:.0f} µs ({full - v:+.0f}, {(full - v) / row['layers']:.2f} per layer)"
                           for k, v in row["step_us"].items() if k != "full")
         print(f"{row['model']} {row['recipe']}: full {full:.0f} µs; {parts}")
