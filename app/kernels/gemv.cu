@@ -289,20 +289,16 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     Stage<BITS, TILES, UNROLL> a, b;
     load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool EARLY_B = true;  // both register stages in flight before the wait
-    if (kwarp + step < groups) load_stage(b, ptr, row_ok, kwarp + step, kwarps, groups);
 #pragma unroll
     for (int j = 0; j < TILES; ++j) {
-        prefetch_groups(ptr[j], lane, kwarp + 2 * step, kwarps, groups);
+        prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
         if (t == 0 && row_ok[j][0]) prefetch_l2(ptr[j].s[0] + kwarp);  // the line of the row's scales it needs first
         if (t == 0 && row_ok[j][1]) prefetch_l2(ptr[j].s[1] + kwarp);
     }
-#else
-    constexpr bool EARLY_B = false;
 #endif
     pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
     for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
-        if (g0 + step < groups && !(EARLY_B && g0 == kwarp)) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
+        if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
         compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
         if (g0 + step >= groups) break;
         if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
