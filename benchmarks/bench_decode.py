@@ -27,6 +27,7 @@ import argparse
 import datetime as dt
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -284,10 +285,11 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/decode_h200.json")
     ap.add_argument("--only", choices=[f"{m}-{r}" for m, r in RUNS], action="append")
     ap.add_argument("--budget-only", action="store_true", help="only the --vram-budget runs")
-    ap.add_argument("--launch", choices=programmatic.MODES, default="auto",
-                    help="programmatic dependent launches (SM90+); budget runs take it from QWEN_TRAY_PDL")
+    ap.add_argument("--launch", choices=programmatic.MODES,
+                    help="programmatic dependent launches (SM90+); default: QWEN_TRAY_PDL, else auto")
     args = ap.parse_args()
-    programmatic.set_mode(args.launch)
+    if args.launch:  # through the environment, so the budget runs' spawned processes see it too
+        os.environ[programmatic.ENV_VAR] = args.launch
     props = torch.cuda.get_device_properties(DEV)
     copy = copy_bandwidth_gbps()
     result = dict(gpu=props.name, sms=props.multi_processor_count, date=dt.date.today().isoformat(),
