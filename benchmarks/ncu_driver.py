@@ -21,7 +21,7 @@ from bench_kernels import DEV, gemv_cases, gemv_fn, rand_weights  # noqa: E402
 
 from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits  # noqa: E402
 
-GEMV_CASES = ("3b_w4.qkv", "3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down")
+GEMV_CASES = ("3b_w4.qkv", "3b_w4.o", "3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down")
 CONTEXT = 640
 
 
