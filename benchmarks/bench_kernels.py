@@ -107,10 +107,12 @@ def gemv_fn(bits, gated, ws, x, config=None):
     return lambda i: op(x, *ws[i % len(ws)], out=out, config=config)
 
 
-def bench_gemv(copy_gbps: float, quick: bool, sms: int) -> tuple[list, list]:
+def bench_gemv(copy_gbps: float, quick: bool, sms: int, only: list[str] | None = None) -> tuple[list, list]:
     rows, sweep = [], []
     for model in MODELS:
         for name, bits, n, k, gated in gemv_cases(model):
+            if only and name not in only:
+                continue
             nbytes = weight_bytes(bits, n, k)
             ws = rand_weights(bits, n, k, n_copies(nbytes))
             n_out = n // 2 if gated else n
@@ -136,14 +138,15 @@ def bench_gemv(copy_gbps: float, quick: bool, sms: int) -> tuple[list, list]:
 
 def sweep_configs(gated: bool) -> list[GemvConfig]:
     """Tiles 1-2 per warp, 1-16 warps per block, 1-4 groups per stage (4 tiles were never
-    faster in the earlier sweeps). Gated with one tile per warp needs an even number of warps."""
+    faster in the earlier sweeps), and the 32-warp block (one tile, one group per stage).
+    Gated with one tile per warp needs an even number of warps."""
     out = []
     for tiles in (1, 2):
         for warps in (1, 2, 4, 8, 16):
             for unroll in (1, 2, 4):
                 if tiles * unroll <= 4 and not (gated and tiles == 1 and warps % 2):
                     out.append(GemvConfig(tiles=tiles, warps=warps, unroll=unroll))
-    return out
+    return out + [GemvConfig(tiles=1, warps=32, unroll=1)]
 
 
 def vars_of(cfg: GemvConfig) -> dict:
@@ -258,6 +261,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the config sweep")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/kernels_h200.json")
+    ap.add_argument("--only", action="append", help="GEMV shape (e.g. 3b_w4.down; repeatable): only those, "
+                    "GEMVs only (no peers, small ops or linear stacks)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     copy = copy_bandwidth_gbps()
@@ -266,8 +271,11 @@ def main() -> None:
                   git_commit=args.commit, torch=torch.__version__, cupy=_cupy_version(), copy_gbps=copy)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result["gemv"], result["gemv_sweep"] = bench_gemv(copy, args.quick, props.multi_processor_count)
+    result["gemv"], result["gemv_sweep"] = bench_gemv(copy, args.quick, props.multi_processor_count, args.only)
     out.write_text(json.dumps(result, indent=1) + "\n")  # the sweep is the long part: keep it if the rest fails
+    if args.only:
+        print_sweep(result)
+        return
     result["peers"] = bench_peers(copy)
     result["small_ops"] = bench_small_ops(copy, props.multi_processor_count)
     result["linear_stacks"] = [bench_linear_stack(m, copy) for m in MODELS]
@@ -291,12 +299,7 @@ def print_table(r: dict) -> None:
         print(f"{g['shape']:18} {g['bits']:>1} {g['m']:>1} {g['us_graph']:9.2f} {g['us_eager']:9.2f} {g['gbps']:6.0f}"
               f" {100 * g['frac_copy']:5.1f} | {fp16 if g['m'] == 1 else float('nan'):8.2f}"
               f" {i4 if g['m'] == 1 else float('nan'):8.2f}")
-    best = {}
-    for s in r["gemv_sweep"]:
-        if s["shape"] not in best or s["us_graph"] < best[s["shape"]]["us_graph"]:
-            best[s["shape"]] = s
-    for shape, s in best.items():
-        print(f"sweep best {shape:18} {s['config']} {s['us_graph']:.2f} us {s['gbps']:.0f} GB/s")
+    print_sweep(r)
     for o in r["small_ops"]:
         extra = f" ctx={o['ctx']} B={o['batch']} {o['gbps']:.0f} GB/s" if "ctx" in o else f" M={o['m']}"
         print(f"{o['op']:18} {o['model']:8}{extra} {o['us_graph']:.2f} us")
@@ -304,6 +307,19 @@ def print_table(r: dict) -> None:
         print(f"linear stack {s['model']}: {s['us_graph']:.0f} us/token = {s['tokens_per_s']:.0f} tok/s, "
               f"{s['gbps']:.0f} GB/s ({100 * s['frac_copy']:.0f}% of copy), {s['kernels']} kernels")
     print(f"copy bandwidth {r['copy_gbps']:.0f} GB/s on {r['gpu']}")
+
+
+def print_sweep(r: dict) -> None:
+    """Each shape's default (M = 1) and every swept config, fastest first, with its ratio to the default."""
+    by_shape: dict[str, list] = {}
+    for s in r["gemv_sweep"]:
+        by_shape.setdefault(s["shape"], []).append(s)
+    for shape, rows in by_shape.items():
+        default = next((s for s in rows if s["is_default"]), None)
+        for s in sorted(rows, key=lambda s: s["us_graph"])[:6]:
+            ratio = default["us_graph"] / s["us_graph"] if default else float("nan")
+            print(f"sweep {shape:18} {s['config']} {s['us_graph']:.2f} us {s['gbps']:.0f} GB/s "
+                  f"{ratio:.2f}x the default{' (default)' if s['is_default'] else ''}")
 
 
 if __name__ == "__main__":

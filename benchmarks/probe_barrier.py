@@ -79,8 +79,8 @@ extern "C" __global__ void persistent_kernel(float* bufs, unsigned* counter, int
 def compile_kernels():
     import cupy
 
-    text = loader.kernel_source("common.cu").split('#line 1 "common.cu"', 1)[1]
-    module = cupy.RawModule(code=text + SOURCE, options=loader.COMPILE_OPTIONS)
+    common = (loader.KERNEL_DIR / loader.COMMON_SOURCE).read_text(encoding="utf-8")
+    module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS)
     return module.get_function("phase_kernel"), module.get_function("persistent_kernel")
 
 

@@ -234,15 +234,25 @@ def test_decode_attention_ref_matches_engine_attention():
 
 # -- configuration and argument checks --------------------------------------------------------
 def test_gemv_config_validates_and_names_instances():
-    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1>"
+    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1, 512>"
     assert GemvConfig(2, 4, 1).grid(100, gated=True) == (7,)  # 16 outputs per block
-    for bad in (dict(tiles=3), dict(warps=0), dict(warps=17), dict(unroll=3), dict(tiles=4, unroll=2)):
+    for bad in (dict(tiles=3), dict(warps=0), dict(warps=17), dict(warps=24), dict(unroll=3),
+                dict(tiles=4, unroll=2), dict(tiles=2, warps=32), dict(warps=32, unroll=2)):
         with pytest.raises(KernelArgumentError):
             GemvConfig(**bad)
     with pytest.raises(KernelArgumentError):
         GemvConfig(tiles=1, warps=3).grid(64, gated=True)  # split gate/up needs an even number of warps
     assert GemvConfig(tiles=1, warps=2).grid(100, gated=True) == (7,)
-    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2>"
+    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2, 512>"
+
+
+def test_a_32_slice_split_takes_1024_threads_or_two_slices_per_warp():
+    """One column block: 32 warps of 64 registers; rows 9..16 need more registers, so the same
+    32 slices (the same summation order) run two per warp on 16 warps."""
+    wide = GemvConfig(tiles=1, warps=32)
+    assert (wide.block_warps(1), wide.name_expression(4, False, 1)) == (32, "gemv_kernel<4, 1, false, 1, 1, 1024>")
+    assert (wide.block_warps(2), wide.name_expression(3, False, 2)) == (16, "gemv_kernel<3, 1, false, 1, 2, 512>")
+    assert GemvConfig(tiles=1, warps=16).block_warps(2) == 16
 
 
 @pytest.mark.parametrize("n,k,gated,sms", [(2048, 2048, False, 16), (2048, 2048, False, 132),
@@ -261,7 +271,9 @@ def test_default_gemv_config_follows_the_h200_sweep():
     assert default_gemv_config(151936, 2048, False, sms).warps == 4  # 3B lm_head
     assert default_gemv_config(152064, 3584, False, sms).warps == 4  # 7B lm_head
     assert default_gemv_config(2560, 2048, False, sms).warps == 16  # 3B qkv
-    assert default_gemv_config(3584, 18944, False, sms).warps == 16  # 7B down
+    assert default_gemv_config(3584, 18944, False, sms).warps == 16  # 7B down: 224 blocks, more than the SMs
+    assert default_gemv_config(2048, 11008, False, sms).warps == 32  # 3B down: a block per SM, 86 groups
+    assert default_gemv_config(2048, 11008, False, 16).warps == 16  # RTX 3050 (16 SMs): 8 blocks per SM
 
 
 def test_default_num_splits_bounds():

@@ -83,8 +83,9 @@ GEMV = {4: (gemv_w4, gemv_w4_tiles_ref), 3: (gemv_w3, gemv_w3_tiles_ref)}
 GATED = {4: (gate_up_silu_w4, gate_up_silu_w4_tiles_ref), 3: (gate_up_silu_w3, gate_up_silu_w3_tiles_ref)}
 
 
-# The default split, one warp per block (no block reduction), two tiles per warp.
-GEMV_CONFIGS = [None, GemvConfig(tiles=1, warps=1, unroll=4), GemvConfig(tiles=2, warps=2, unroll=2)]
+# The default split, one warp per block (no block reduction), two tiles per warp, 32 slices.
+GEMV_CONFIGS = [None, GemvConfig(tiles=1, warps=1, unroll=4), GemvConfig(tiles=2, warps=2, unroll=2),
+                GemvConfig(tiles=1, warps=32)]
 
 
 @pytest.mark.parametrize("bits", [4, 3])
@@ -102,14 +103,18 @@ def test_gemv_matches_reference(bits, name, n, k):
 
 
 @pytest.mark.parametrize("bits", [4, 3])
-def test_gemv_bias_and_in_place_residual(bits):
+@pytest.mark.parametrize("config,m", [(None, 3), (None, 12), (GemvConfig(tiles=1, warps=1), 12),
+                                      (GemvConfig(tiles=4, warps=2), 3), (GemvConfig(tiles=1, warps=32), 3),
+                                      (GemvConfig(tiles=1, warps=32), 12)])
+def test_gemv_bias_and_in_place_residual(bits, config, m):
+    """The epilogue's bias and residual (loaded before the main loop) for every output layout."""
     op, reference = GEMV[bits]
-    n, k, m = 2560, 2048, 3
+    n, k = 2576, 4096
     w = weights(bits, n, k, seed=11)
     x, bias = activations(m, k, seed=12), activations(1, n, seed=13)[0]
     residual = activations(m, n, seed=14) * 4
     want = reference(x, *w, bias=bias, residual=residual)
-    op(x, *w, bias=bias, residual=residual, out=residual)  # in place
+    op(x, *w, bias=bias, residual=residual, out=residual, config=config)  # in place
     assert rel_err(residual, want) < REL_TOL
 
 
@@ -129,7 +134,7 @@ def test_gate_up_silu_matches_reference(bits, inter, k, config):
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("config", [None, GemvConfig(tiles=2, warps=3, unroll=1), GemvConfig(tiles=4, warps=16, unroll=1),
-                                    GemvConfig(tiles=1, warps=6, unroll=2)])
+                                    GemvConfig(tiles=1, warps=6, unroll=2), GemvConfig(tiles=1, warps=32)])
 def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
     n, k = (1056, 1152) if gated else (2051, 1152)  # odd N: a padded tile; gated: each half whole tiles
     op = (GATED if gated else GEMV)[bits][0]
@@ -144,7 +149,8 @@ def test_batch_rows_are_bit_equal_to_batch_one(bits, gated, config):
 
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=4)])
+@pytest.mark.parametrize("config", [None, GemvConfig(tiles=1, warps=2, unroll=2), GemvConfig(tiles=2, warps=4),
+                                    GemvConfig(tiles=1, warps=32)])
 def test_more_than_8_rows_use_a_second_column_block(bits, gated, config):
     """Rows 9..16 (the prefill through the decode graph): right, and rows 0..7 bit-equal to a batch of 8."""
     n, k = (2 * 528, 1152) if gated else (2051, 1152)

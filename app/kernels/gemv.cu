@@ -30,7 +30,7 @@
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
 constexpr int GROUP = 128;
-constexpr int MAX_WARPS = 16;
+constexpr int MAX_KSPLIT = 32;  // K slices of a block (gemv.py MAX_WARPS)
 
 __device__ __forceinline__ unsigned u4_get(const uint4& v, int i) {
     return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
@@ -241,8 +241,12 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 
 // COLS blocks of 8 batch rows (M <= 8 * COLS): each dequantized fragment feeds COLS mma, so
 // column block 0 is computed exactly as with COLS = 1 (rows 0..7 stay bit-equal).
-template <int BITS, int TILES, bool GATED, int UNROLL, int COLS>
-__global__ void __launch_bounds__(MAX_WARPS * 32)
+// THREADS: the launch bound, 512 or 1024 (64 registers: only the one-tile, one-column instances).
+// ksplit: how many slices K is cut into (one per warp, or two per warp when a 32-slice split
+// runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
+// summation order, so a weight keeps one split for every batch size (batch invariance).
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>
+__global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
@@ -250,16 +254,18 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
             const half_t* __restrict__ bias,      // [N] or null
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
-            int M, int N, int K) {                // R = N rows, or 2N when GATED (gate; up)
-    constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps even)
+            int M, int N, int K,                  // R = N rows, or 2N when GATED (gate; up)
+            int ksplit) {                         // a multiple of the block's warps, <= KSLOTS
+    constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
+    constexpr int KSLOTS = TILES * COLS <= 2 ? MAX_KSPLIT : MAX_KSPLIT / 2;  // (shared memory)
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int groups = K / GROUP;
     const int unit0 = blockIdx.x * (16 * OUT_TILES);
-    const int kwarp = SPLIT ? warp >> 1 : warp, kwarps = SPLIT ? nwarps >> 1 : nwarps;  // split of the groups
+    const int kwarps = SPLIT ? ksplit >> 1 : ksplit;  // slices of the groups (per half when SPLIT)
 
     TilePtr<BITS> ptr[TILES];
     bool row_ok[TILES][2];
@@ -281,41 +287,76 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     for (int cb = 0; cb < COLS; ++cb) has_x[cb] = g + 8 * cb < M;
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
-    float acc[TILES][COLS][4] = {};
-
-    // Two stages in registers: the next stage's loads are issued before this stage's math.
-    const int step = kwarps * UNROLL;
-    // (Unrolled by two so the stages swap roles without register copies.)
-    Stage<BITS, TILES, UNROLL> a, b;
-    load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The epilogue's operands that do not wait for the main loop: the bias (constant, before
+    // the wait) and the residual (right after it), so warp 0 ends without another round trip.
+    float bias_v[OUT_TILES][2] = {};
+    half_t res_in[OUT_TILES][COLS][4] = {};
+    const bool epilogue_warp = !GATED && warp == 0;
+    if (epilogue_warp && bias != nullptr)
 #pragma unroll
-    for (int j = 0; j < TILES; ++j) {
-        prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
-        if (t == 0 && row_ok[j][0]) prefetch_l2(ptr[j].s[0] + kwarp);  // the line of the row's scales it needs first
-        if (t == 0 && row_ok[j][1]) prefetch_l2(ptr[j].s[1] + kwarp);
-    }
-#endif
-    pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
-    for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
-        if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
-        compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
-        if (g0 + step >= groups) break;
-        if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
-        compute_stage(b, acc, xrow, has_x, K, g0 + step, kwarps, groups);
-    }
+        for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int unit = unit0 + 16 * j + g + 8 * h;
+                if (unit < N) bias_v[j][h] = h2f(bias[unit]);
+            }
 
-    // Add the warps' partial sums in a fixed order (deterministic, batch-invariant). Split:
-    // result tile 0 (gate) sums the even warps, tile 1 (up) the odd ones.
-    float res[RES_TILES][COLS][4];
-    __shared__ float partial[MAX_WARPS][TILES * COLS * 4][32];
-    if (nwarps > 1) {
+    float acc[TILES][COLS][4];
+    __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
+    for (int slice = warp; slice < ksplit; slice += nwarps) {  // once, unless ksplit > nwarps
+        const int kwarp = SPLIT ? slice >> 1 : slice;  // this slice's first group
 #pragma unroll
         for (int j = 0; j < TILES; ++j)
 #pragma unroll
             for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) partial[warp][(j * COLS + cb) * 4 + c][lane] = acc[j][cb][c];
+                for (int c = 0; c < 4; ++c) acc[j][cb][c] = 0.f;
+
+        // Two stages in registers: the next stage's loads are issued before this stage's math.
+        const int step = kwarps * UNROLL;
+        // (Unrolled by two so the stages swap roles without register copies.)
+        Stage<BITS, TILES, UNROLL> a, b;
+        load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) {
+            prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
+            if (t == 0 && row_ok[j][0]) prefetch_l2(ptr[j].s[0] + kwarp);  // the line of the row's scales it needs first
+            if (t == 0 && row_ok[j][1]) prefetch_l2(ptr[j].s[1] + kwarp);
+        }
+#endif
+        pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
+        if (epilogue_warp && residual != nullptr && slice == warp)
+#pragma unroll
+            for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+                for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
+                        const int m = 8 * cb + 2 * t + (c & 1);
+                        if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
+                    }
+        for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
+            if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
+            compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
+            if (g0 + step >= groups) break;
+            if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
+            compute_stage(b, acc, xrow, has_x, K, g0 + step, kwarps, groups);
+        }
+        if (ksplit > 1)
+#pragma unroll
+            for (int j = 0; j < TILES; ++j)
+#pragma unroll
+                for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) partial[slice][(j * COLS + cb) * 4 + c][lane] = acc[j][cb][c];
+    }
+
+    // Add the slices' partial sums in a fixed order (deterministic, batch-invariant). Split:
+    // result tile 0 (gate) sums the even slices, tile 1 (up) the odd ones.
+    float res[RES_TILES][COLS][4];
+    if (ksplit > 1) {
         __syncthreads();
         if (warp != 0) return;
 #pragma unroll
@@ -328,8 +369,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                     const int at = (jj * COLS + cb) * 4 + c;
                     float v = partial[w0][at][lane];
 #pragma unroll
-                    for (int i = 1; i < MAX_WARPS; ++i)  // unrolled: all loads issued at once
-                        if (w0 + i * dw < nwarps) v += partial[w0 + i * dw][at][lane];
+                    for (int i = 1; i < KSLOTS; ++i)  // unrolled: all loads issued at once
+                        if (w0 + i * dw < ksplit) v += partial[w0 + i * dw][at][lane];
                     res[j][cb][c] = v;
                 }
     } else {
@@ -338,7 +379,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
 #pragma unroll
             for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) res[j][cb][c] = acc[j < TILES ? j : 0][cb][c];  // (SPLIT needs nwarps >= 2)
+                for (int c = 0; c < 4; ++c) res[j][cb][c] = acc[j < TILES ? j : 0][cb][c];  // (SPLIT needs ksplit >= 2)
     }
 
 #pragma unroll
@@ -358,9 +399,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                     y[at] = f2h(act * up);
                 } else {
                     float v = res[j][cb][c];
-                    if (bias != nullptr) v += h2f(bias[unit]);
+                    if (bias != nullptr) v += bias_v[j][c >> 1];
                     half_t out = f2h(v);
-                    if (residual != nullptr) out = f2h(h2f(out) + h2f(residual[at]));
+                    if (residual != nullptr) out = f2h(h2f(out) + h2f(res_in[j][cb][c]));
                     y[at] = out;
                 }
             }

@@ -32,7 +32,8 @@ from app.kernels.tiles import TILE_ROWS, padded_rows
 GROUP_SIZE = 128
 MAX_BATCH = 16  # batch rows: one mma column each, 8 per column block
 COLUMN_BLOCK = 8
-MAX_WARPS = 16  # keep in sync with gemv.cu
+MAX_WARPS = 32  # K slices per block (gemv.cu MAX_KSPLIT); above 16 only 32, one tile, unroll 1
+MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 threads where they fit
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
 SOURCE = "gemv.cu"
 
@@ -53,8 +54,11 @@ class GemvConfig:
     def __post_init__(self) -> None:
         if self.tiles not in (1, 2, 4):
             raise KernelArgumentError(f"GemvConfig.tiles={self.tiles} must be 1, 2 or 4")
-        if not 1 <= self.warps <= MAX_WARPS:
-            raise KernelArgumentError(f"GemvConfig.warps={self.warps} must be 1..{MAX_WARPS}")
+        if not (1 <= self.warps <= MAX_BLOCK_WARPS or self.warps == MAX_WARPS):
+            raise KernelArgumentError(f"GemvConfig.warps={self.warps} must be 1..{MAX_BLOCK_WARPS} or {MAX_WARPS}")
+        if self.warps > MAX_BLOCK_WARPS and (self.tiles, self.unroll) != (1, 1):
+            raise KernelArgumentError(f"GemvConfig.warps={self.warps} needs tiles=1 and unroll=1 "
+                                      "(1,024-thread blocks leave 64 registers per thread)")
         if self.unroll not in (1, 2, 4):
             raise KernelArgumentError(f"GemvConfig.unroll={self.unroll} must be 1, 2 or 4")
         if self.tiles * self.unroll > 4:  # 512-thread blocks leave 128 registers per thread
@@ -68,8 +72,14 @@ class GemvConfig:
             return TILE_ROWS
         return TILE_ROWS * (self.tiles // 2 if gated else self.tiles)
 
+    def block_warps(self, cols: int = 1) -> int:
+        """Warps launched per block: ``warps``, except that a 32-slice split with two column
+        blocks (rows 9..16: more than 64 registers) runs two slices on each of 16 warps."""
+        return MAX_BLOCK_WARPS if self.warps > MAX_BLOCK_WARPS and cols > 1 else self.warps
+
     def name_expression(self, bits: int, gated: bool, cols: int = 1) -> str:
-        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}>"
+        threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}, {threads}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -85,14 +95,18 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
     flight: at least 4 when there are at least 4 blocks per SM (the heads, the MLP gate/up),
     doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps, -10 %);
     16 when there are fewer than 2 blocks per SM (the small qkv / o / down projections), else
-    8; never more warps than groups of 128 per tile (gated: an even number, at least 2).
+    8; 32 (a 1,024-thread block) when every block has an SM of its own and K has at least 32
+    groups (the 3B down projection on an H200); never more warps than groups of 128 per tile
+    (gated: an even number, at least 2).
     """
     blocks = -(-n_out // TILE_ROWS)
     groups = k // GROUP_SIZE
     if blocks >= 4 * sm_count:
         warps = 4
-        while warps < MAX_WARPS and (2 if gated else 1) * groups > MAX_GROUPS_PER_WARP * warps:
+        while warps < MAX_BLOCK_WARPS and (2 if gated else 1) * groups > MAX_GROUPS_PER_WARP * warps:
             warps *= 2
+    elif blocks <= sm_count and not gated and groups >= MAX_WARPS:
+        warps = MAX_WARPS
     elif blocks < 2 * sm_count:
         warps = 16
     else:
@@ -155,8 +169,8 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
-            np.int32(m), np.int32(n_out), np.int32(w.k))
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args)
+            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps))
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args)
     return y
 
 
