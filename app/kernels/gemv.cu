@@ -422,23 +422,15 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     for (int cb = 0; cb < COLS; ++cb) has_x[cb] = g + 8 * cb < M;
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
-    // The epilogue's operands that do not wait for the main loop: the bias (constant, before
-    // the wait) and the residual (right after it), so warp 0 ends without another round trip.
-    float bias_v[OUT_TILES][2] = {};
+    // W4: the residual is loaded right after the wait (it may be the previous kernel's output),
+    // so warp 0's epilogue needs no further round trip. (W3 would spill the registers it takes.)
     half_t res_in[OUT_TILES][COLS][4] = {};
-    const bool epilogue_warp = !GATED && warp == 0;
-    if (epilogue_warp && bias != nullptr)
-#pragma unroll
-        for (int j = 0; j < OUT_TILES; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int unit = unit0 + 16 * j + g + 8 * h;
-                if (unit < N) bias_v[j][h] = h2f(bias[unit]);
-            }
+    const bool epilogue_warp = !GATED && BITS == 4 && warp == 0;
 
     float acc[TILES][COLS][4];
     __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
-    for (int slice = warp; slice < ksplit; slice += nwarps) {  // once, unless ksplit > nwarps
+    // Once per warp (ksplit == nwarps), except for the 16-row instances of a 32-slice split.
+    for (int slice = warp; slice < (COLS > 1 ? ksplit : warp + 1); slice += nwarps) {
         const int kwarp = SPLIT ? slice >> 1 : slice;  // this slice's first group
 #pragma unroll
         for (int j = 0; j < TILES; ++j)
@@ -539,9 +531,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                     y[at] = f2h(act * up);
                 } else {
                     float v = res[j][cb][c];
-                    if (bias != nullptr) v += bias_v[j][c >> 1];
+                    if (bias != nullptr) v += h2f(bias[unit]);
                     half_t out = f2h(v);
-                    if (residual != nullptr) out = f2h(h2f(out) + h2f(res_in[j][cb][c]));
+                    if (residual != nullptr) out = f2h(h2f(out) + h2f(BITS == 4 ? res_in[j][cb][c] : residual[at]));
                     y[at] = out;
                 }
             }

@@ -164,14 +164,14 @@ def _function_handle(kernel) -> int:
     return int(function.ptr)
 
 
-_STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a launch gets without opting in
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 def allow_dynamic_shared_memory(kernel, nbytes: int) -> None:
-    """Let ``kernel`` launch with ``nbytes`` of dynamic shared memory (above 48 KiB a kernel
-    must opt in); a clear error when the GPU has less per block."""
-    if nbytes > _STATIC_SHARED_LIMIT:
+    """Let ``kernel`` launch with ``nbytes`` of dynamic shared memory (a kernel whose static and
+    dynamic shared memory together pass 48 KiB must opt in); a clear error when the GPU has
+    less per block."""
+    if nbytes > 0:
         _opt_in_shared(_function_handle(kernel), nbytes)
 
 
