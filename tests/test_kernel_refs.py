@@ -234,7 +234,7 @@ def test_decode_attention_ref_matches_engine_attention():
 
 # -- configuration and argument checks --------------------------------------------------------
 def test_gemv_config_validates_and_names_instances():
-    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1, 512, 0>"
+    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1, 512>"
     assert GemvConfig(2, 4, 1).grid(100, gated=True) == (7,)  # 16 outputs per block
     for bad in (dict(tiles=3), dict(warps=0), dict(warps=17), dict(warps=24), dict(unroll=3),
                 dict(tiles=4, unroll=2), dict(tiles=2, warps=32), dict(warps=32, unroll=2)):
@@ -243,26 +243,15 @@ def test_gemv_config_validates_and_names_instances():
     with pytest.raises(KernelArgumentError):
         GemvConfig(tiles=1, warps=3).grid(64, gated=True)  # split gate/up needs an even number of warps
     assert GemvConfig(tiles=1, warps=2).grid(100, gated=True) == (7,)
-    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2, 512, 0>"
-
-
-def test_shared_memory_ring_configs():
-    ring = GemvConfig(tiles=1, warps=16, stages=4)
-    assert ring.name_expression(4, False) == "gemv_kernel<4, 1, false, 1, 1, 512, 4>"
-    assert ring.ring_bytes(4) == 16 * 4 * 1088 and ring.ring_bytes(3) == 16 * 4 * 832
-    assert GemvConfig(tiles=1, warps=32, stages=2).ring_bytes(4, cols=2) == 16 * 2 * 1088  # 16 warps launched
-    assert GemvConfig(tiles=2, warps=4).ring_bytes(4) == 0
-    for bad in (dict(stages=1), dict(stages=9), dict(tiles=2, stages=4), dict(unroll=2, stages=4)):
-        with pytest.raises(KernelArgumentError, match="stages"):
-            GemvConfig(**bad)
+    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2, 512>"
 
 
 def test_a_32_slice_split_takes_1024_threads_or_two_slices_per_warp():
     """One column block: 32 warps of 64 registers; rows 9..16 need more registers, so the same
     32 slices (the same summation order) run two per warp on 16 warps."""
     wide = GemvConfig(tiles=1, warps=32)
-    assert (wide.block_warps(1), wide.name_expression(4, False, 1)) == (32, "gemv_kernel<4, 1, false, 1, 1, 1024, 0>")
-    assert (wide.block_warps(2), wide.name_expression(3, False, 2)) == (16, "gemv_kernel<3, 1, false, 1, 2, 512, 0>")
+    assert (wide.block_warps(1), wide.name_expression(4, False, 1)) == (32, "gemv_kernel<4, 1, false, 1, 1, 1024>")
+    assert (wide.block_warps(2), wide.name_expression(3, False, 2)) == (16, "gemv_kernel<3, 1, false, 1, 2, 512>")
     assert GemvConfig(tiles=1, warps=16).block_warps(2) == 16
 
 

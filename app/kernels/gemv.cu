@@ -239,148 +239,13 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
     }
 }
 
-// --- The shared-memory ring (STAGES > 0): cp.async (SM80+) copies each warp's next groups into
-// its own ring of STAGES slots, so STAGES - 1 groups are in flight without holding registers
-// (the register stages above cap a warp at two). A slot holds one group of the warp's tile:
-// the lane's weight vectors exactly as load_frag would read them, and the 16 rows' scales
-// as the aligned 4-byte words that contain them (cp.async copies at least 4 bytes).
-template <int BITS> struct RingSlot;
-template <> struct RingSlot<4> { uint4 w[2][32]; unsigned s[16]; };          // 1,088 bytes
-template <> struct RingSlot<3> { uint4 a[32]; uint2 b[32]; unsigned s[16]; };  // 832 bytes
-
-__device__ __forceinline__ unsigned smem_address(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_address(dst)), "l"(src) : "memory");
-}
-
-template <int BYTES>
-__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {  // 4 or 8 bytes
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(smem_address(dst)), "l"(src), "n"(BYTES) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory"); }
-
-// The aligned word holding a scale, and where the scale sits in it.
-__device__ __forceinline__ const void* scale_word(const half_t* p) {
-    return reinterpret_cast<const void*>(reinterpret_cast<unsigned long long>(p) & ~3ull);
-}
-__device__ __forceinline__ int scale_shift(const half_t* p) { return (int)(reinterpret_cast<unsigned long long>(p) & 2) * 8; }
-
-// One commit group per call (empty when !ok), so cp_async_wait counts groups of the ring.
-// Lanes t = 0 / 1 of each row team copy the scale word of row g / g + 8.
-__device__ __forceinline__ void ring_issue(RingSlot<4>& s, const TilePtr<4>& p, const bool (&row_ok)[2], int grp,
-                                           bool ok, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    if (ok) {
-        cp_async_16(&s.w[0][lane], p.w + grp * 64);
-        cp_async_16(&s.w[1][lane], p.w + grp * 64 + 32);
-        if (t < 2 && row_ok[t]) cp_async_small<4>(&s.s[g + 8 * t], scale_word(p.s[t] + grp));
-    }
-    cp_async_commit();
-}
-
-__device__ __forceinline__ void ring_issue(RingSlot<3>& s, const TilePtr<3>& p, const bool (&row_ok)[2], int grp,
-                                           bool ok, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    if (ok) {
-        cp_async_16(&s.a[lane], p.a + grp * 32);
-        cp_async_small<8>(&s.b[lane], p.b + grp * 32);
-        if (t < 2 && row_ok[t]) cp_async_small<4>(&s.s[g + 8 * t], scale_word(p.s[t] + grp));
-    }
-    cp_async_commit();
-}
-
-__device__ __forceinline__ void ring_frag(Frag<4>& f, const RingSlot<4>& s, int lane) {
-    f.r[0] = s.w[0][lane];
-    f.r[1] = s.w[1][lane];
-}
-
-__device__ __forceinline__ void ring_frag(Frag<3>& f, const RingSlot<3>& s, int lane) {
-    f.a = s.a[lane];
-    f.b = s.b[lane];
-}
-
-// A register stage (one group, one tile) read back from a landed slot.
-template <int BITS>
-__device__ __forceinline__ void ring_read(Stage<BITS, 1, 1>& st, const RingSlot<BITS>& s, const TilePtr<BITS>& p,
-                                          const bool (&row_ok)[2], int grp, int lane) {
-    const int g = lane >> 2;
-    ring_frag(st.frag[0][0], s, lane);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-        st.sc[0][0][h] = row_ok[h] ? h2f((half_t)(s.s[g + 8 * h] >> scale_shift(p.s[h] + grp))) : 0.f;
-}
-
-// Ask L1 for the x lines of every group this warp walks (rows < M): the x loads of each group
-// then hit L1 instead of waiting an L2 round trip behind weights that are already there.
-__device__ __forceinline__ void prefetch_x(const half_t* x, int M, int K, int kwarp, int kwarps, int mine, int lane) {
-    for (int i = lane; i < mine * M * 2; i += 32) {
-        const int j = i / (2 * M), rem = i - j * 2 * M;
-        asm volatile("prefetch.global.L1 [%0];" :: "l"(x + (long)(rem >> 1) * K + (kwarp + j * kwarps) * GROUP + (rem & 1) * 64));
-    }
-}
-
-// The warp's groups through the ring: STAGES - 1 issued before the wait (weights are constant,
-// ring_prologue), then one issued per group consumed, into the slot consumed the iteration
-// before (ring_loop, after the wait).
-template <int BITS, int STAGES>
-__device__ __forceinline__ void ring_prologue(RingSlot<BITS>* ring, const TilePtr<BITS>& p, const bool (&row_ok)[2],
-                                              int mine, int kwarp, int kwarps, int lane) {
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) ring_issue(ring[i], p, row_ok, kwarp + i * kwarps, i < mine, lane);
-}
-
-template <int BITS, int COLS, int STAGES>
-__device__ __forceinline__ void ring_loop(RingSlot<BITS>* ring, float (&acc)[1][COLS][4], const TilePtr<BITS>& p,
-                                          const bool (&row_ok)[2], const uint4* xrow, const bool (&has_x)[COLS],
-                                          int mine, int K, int kwarp, int kwarps, int groups, int lane) {
-    for (int i = 0; i < mine; ++i) {
-        cp_async_wait<STAGES - 2>();  // group i has landed (this lane's copies)
-        __syncwarp();                 // ... and every lane's (the scales), and slot i - 1 is free
-        const int next = i + STAGES - 1;
-        ring_issue(ring[next % STAGES], p, row_ok, kwarp + next * kwarps, next < mine, lane);
-        Stage<BITS, 1, 1> st;
-        ring_read(st, ring[i % STAGES], p, row_ok, kwarp + i * kwarps, lane);
-        compute_stage(st, acc, xrow, has_x, K, kwarp + i * kwarps, kwarps, groups);
-    }
-    cp_async_wait<0>();  // (only empty groups are left) the ring is free for another slice
-    __syncwarp();
-}
-
-// The residual values warp 0's lanes add in the epilogue (right after the wait: it may be the
-// previous kernel's output), so the epilogue needs no further round trip.
-template <int OUT_TILES, int COLS>
-__device__ __forceinline__ void load_residual(half_t (&res_in)[OUT_TILES][COLS][4], const half_t* residual, int unit0,
-                                              int g, int t, int M, int N) {
-#pragma unroll
-    for (int j = 0; j < OUT_TILES; ++j)
-#pragma unroll
-        for (int cb = 0; cb < COLS; ++cb)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
-                const int m = 8 * cb + 2 * t + (c & 1);
-                if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
-            }
-}
-
 // COLS blocks of 8 batch rows (M <= 8 * COLS): each dequantized fragment feeds COLS mma, so
 // column block 0 is computed exactly as with COLS = 1 (rows 0..7 stay bit-equal).
 // THREADS: the launch bound, 512 or 1024 (64 registers: only the one-tile, one-column instances).
 // ksplit: how many slices K is cut into (one per warp, or two per warp when a 32-slice split
 // runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
 // summation order, so a weight keeps one split for every batch size (batch invariance).
-// STAGES: 0 for the two register stages, else the depth of the shared-memory ring (TILES and
-// UNROLL 1; dynamic shared memory: warps x STAGES x sizeof(RingSlot<BITS>)).
-template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, int STAGES>
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
@@ -394,7 +259,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
-    constexpr int KSLOTS = TILES * COLS <= 2 ? MAX_KSPLIT : MAX_KSPLIT / 2;  // (shared memory)
+    // Partial sums in shared memory: 32 slices only where they can occur (more would cost L1).
+    constexpr int KSLOTS = (THREADS > 512 || COLS > 1) && TILES == 1 ? MAX_KSPLIT : MAX_KSPLIT / 2;
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -439,19 +305,6 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[j][cb][c] = 0.f;
 
-        if constexpr (STAGES > 0) {
-            static_assert(TILES == 1 && UNROLL == 1, "the ring holds one group of one tile per slot");
-            extern __shared__ uint4 ring_smem[];
-            RingSlot<BITS>* ring = reinterpret_cast<RingSlot<BITS>*>(ring_smem) + warp * STAGES;
-            const int mine = kwarp < groups ? (groups - kwarp + kwarps - 1) / kwarps : 0;  // this warp's groups
-            ring_prologue<BITS, STAGES>(ring, ptr[0], row_ok[0], mine, kwarp, kwarps, lane);
-            pdl_wait();  // the first groups are in flight; x (and y) belong to the previous kernel
-            if (epilogue_warp && residual != nullptr && slice == warp)
-                load_residual<OUT_TILES, COLS>(res_in, residual, unit0, g, t, M, N);
-            prefetch_x(x, M, K, kwarp, kwarps, mine, lane);
-            ring_loop<BITS, COLS, STAGES>(ring, acc, ptr[0], row_ok[0], xrow, has_x, mine, K, kwarp, kwarps, groups,
-                                          lane);
-        } else {
         // Two stages in registers: the next stage's loads are issued before this stage's math.
         const int step = kwarps * UNROLL;
         // (Unrolled by two so the stages swap roles without register copies.)
@@ -467,14 +320,22 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
 #endif
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
         if (epilogue_warp && residual != nullptr && slice == warp)
-            load_residual<OUT_TILES, COLS>(res_in, residual, unit0, g, t, M, N);
+#pragma unroll
+            for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+                for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
+                        const int m = 8 * cb + 2 * t + (c & 1);
+                        if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
+                    }
         for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
             if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
             compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
             if (g0 + step >= groups) break;
             if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
             compute_stage(b, acc, xrow, has_x, K, g0 + step, kwarps, groups);
-        }
         }
         if (ksplit > 1)
 #pragma unroll

@@ -35,8 +35,6 @@ COLUMN_BLOCK = 8
 MAX_WARPS = 32  # K slices per block (gemv.cu MAX_KSPLIT); above 16 only 32, one tile, unroll 1
 MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 threads where they fit
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
-MAX_STAGES = 8  # depth of a warp's shared-memory ring
-RING_SLOT_BYTES = {4: 1088, 3: 832}  # sizeof(RingSlot<BITS>) in gemv.cu: one group of a 16-row tile + scales
 SOURCE = "gemv.cu"
 
 
@@ -52,7 +50,6 @@ class GemvConfig:
     tiles: int = 1
     warps: int = 8
     unroll: int = 1
-    stages: int = 0  # 0: two register stages; 2..8: a cp.async shared-memory ring of that depth
 
     def __post_init__(self) -> None:
         if self.tiles not in (1, 2, 4):
@@ -64,9 +61,6 @@ class GemvConfig:
                                       "(1,024-thread blocks leave 64 registers per thread)")
         if self.unroll not in (1, 2, 4):
             raise KernelArgumentError(f"GemvConfig.unroll={self.unroll} must be 1, 2 or 4")
-        if self.stages and not (2 <= self.stages <= MAX_STAGES and (self.tiles, self.unroll) == (1, 1)):
-            raise KernelArgumentError(f"GemvConfig.stages={self.stages} must be 0, or 2..{MAX_STAGES} "
-                                      "with tiles=1 and unroll=1 (a ring slot holds one group of one tile)")
         if self.tiles * self.unroll > 4:  # 512-thread blocks leave 128 registers per thread
             raise KernelArgumentError(f"GemvConfig tiles*unroll={self.tiles * self.unroll} > 4 would spill registers")
 
@@ -85,12 +79,7 @@ class GemvConfig:
 
     def name_expression(self, bits: int, gated: bool, cols: int = 1) -> str:
         threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
-        return (f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}, "
-                f"{threads}, {self.stages}>")
-
-    def ring_bytes(self, bits: int, cols: int = 1) -> int:
-        """Dynamic shared memory of a launch: every warp's ring (0 without one)."""
-        return self.block_warps(cols) * self.stages * RING_SLOT_BYTES[bits]
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}, {threads}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -178,13 +167,10 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols))
-    ring = cfg.ring_bytes(w.bits, cols)
-    if ring:
-        loader.allow_dynamic_shared_memory(kernel, ring)
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
             np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps))
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args, shared_mem=ring)
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args)
     return y
 
 

@@ -164,28 +164,6 @@ def _function_handle(kernel) -> int:
     return int(function.ptr)
 
 
-_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-
-def allow_dynamic_shared_memory(kernel, nbytes: int) -> None:
-    """Let ``kernel`` launch with ``nbytes`` of dynamic shared memory (a kernel whose static and
-    dynamic shared memory together pass 48 KiB must opt in); a clear error when the GPU has
-    less per block."""
-    if nbytes > 0:
-        _opt_in_shared(_function_handle(kernel), nbytes)
-
-
-@functools.lru_cache(maxsize=None)
-def _opt_in_shared(handle: int, nbytes: int) -> None:
-    import cupy
-    import torch
-
-    limit = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())["sharedMemPerBlockOptin"]
-    if nbytes > limit:
-        raise KernelArgumentError(f"a launch needs {nbytes} bytes of shared memory per block; this GPU allows {limit}")
-    cupy.cuda.driver.funcSetAttribute(handle, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
-
-
 def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
     """Launch ``kernel`` on PyTorch's current stream (graph-capturable); programmatic (it may
     overlap the previous kernel's tail, app.kernels.programmatic) where the GPU supports it.
