@@ -296,7 +296,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     float acc[TILES][COLS][4];
     __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
     // Once per warp (ksplit == nwarps), except for the 16-row instances of a 32-slice split.
-    for (int slice = warp; slice < (COLS > 1 ? ksplit : warp + 1); slice += nwarps) {
+    const int slices_per_warp = COLS > 1 ? ksplit / nwarps : 1;  // (a constant 1 lets the loop vanish)
+    for (int v = 0; v < slices_per_warp; ++v) {
+        const int slice = warp + v * nwarps;
         const int kwarp = SPLIT ? slice >> 1 : slice;  // this slice's first group
 #pragma unroll
         for (int j = 0; j < TILES; ++j)
