@@ -31,6 +31,11 @@
 
 constexpr int GROUP = 128;
 constexpr int MAX_KSPLIT = 32;  // K slices of a block (gemv.py MAX_WARPS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool EARLY_RESIDUAL_ARCH = true;
+#else
+constexpr bool EARLY_RESIDUAL_ARCH = false;
+#endif
 
 __device__ __forceinline__ unsigned u4_get(const uint4& v, int i) {
     return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
@@ -291,10 +296,12 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     for (int cb = 0; cb < COLS; ++cb) has_x[cb] = g + 8 * cb < M;
     const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
 
-    // W4: the residual is loaded right after the wait (it may be the previous kernel's output),
-    // so warp 0's epilogue needs no further round trip. (W3 would spill the registers it takes.)
+    // W4 on SM90: the residual is loaded right after the wait (it may be the previous kernel's
+    // output), so warp 0's epilogue needs no further round trip. (W3, and W4 on SM86, would
+    // spill the registers it holds through the main loop.)
+    constexpr bool EARLY_RESIDUAL = !GATED && BITS == 4 && EARLY_RESIDUAL_ARCH;
     half_t res_in[OUT_TILES][COLS][4] = {};
-    const bool epilogue_warp = !GATED && BITS == 4 && warp == 0;
+    const bool epilogue_warp = EARLY_RESIDUAL && warp == 0;
 
     float acc[TILES][COLS][4];
     __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
@@ -399,7 +406,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                     float v = res[j][cb][c];
                     if (bias != nullptr) v += h2f(bias[unit]);
                     half_t out = f2h(v);
-                    if (residual != nullptr) out = f2h(h2f(out) + h2f(BITS == 4 ? res_in[j][cb][c] : residual[at]));
+                    if (residual != nullptr) out = f2h(h2f(out) + h2f(EARLY_RESIDUAL ? res_in[j][cb][c] : residual[at]));
                     y[at] = out;
                 }
             }
