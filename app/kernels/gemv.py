@@ -41,8 +41,9 @@ SOURCE = "gemv.cu"
 @dataclass(frozen=True)
 class GemvConfig:
     """How a GEMV is split: ``tiles`` 16-row tiles per warp (gate+up tiles when gated),
-    ``warps`` per block (they split K), ``unroll`` groups of 128 per pipeline stage (each warp
-    holds two stages: the next one's loads are in flight while the current one computes).
+    ``warps`` per block (they split K: 1..16, or 32 in a 1,024-thread block), ``unroll``
+    groups of 128 per pipeline stage (each warp holds two stages: the next one's loads are
+    in flight while the current one computes).
 
     Gated with ``tiles=1``: even warps take the gate tile, odd warps the up tile of the same
     16 outputs (``warps`` must be even), so each warp holds one tile's registers."""
