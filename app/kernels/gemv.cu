@@ -174,18 +174,13 @@ __device__ __forceinline__ void dequant_step(const Frag<3>& f, half2_t (&a)[4]) 
 // One tile, one group: the 8 mma steps, each dequantizing just the pairs it consumes (few
 // registers live) and using them for every block of 8 batch rows (COLS mma per step).
 // Step S: lane t's k-slots (2t, 2t+1) hold its pair 2S, (2t+8, 2t+9) pair 2S+1.
-// Even and odd steps accumulate into separate registers (CHAINS): two dependent mma chains of
-// 4 instead of one of 8, so a warp waits half as long on the tensor cores' latency.
-constexpr int CHAINS = 2;
-
 template <int BITS, int COLS, int S = 0>
-__device__ __forceinline__ void mma_steps(float (&c)[CHAINS][COLS][4], const Frag<BITS>& f,
-                                          const uint4 (&xv)[COLS][4]) {
+__device__ __forceinline__ void mma_steps(float (&c)[COLS][4], const Frag<BITS>& f, const uint4 (&xv)[COLS][4]) {
     half2_t a[4];
     dequant_step<S>(f, a);
 #pragma unroll
     for (int cb = 0; cb < COLS; ++cb)
-        mma_m16n8k16(c[S % CHAINS][cb], a[0], a[1], a[2], a[3], u4_get(xv[cb][S / 2], (2 * S) & 3),
+        mma_m16n8k16(c[cb], a[0], a[1], a[2], a[3], u4_get(xv[cb][S / 2], (2 * S) & 3),
                      u4_get(xv[cb][S / 2], (2 * S + 1) & 3));
     if constexpr (S < 7) mma_steps<BITS, COLS, S + 1>(c, f, xv);
 }
@@ -239,13 +234,15 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
                 xv[cb][v] = has_x[cb] ? xrow[(long)cb * K + grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
-            float c[CHAINS][COLS][4] = {};
+            float c[COLS][4] = {};
             mma_steps<BITS, COLS>(c, st.frag[u][j], xv);
 #pragma unroll
-            for (int cb = 0; cb < COLS; ++cb)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)  // rows g (i < 2) and g + 8 have their own scales
-                    acc[j][cb][i] = fmaf(st.sc[u][j][i >> 1], c[0][cb][i] + c[1][cb][i], acc[j][cb][i]);
+            for (int cb = 0; cb < COLS; ++cb) {
+                acc[j][cb][0] = fmaf(st.sc[u][j][0], c[cb][0], acc[j][cb][0]);
+                acc[j][cb][1] = fmaf(st.sc[u][j][0], c[cb][1], acc[j][cb][1]);
+                acc[j][cb][2] = fmaf(st.sc[u][j][1], c[cb][2], acc[j][cb][2]);
+                acc[j][cb][3] = fmaf(st.sc[u][j][1], c[cb][3], acc[j][cb][3]);
+            }
         }
     }
 }
