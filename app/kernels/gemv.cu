@@ -18,8 +18,7 @@
 // The warps of a block share the same rows and split the groups into ksplit slices (slice w
 // takes groups w, w + ksplit, ...; one slice per warp, two per warp only in the 16-row
 // instances of a 32-slice split), then add the slices' partial sums through shared memory
-// in a fixed order. Inside a group, even and odd mma steps accumulate separately (two
-// dependent chains of 4 instead of one of 8) and are added before the scale.
+// in a fixed order.
 // Gated with TILES == 1 ("split" gate/up): even warps take the gate tile, odd warps the up
 // tile of the same 16 outputs (groups split among the warps of one parity), so a warp holds
 // one tile's registers and the block still owns both halves for the SiLU epilogue.
