@@ -107,7 +107,8 @@ def test_gemv_matches_reference(bits, name, n, k):
                                       (GemvConfig(tiles=4, warps=2), 3), (GemvConfig(tiles=1, warps=32), 3),
                                       (GemvConfig(tiles=1, warps=32), 12)])
 def test_gemv_bias_and_in_place_residual(bits, config, m):
-    """The epilogue's bias and residual (loaded before the main loop) for every output layout."""
+    """The epilogue's bias and residual (on SM90 the W4 residual is loaded before the main loop)
+    for every output layout, one and two column blocks."""
     op, reference = GEMV[bits]
     n, k = 2576, 4096
     w = weights(bits, n, k, seed=11)

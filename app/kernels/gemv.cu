@@ -246,6 +246,11 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
     }
 }
 
+// Which output accumulator c (0..3, mma's c0..c3) of result tile j and column block cb holds:
+// unit (output feature) and batch row.
+__device__ __forceinline__ int out_unit(int unit0, int j, int g, int c) { return unit0 + 16 * j + g + ((c & 2) ? 8 : 0); }
+__device__ __forceinline__ int out_row(int cb, int t, int c) { return 8 * cb + 2 * t + (c & 1); }
+
 // COLS blocks of 8 batch rows (M <= 8 * COLS): each dequantized fragment feeds COLS mma, so
 // column block 0 is computed exactly as with COLS = 1 (rows 0..7 stay bit-equal).
 // THREADS: the launch bound, 512 or 1024 (64 registers: only the one-tile, one-column instances).
@@ -330,15 +335,14 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         }
 #endif
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
-        if (epilogue_warp && residual != nullptr && slice == warp)
+        if (epilogue_warp && residual != nullptr && v == 0)
 #pragma unroll
             for (int j = 0; j < OUT_TILES; ++j)
 #pragma unroll
                 for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
                     for (int c = 0; c < 4; ++c) {
-                        const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
-                        const int m = 8 * cb + 2 * t + (c & 1);
+                        const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
                         if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
                     }
         for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
@@ -392,8 +396,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const int unit = unit0 + 16 * j + g + ((c & 2) ? 8 : 0);
-                const int m = 8 * cb + 2 * t + (c & 1);
+                const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
                 if (unit >= N || m >= M) continue;
                 const long at = (long)m * N + unit;
                 if constexpr (GATED) {
