@@ -48,25 +48,26 @@ template <int BITS> struct Frag;
 template <> struct Frag<4> { uint4 r[2]; };          // row g (r[0]), g + 8 (r[1]): k = 32t .. 32t+31
 template <> struct Frag<3> { uint4 a; uint2 b; };    // tile layout (w3_tiles.py): row g a.x a.y b.x, g + 8 a.z a.w b.y
 
-// Where one lane's tile starts (group 0), with the group offset added per load (32-bit).
+// Where one lane's tile starts (group 0), with the group offset added per load (32-bit):
+// one pointer per weight tensor, one to row g's scales and the distance to row g + 8's.
 template <int BITS> struct TilePtr;
-template <> struct TilePtr<4> { const uint4* w; const half_t* s[2]; };
-template <> struct TilePtr<3> { const uint4* a; const uint2* b; const half_t* s[2]; };
+template <> struct TilePtr<4> { const uint4* w; const half_t* s; int ds; };
+template <> struct TilePtr<3> { const uint4* a; const uint2* b; const half_t* s; int ds; };
 
 // The lane's first 16-byte vector in tile `first_row / 16` (W4: [tile][group][h][lane]
 // vectors; W3: [tile][group][lane] in a and in b). Group g is +64 (W4) or +32 vectors later.
-// Scales are per row as in the checkpoint (rows past N were mapped to row 0, scale 0).
+// Scales are per row as in the checkpoint; row0 / row1 are the lane's rows g / g + 8.
 __device__ __forceinline__ TilePtr<4> tile_ptr(TilePtr<4>, const unsigned* qa, const unsigned*, const half_t* scales,
                                                long row0, long row1, long first_row, int K, int lane) {
     return {reinterpret_cast<const uint4*>(qa) + (first_row / 16) * (K / GROUP) * 64 + lane,
-            {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
+            scales + row0 * (K / GROUP), (int)(row1 - row0) * (K / GROUP)};
 }
 
 __device__ __forceinline__ TilePtr<3> tile_ptr(TilePtr<3>, const unsigned* qa, const unsigned* qb, const half_t* scales,
                                                long row0, long row1, long first_row, int K, int lane) {
     const long at = (first_row / 16) * (K / GROUP) * 32 + lane;
     return {reinterpret_cast<const uint4*>(qa) + at, reinterpret_cast<const uint2*>(qb) + at,
-            {scales + row0 * (K / GROUP), scales + row1 * (K / GROUP)}};
+            scales + row0 * (K / GROUP), (int)(row1 - row0) * (K / GROUP)};
 }
 
 // SM90 (programmatic launches): while the previous kernel finishes, ask L2 for the weight
@@ -103,9 +104,6 @@ __device__ __forceinline__ void load_frag(Frag<3>& f, const TilePtr<3>& p, int g
     f.a = load_streaming_16(p.a + group * 32);
     f.b = load_streaming_8(p.b + group * 32);
 }
-
-__device__ __forceinline__ void zero_frag(Frag<4>& f) { f.r[0] = f.r[1] = make_uint4(0, 0, 0, 0); }
-__device__ __forceinline__ void zero_frag(Frag<3>& f) { f.a = make_uint4(0, 0, 0, 0); f.b = make_uint2(0, 0); }
 
 // (a & b) | c in one LOP3 (the compiler emits two when both constants are immediates).
 __device__ __forceinline__ unsigned and_or(unsigned a, unsigned b, unsigned c) {
@@ -197,30 +195,32 @@ struct Stage {
     float sc[UNROLL][TILES][2];
 };
 
+// No bounds checks: the caller issues a stage only when its first group exists, a later group
+// past the end is replaced by the last one (loaded, never used: compute_stage stops first), and
+// the rows and batch rows past the end were clamped to real ones (their results are discarded).
 template <int BITS, int TILES, int UNROLL>
 __device__ __forceinline__ void load_stage(Stage<BITS, TILES, UNROLL>& st, const TilePtr<BITS> (&ptr)[TILES],
-                                           const bool (&row_ok)[TILES][2], int g0, int nwarps, int groups) {
+                                           int g0, int nwarps, int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-        const int grp = g0 + u * nwarps;
-        const bool ok = grp < groups;
+        const int grp = u == 0 ? g0 : min(g0 + u * nwarps, groups - 1);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
-            if (ok) load_frag(st.frag[u][j], ptr[j], grp);
-            else zero_frag(st.frag[u][j]);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) st.sc[u][j][h] = (ok && row_ok[j][h]) ? load_scale(ptr[j].s[h] + grp) : 0.f;
+            load_frag(st.frag[u][j], ptr[j], grp);
+            st.sc[u][j][0] = load_scale(ptr[j].s + grp);
+            st.sc[u][j][1] = load_scale(ptr[j].s + ptr[j].ds + grp);
         }
     }
 }
 
-// xrow: this lane's 32 inputs of group 0 as 16-byte vectors (row g of x, from 32t on; row
-// g + 8cb for column block cb is cb * K / 8 vectors later); group grp starts GROUP / 8 vectors
-// later (x is shared by every warp of the block: L1 hits after the first).
+// xrow: this lane's 32 inputs of group 0 as 16-byte vectors (batch row g of x, from 32t on;
+// column block cb reads xoff[cb] vectors later: row g + 8cb; rows past M are clamped to row
+// M - 1, whose mma column is discarded); group grp starts GROUP / 8 vectors later (x is shared
+// by every warp of the block: L1 hits after the first).
 template <int BITS, int TILES, int UNROLL, int COLS>
 __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& st, float (&acc)[TILES][COLS][4],
-                                              const uint4* xrow, const bool (&has_x)[COLS], int K, int g0,
-                                              int nwarps, int groups) {
+                                              const uint4* xrow, const int (&xoff)[COLS], int g0, int nwarps,
+                                              int groups) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int grp = g0 + u * nwarps;
@@ -230,7 +230,7 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
         for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
             for (int v = 0; v < 4; ++v)
-                xv[cb][v] = has_x[cb] ? xrow[(long)cb * K + grp * (GROUP / 8) + v] : make_uint4(0, 0, 0, 0);
+                xv[cb][v] = xrow[xoff[cb] + grp * (GROUP / 8) + v];
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             float c[COLS][4] = {};
@@ -280,25 +280,23 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     const int unit0 = blockIdx.x * (16 * OUT_TILES);
     const int kwarps = SPLIT ? ksplit >> 1 : ksplit;  // slices of the groups (per half when SPLIT)
 
+    // Rows past N (a padded tile, or a whole tile past the end when TILES > 1) read the last
+    // real row's scales and tile: valid addresses, results never stored. Every mma row and
+    // column is independent of the others, so clamping changes no stored output.
     TilePtr<BITS> ptr[TILES];
-    bool row_ok[TILES][2];
 #pragma unroll
     for (int j = 0; j < TILES; ++j) {
         const int first = unit0 + 16 * (j % OUT_TILES);  // the tile's first output
         const bool up = SPLIT ? (warp & 1) : (GATED && j >= OUT_TILES);
-        const long base = up ? (long)N + first : (long)first;  // its first weight row
-        long r[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            row_ok[j][h] = first + g + 8 * h < N;
-            r[h] = row_ok[j][h] ? base + g + 8 * h : 0;  // rows past N (a padded tile): scale 0
-        }
-        ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, r[0], r[1], base, K, lane);
+        const long half0 = up ? (long)N : 0;  // first weight row of its half (gate / up)
+        const long base = half0 + min(first, ((N - 1) / 16) * 16);  // its first weight row
+        ptr[j] = tile_ptr(TilePtr<BITS>{}, qa, qb, scales, half0 + min(first + g, N - 1),
+                          half0 + min(first + g + 8, N - 1), base, K, lane);
     }
-    bool has_x[COLS];  // column block cb: does batch row g + 8cb exist
+    int xoff[COLS];  // column block cb reads batch row g + 8cb (clamped to M - 1)
 #pragma unroll
-    for (int cb = 0; cb < COLS; ++cb) has_x[cb] = g + 8 * cb < M;
-    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)g * K) + 4 * t;
+    for (int cb = 0; cb < COLS; ++cb) xoff[cb] = (min(g + 8 * cb, M - 1) - min(g, M - 1)) * (K / 8);
+    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;
 
     // W4 on SM90: the residual is loaded right after the wait (it may be the previous kernel's
     // output), so warp 0's epilogue needs no further round trip. (W3, and W4 on SM86, would
@@ -325,13 +323,13 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         const int step = kwarps * UNROLL;
         // (Unrolled by two so the stages swap roles without register copies.)
         Stage<BITS, TILES, UNROLL> a, b;
-        load_stage(a, ptr, row_ok, kwarp, kwarps, groups);
+        if (kwarp < groups) load_stage(a, ptr, kwarp, kwarps, groups);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
-            if (t == 0 && row_ok[j][0]) prefetch_l2(ptr[j].s[0] + kwarp);  // the line of the row's scales it needs first
-            if (t == 0 && row_ok[j][1]) prefetch_l2(ptr[j].s[1] + kwarp);
+            if (t == 0) prefetch_l2(ptr[j].s + kwarp);  // the line of the rows' scales it needs first
+            if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);
         }
 #endif
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
@@ -346,11 +344,11 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                         if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
                     }
         for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
-            if (g0 + step < groups) load_stage(b, ptr, row_ok, g0 + step, kwarps, groups);
-            compute_stage(a, acc, xrow, has_x, K, g0, kwarps, groups);
+            if (g0 + step < groups) load_stage(b, ptr, g0 + step, kwarps, groups);
+            compute_stage(a, acc, xrow, xoff, g0, kwarps, groups);
             if (g0 + step >= groups) break;
-            if (g0 + 2 * step < groups) load_stage(a, ptr, row_ok, g0 + 2 * step, kwarps, groups);
-            compute_stage(b, acc, xrow, has_x, K, g0 + step, kwarps, groups);
+            if (g0 + 2 * step < groups) load_stage(a, ptr, g0 + 2 * step, kwarps, groups);
+            compute_stage(b, acc, xrow, xoff, g0 + step, kwarps, groups);
         }
         if (ksplit > 1)
 #pragma unroll

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""How fast can a kernel that only reads a GEMV's weight bytes be, at that size, in a graph?
+
+The decode GEMVs are small (3B o projection 2.2 MB, gate/up 24 MB): copy bandwidth (measured
+on 1 GiB) is not what a kernel of that size can reach, because it has a ramp (launch, first
+round trips) and a tail. This probe gives the ceiling at each size: a streaming read of the
+same bytes, from the same rotating DRAM copies bench_kernels uses, launched back to back in a
+CUDA graph like the GEMV is timed, best over a sweep of grid shapes and loads in flight. Two
+kinds of read kernel:
+
+- ``dependent``: every load after pdl_wait(), as if the weights could only be read once the
+  previous kernel had finished (the dependent-chain ceiling);
+- ``early``: every load before pdl_wait() (the weights are constant, so a kernel may stream
+  them while the previous one runs; the GEMV issues only its first stage that early).
+
+Printed side by side with the GEMV of the same shape (the default config, batch 1) and the
+ratio GEMV / read. Nothing is checked against a reference: the read kernel XORs what it
+loaded and the probe asserts the result equals the XOR computed by torch.
+
+    python3 benchmarks/probe_read.py --commit SHA [--out docs/results/probe_read_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_kernels import (  # noqa: E402
+    DEV, MODELS, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes,
+)
+
+from app.kernels import loader  # noqa: E402
+
+SOURCE = r"""
+// XOR of every 32-bit word of p[0 .. n16) (16-byte vectors), U vectors in flight per thread;
+// EARLY: the loads are issued before pdl_wait(), else after it. Each block XORs into out
+// (atomicXor: the order does not matter, so the result is exact).
+template <int U, bool EARLY>
+__global__ void read_kernel(const uint4* __restrict__ p, long n16, unsigned* out) {
+    pdl_launch_dependents();
+    if (!EARLY) pdl_wait();
+    const long stride = (long)gridDim.x * blockDim.x;
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + (U - 1) * stride < n16; i += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_streaming_16(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 v = load_streaming_16(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (EARLY) pdl_wait();
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if ((threadIdx.x & 31) == 0) atomicXor(out, acc);
+}
+"""
+UNROLLS = (2, 4, 8)
+BLOCKS_PER_SM = (1, 2, 4)
+THREADS = (256, 512, 1024)
+
+
+def compile_read_kernels() -> dict:
+    import cupy
+
+    common = (loader.KERNEL_DIR / loader.COMMON_SOURCE).read_text(encoding="utf-8")
+    names = [f"read_kernel<{u}, {str(early).lower()}>" for u in UNROLLS for early in (False, True)]
+    module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names)
+    return {(u, early): module.get_function(f"read_kernel<{u}, {str(early).lower()}>")
+            for u in UNROLLS for early in (False, True)}
+
+
+def xor_of(t: torch.Tensor) -> int:
+    return int(np.bitwise_xor.reduce(t.cpu().numpy().view(np.uint32)))
+
+
+def read_buffers(nbytes: int, copies: int) -> list[torch.Tensor]:
+    n16 = nbytes // 16
+    return [torch.randint(-2**31, 2**31 - 1, (n16 * 4,), dtype=torch.int32, device=DEV) for _ in range(copies)]
+
+
+def best_read(kernels: dict, bufs: list[torch.Tensor], early: bool, sms: int) -> dict:
+    """Fastest config of the read kernel (and the whole sweep); checks the XOR of each config first."""
+    out = torch.zeros(1, dtype=torch.int32, device=DEV)
+    n16 = bufs[0].numel() // 4
+    expected = xor_of(bufs[0])
+    best, sweep = None, []
+    for u in UNROLLS:
+        for per_sm in BLOCKS_PER_SM:
+            for threads in THREADS:
+                k = kernels[u, early]
+                grid = (per_sm * sms,)
+
+                def fn(i, k=k, grid=grid, threads=threads):
+                    loader.launch(k, grid, (threads,), (bufs[i % len(bufs)].data_ptr(), np.int64(n16), out.data_ptr()))
+
+                out.zero_()
+                fn(0)
+                torch.cuda.synchronize()
+                assert int(out.item()) & 0xFFFFFFFF == expected, "read kernel lost data"
+                us = time_us(fn, graph=True)
+                sweep.append(dict(us_graph=us, unroll=u, blocks=grid[0], threads=threads))
+                if best is None or us < best["us_graph"]:
+                    best = sweep[-1]
+    return dict(best, sweep=sweep)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/probe_read_h200.json")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    copy = copy_bandwidth_gbps()
+    kernels = compile_read_kernels()
+    rows = []
+    for model in MODELS:
+        for name, bits, n, k, gated in gemv_cases(model):
+            nbytes = weight_bytes(bits, n, k)
+            copies = n_copies(nbytes)
+            ws = rand_weights(bits, n, k, copies)
+            x = torch.randn(1, k, device=DEV).half()
+            gemv_us = time_us(gemv_fn(bits, gated, ws, x), graph=True)
+            del ws
+            bufs = read_buffers(nbytes, copies)
+            row = dict(shape=name, bytes=nbytes, gemv_us=gemv_us,
+                       read_dependent=best_read(kernels, bufs, False, sms), read_early=best_read(kernels, bufs, True, sms))
+            del bufs
+            torch.cuda.empty_cache()
+            for kind in ("read_dependent", "read_early"):
+                r = row[kind]
+                r["gbps"] = nbytes / r["us_graph"] / 1e3
+                r["frac_copy"] = r["gbps"] / copy
+            row["gemv_gbps"] = nbytes / gemv_us / 1e3
+            row["gemv_over_dependent_read"] = gemv_us / row["read_dependent"]["us_graph"]
+            rows.append(row)
+            d, e = row["read_dependent"], row["read_early"]
+            print(f"{name:18} {nbytes / 2**20:7.1f} MiB  gemv {gemv_us:7.2f} us ({row['gemv_gbps']:5.0f} GB/s)  "
+                  f"read after wait {d['us_graph']:7.2f} us ({d['gbps']:5.0f} GB/s, {100 * d['frac_copy']:3.0f} %)  "
+                  f"read before wait {e['us_graph']:7.2f} us ({e['gbps']:5.0f} GB/s)  "
+                  f"gemv / read {row['gemv_over_dependent_read']:.2f}x", flush=True)
+    result = dict(gpu=props.name, sm_count=sms, date=dt.datetime.now(dt.timezone.utc).isoformat(), commit=args.commit,
+                  copy_gbps=copy, rows=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"copy bandwidth {copy:.0f} GB/s on {props.name}")
+
+
+if __name__ == "__main__":
+    main()
