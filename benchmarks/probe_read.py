@@ -13,6 +13,10 @@ kinds of read kernel:
 - ``early``: every load before pdl_wait() (the weights are constant, so a kernel may stream
   them while the previous one runs; the GEMV issues only its first stage that early).
 
+And for the W4 shapes, ``tile_read``: the GEMV's own grid, block size and tile-group access
+pattern (its default config) reading with 1-8 groups in flight per warp and no math, which
+separates what the grid and access pattern cost from what the GEMV's math and reduction cost.
+
 Printed side by side with the GEMV of the same shape (the default config, batch 1) and the
 ratio GEMV / read. Nothing is checked against a reference: the read kernel XORs what it
 loaded and the probe asserts the result equals the XOR computed by torch.
@@ -37,6 +41,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_kernels import (  # noqa: E402
     DEV, MODELS, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes,
 )
+
+from app.kernels import default_gemv_config  # noqa: E402
 
 from app.kernels import loader  # noqa: E402
 
@@ -66,7 +72,39 @@ __global__ void read_kernel(const uint4* __restrict__ p, long n16, unsigned* out
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if ((threadIdx.x & 31) == 0) atomicXor(out, acc);
 }
+
+// The GEMV's own grid and access pattern without its math (W4 tile layout: a tile-group is
+// 1 KB, lane reads vectors lane and lane + 32): block b owns TPB consecutive tiles, warp w
+// reads tile w % TPB, groups w / TPB, + W / TPB, ... with U groups in flight (all after
+// pdl_wait, as the GEMV reads all but its first stage).
+template <int U>
+__global__ void tile_read_kernel(const uint4* __restrict__ p, int groups, int tpb, unsigned* out) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int stride = nwarps / tpb;
+    const uint4* tile = p + ((long)blockIdx.x * tpb + warp % tpb) * groups * 64 + lane;
+    unsigned acc = 0;
+    int g = warp / tpb;
+    for (; g + (U - 1) * stride < groups; g += U * stride) {
+        uint4 v[U][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            v[u][0] = load_streaming_16(tile + (g + u * stride) * 64);
+            v[u][1] = load_streaming_16(tile + (g + u * stride) * 64 + 32);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u][0].x ^ v[u][0].y ^ v[u][0].z ^ v[u][0].w ^ v[u][1].x ^ v[u][1].y ^ v[u][1].z ^ v[u][1].w;
+    }
+    for (; g < groups; g += stride) {
+        const uint4 a = load_streaming_16(tile + g * 64), b = load_streaming_16(tile + g * 64 + 32);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if (lane == 0) atomicXor(out, acc);
+}
 """
+TILE_UNROLLS = (1, 2, 4, 8)
 UNROLLS = (2, 4, 8)
 BLOCKS_PER_SM = (1, 2, 4)
 THREADS = (256, 512, 1024)
@@ -77,9 +115,12 @@ def compile_read_kernels() -> dict:
 
     common = (loader.KERNEL_DIR / loader.COMMON_SOURCE).read_text(encoding="utf-8")
     names = [f"read_kernel<{u}, {str(early).lower()}>" for u in UNROLLS for early in (False, True)]
-    module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names)
-    return {(u, early): module.get_function(f"read_kernel<{u}, {str(early).lower()}>")
-            for u in UNROLLS for early in (False, True)}
+    tile_names = [f"tile_read_kernel<{u}>" for u in TILE_UNROLLS]
+    module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names + tile_names)
+    kernels = {(u, early): module.get_function(f"read_kernel<{u}, {str(early).lower()}>")
+               for u in UNROLLS for early in (False, True)}
+    kernels.update({("tile", u): module.get_function(f"tile_read_kernel<{u}>") for u in TILE_UNROLLS})
+    return kernels
 
 
 def xor_of(t: torch.Tensor) -> int:
@@ -117,6 +158,29 @@ def best_read(kernels: dict, bufs: list[torch.Tensor], early: bool, sms: int) ->
     return dict(best, sweep=sweep)
 
 
+def tile_reads(kernels: dict, bufs: list[torch.Tensor], n: int, k: int, gated: bool, sms: int) -> list[dict]:
+    """The GEMV's default grid (W4 tile bytes: 1 KB per 16 rows x 128 inputs) read with 1-8
+    groups in flight per warp; checks the XOR of each first."""
+    cfg = default_gemv_config(n // 2 if gated else n, k, gated, sms)
+    tiles, groups = n // 16, k // 128
+    tpb = 2 if gated else 1  # the split gate/up block owns a gate tile and an up tile
+    out = torch.zeros(1, dtype=torch.int32, device=DEV)
+    view = [b[: tiles * groups * 256] for b in bufs]  # 1 KB = 256 words per tile-group
+    expected = xor_of(view[0])
+    rows = []
+    for u in TILE_UNROLLS:
+        def fn(i, u=u):
+            loader.launch(kernels["tile", u], (tiles // tpb,), (32 * cfg.warps,),
+                          (view[i % len(view)].data_ptr(), np.int32(groups), np.int32(tpb), out.data_ptr()))
+
+        out.zero_()
+        fn(0)
+        torch.cuda.synchronize()
+        assert int(out.item()) & 0xFFFFFFFF == expected, "tile read kernel lost data"
+        rows.append(dict(in_flight=u, warps=cfg.warps, blocks=tiles // tpb, us_graph=time_us(fn, graph=True)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
@@ -138,6 +202,8 @@ def main() -> None:
             bufs = read_buffers(nbytes, copies)
             row = dict(shape=name, bytes=nbytes, gemv_us=gemv_us,
                        read_dependent=best_read(kernels, bufs, False, sms), read_early=best_read(kernels, bufs, True, sms))
+            if bits == 4 and n % 32 == 0:
+                row["tile_read"] = tile_reads(kernels, bufs, n, k, gated, sms)
             del bufs
             torch.cuda.empty_cache()
             for kind in ("read_dependent", "read_early"):
@@ -152,6 +218,9 @@ def main() -> None:
                   f"read after wait {d['us_graph']:7.2f} us ({d['gbps']:5.0f} GB/s, {100 * d['frac_copy']:3.0f} %)  "
                   f"read before wait {e['us_graph']:7.2f} us ({e['gbps']:5.0f} GB/s)  "
                   f"gemv / read {row['gemv_over_dependent_read']:.2f}x", flush=True)
+            for t in row.get("tile_read", []):
+                print(f"{'':18} the GEMV's grid ({t['blocks']} x {t['warps']} warps), read only, {t['in_flight']} "
+                      f"groups in flight per warp: {t['us_graph']:7.2f} us", flush=True)
     result = dict(gpu=props.name, sm_count=sms, date=dt.datetime.now(dt.timezone.utc).isoformat(), commit=args.commit,
                   copy_gbps=copy, rows=rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -182,17 +182,20 @@ __device__ __forceinline__ void mma_steps(float (&c)[COLS][4], const Frag<BITS>&
     if constexpr (S < 7) mma_steps<BITS, COLS, S + 1>(c, f, xv);
 }
 
-__device__ __forceinline__ float load_scale(const half_t* p) {
+// The raw fp16 bits: converted where the scale is used (compute_stage). Converting here put
+// the cvt right behind the load, so every stage's issue waited a whole memory round trip for
+// its scales and the two register stages did not overlap loads with math.
+__device__ __forceinline__ half_t load_scale(const half_t* p) {
     unsigned short v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return h2f(v);
+    return v;
 }
 
 // One stage: the weights and scales of UNROLL groups for all tiles of the warp.
 template <int BITS, int TILES, int UNROLL>
 struct Stage {
     Frag<BITS> frag[UNROLL][TILES];
-    float sc[UNROLL][TILES][2];
+    half_t sc[UNROLL][TILES][2];  // fp16 bits (load_scale)
 };
 
 // No bounds checks: the caller issues a stage only when its first group exists, a later group
@@ -235,12 +238,13 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
         for (int j = 0; j < TILES; ++j) {
             float c[COLS][4] = {};
             mma_steps<BITS, COLS>(c, st.frag[u][j], xv);
+            const float s0 = h2f(st.sc[u][j][0]), s1 = h2f(st.sc[u][j][1]);
 #pragma unroll
             for (int cb = 0; cb < COLS; ++cb) {
-                acc[j][cb][0] = fmaf(st.sc[u][j][0], c[cb][0], acc[j][cb][0]);
-                acc[j][cb][1] = fmaf(st.sc[u][j][0], c[cb][1], acc[j][cb][1]);
-                acc[j][cb][2] = fmaf(st.sc[u][j][1], c[cb][2], acc[j][cb][2]);
-                acc[j][cb][3] = fmaf(st.sc[u][j][1], c[cb][3], acc[j][cb][3]);
+                acc[j][cb][0] = fmaf(s0, c[cb][0], acc[j][cb][0]);
+                acc[j][cb][1] = fmaf(s0, c[cb][1], acc[j][cb][1]);
+                acc[j][cb][2] = fmaf(s1, c[cb][2], acc[j][cb][2]);
+                acc[j][cb][3] = fmaf(s1, c[cb][3], acc[j][cb][3]);
             }
         }
     }
