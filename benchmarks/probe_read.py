@@ -5,13 +5,11 @@ The decode GEMVs are small (3B o projection 2.2 MB, gate/up 24 MB): copy bandwid
 on 1 GiB) is not what a kernel of that size can reach, because it has a ramp (launch, first
 round trips) and a tail. This probe gives the ceiling at each size: a streaming read of the
 same bytes, from the same rotating DRAM copies bench_kernels uses, launched back to back in a
-CUDA graph like the GEMV is timed, best over a sweep of grid shapes and loads in flight. Two
-kinds of read kernel:
-
-- ``dependent``: every load after pdl_wait(), as if the weights could only be read once the
-  previous kernel had finished (the dependent-chain ceiling);
-- ``early``: every load before pdl_wait() (the weights are constant, so a kernel may stream
-  them while the previous one runs; the GEMV issues only its first stage that early).
+CUDA graph like the GEMV is timed, best over a sweep of grid shapes and loads in flight.
+Every load comes after pdl_wait(), so each launch reads its bytes only once the one before
+has finished: the ceiling of a dependent chain. (A variant with the loads before the wait
+was dropped: with nothing to wait for, many launches of the chain were resident at once and
+launches i and i + copies shared L2 lines, so it reported more than DRAM can deliver.)
 
 And for the W4 shapes, ``tile_read``: the GEMV's own grid, block size and tile-group access
 pattern (its default config) reading with 1-8 groups in flight per warp and no math, which
@@ -48,12 +46,11 @@ from app.kernels import loader  # noqa: E402
 
 SOURCE = r"""
 // XOR of every 32-bit word of p[0 .. n16) (16-byte vectors), U vectors in flight per thread;
-// EARLY: the loads are issued before pdl_wait(), else after it. Each block XORs into out
-// (atomicXor: the order does not matter, so the result is exact).
-template <int U, bool EARLY>
+// Each warp XORs into out (atomicXor: the order does not matter, so the result is exact).
+template <int U>
 __global__ void read_kernel(const uint4* __restrict__ p, long n16, unsigned* out) {
     pdl_launch_dependents();
-    if (!EARLY) pdl_wait();
+    pdl_wait();
     const long stride = (long)gridDim.x * blockDim.x;
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned acc = 0;
@@ -68,7 +65,6 @@ __global__ void read_kernel(const uint4* __restrict__ p, long n16, unsigned* out
         const uint4 v = load_streaming_16(p + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
-    if (EARLY) pdl_wait();
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if ((threadIdx.x & 31) == 0) atomicXor(out, acc);
 }
@@ -114,11 +110,10 @@ def compile_read_kernels() -> dict:
     import cupy
 
     common = (loader.KERNEL_DIR / loader.COMMON_SOURCE).read_text(encoding="utf-8")
-    names = [f"read_kernel<{u}, {str(early).lower()}>" for u in UNROLLS for early in (False, True)]
+    names = [f"read_kernel<{u}>" for u in UNROLLS]
     tile_names = [f"tile_read_kernel<{u}>" for u in TILE_UNROLLS]
     module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names + tile_names)
-    kernels = {(u, early): module.get_function(f"read_kernel<{u}, {str(early).lower()}>")
-               for u in UNROLLS for early in (False, True)}
+    kernels = {("read", u): module.get_function(f"read_kernel<{u}>") for u in UNROLLS}
     kernels.update({("tile", u): module.get_function(f"tile_read_kernel<{u}>") for u in TILE_UNROLLS})
     return kernels
 
@@ -132,7 +127,7 @@ def read_buffers(nbytes: int, copies: int) -> list[torch.Tensor]:
     return [torch.randint(-2**31, 2**31 - 1, (n16 * 4,), dtype=torch.int32, device=DEV) for _ in range(copies)]
 
 
-def best_read(kernels: dict, bufs: list[torch.Tensor], early: bool, sms: int) -> dict:
+def best_read(kernels: dict, bufs: list[torch.Tensor], sms: int) -> dict:
     """Fastest config of the read kernel (and the whole sweep); checks the XOR of each config first."""
     out = torch.zeros(1, dtype=torch.int32, device=DEV)
     n16 = bufs[0].numel() // 4
@@ -141,7 +136,7 @@ def best_read(kernels: dict, bufs: list[torch.Tensor], early: bool, sms: int) ->
     for u in UNROLLS:
         for per_sm in BLOCKS_PER_SM:
             for threads in THREADS:
-                k = kernels[u, early]
+                k = kernels["read", u]
                 grid = (per_sm * sms,)
 
                 def fn(i, k=k, grid=grid, threads=threads):
@@ -201,23 +196,20 @@ def main() -> None:
             del ws
             bufs = read_buffers(nbytes, copies)
             row = dict(shape=name, bytes=nbytes, gemv_us=gemv_us,
-                       read_dependent=best_read(kernels, bufs, False, sms), read_early=best_read(kernels, bufs, True, sms))
+                       read=best_read(kernels, bufs, sms))
             if bits == 4 and n % 32 == 0:
                 row["tile_read"] = tile_reads(kernels, bufs, n, k, gated, sms)
             del bufs
             torch.cuda.empty_cache()
-            for kind in ("read_dependent", "read_early"):
-                r = row[kind]
-                r["gbps"] = nbytes / r["us_graph"] / 1e3
-                r["frac_copy"] = r["gbps"] / copy
+            d = row["read"]
+            d["gbps"] = nbytes / d["us_graph"] / 1e3
+            d["frac_copy"] = d["gbps"] / copy
             row["gemv_gbps"] = nbytes / gemv_us / 1e3
-            row["gemv_over_dependent_read"] = gemv_us / row["read_dependent"]["us_graph"]
+            row["gemv_over_read"] = gemv_us / d["us_graph"]
             rows.append(row)
-            d, e = row["read_dependent"], row["read_early"]
             print(f"{name:18} {nbytes / 2**20:7.1f} MiB  gemv {gemv_us:7.2f} us ({row['gemv_gbps']:5.0f} GB/s)  "
-                  f"read after wait {d['us_graph']:7.2f} us ({d['gbps']:5.0f} GB/s, {100 * d['frac_copy']:3.0f} %)  "
-                  f"read before wait {e['us_graph']:7.2f} us ({e['gbps']:5.0f} GB/s)  "
-                  f"gemv / read {row['gemv_over_dependent_read']:.2f}x", flush=True)
+                  f"read only {d['us_graph']:7.2f} us ({d['gbps']:5.0f} GB/s, {100 * d['frac_copy']:3.0f} % of copy)  "
+                  f"gemv / read {row['gemv_over_read']:.2f}x", flush=True)
             for t in row.get("tile_read", []):
                 print(f"{'':18} the GEMV's grid ({t['blocks']} x {t['warps']} warps), read only, {t['in_flight']} "
                       f"groups in flight per warp: {t['us_graph']:7.2f} us", flush=True)
