@@ -40,12 +40,10 @@ from bench_kernels import (  # noqa: E402
     DEV, MODELS, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes,
 )
 
-from app.kernels import default_gemv_config  # noqa: E402
-
-from app.kernels import loader  # noqa: E402
+from app.kernels import default_gemv_config, loader  # noqa: E402
 
 SOURCE = r"""
-// XOR of every 32-bit word of p[0 .. n16) (16-byte vectors), U vectors in flight per thread;
+// XOR of every 32-bit word of p[0 .. n16) (16-byte vectors), U vectors in flight per thread.
 // Each warp XORs into out (atomicXor: the order does not matter, so the result is exact).
 template <int U>
 __global__ void read_kernel(const uint4* __restrict__ p, long n16, unsigned* out) {
