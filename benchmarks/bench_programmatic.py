@@ -45,7 +45,7 @@ def measure(model: str, recipe: str, mode: str) -> dict:
     try:
         row = dict(mode=mode, decode={})
         for batch in (1, 8):
-            tps, step_us = decode_tokens_per_s(runner, batch, spec.vocab_size)
+            tps, step_us, _pipelined = decode_tokens_per_s(runner, batch, spec.vocab_size)
             row["decode"][batch] = dict(tokens_per_s=tps, graph_step_us=step_us,
                                         graph_tokens_per_s=batch * 1e6 / step_us)
         row["bytes_per_token"] = runner.weights.bytes_per_token

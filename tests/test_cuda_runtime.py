@@ -293,6 +293,41 @@ def test_greedy_ids_pad_rows_and_ranges_on_cpu():
     assert info["weights_bytes"] == runner.weights.nbytes and info["kv_cache_bytes"] == runner.cache.nbytes
 
 
+def test_greedy_steps_chained_on_the_device_equal_steps_from_the_host():
+    """decode_greedy_launch_next feeds each step's argmax to the next on the device, two steps in
+    flight, and gives the ids one-step-at-a-time greedy decoding gives."""
+    spec = tiny_spec()
+    weights = runtime_weights(random_model(spec, seed=5), "w4")
+    prompts = {0: [5, 6, 7], 2: [9, 10]}
+
+    def fresh():
+        runner = CudaRunner(weights, num_slots=3, max_context=16, prefill_mode="graph")
+        for slot, ids in prompts.items():
+            runner.prefill(slot, ids, 0)
+        return runner
+
+    slots, ids, positions = [0, 2], [8, 11], [3, 2]
+    stepwise, want = fresh(), []
+    for step in range(6):
+        ids = stepwise.decode_greedy(slots, ids, [p + step for p in positions])
+        want.append(ids)
+    chained, got = fresh(), []
+    with pytest.raises(RuntimeError, match="exactly one"):
+        chained.decode_greedy_launch_next()
+    chained.decode_greedy_launch(slots, [8, 11], positions)
+    for step in range(6):
+        if step < 5:
+            chained.decode_greedy_launch_next()
+            assert len(chained.decode_greedy_in_flight()) == 2
+        ready = chained.decode_greedy_collect()
+        got.append([ready[(s, p + step)] for s, p in zip(slots, positions)])
+    assert got == want and chained.decode_greedy_collect() == {}
+    assert torch.equal(chained.cache.k, stepwise.cache.k) and torch.equal(chained.cache.v, stepwise.cache.v)
+    chained.decode_greedy_launch([0], [1], [15])  # the last position: no room for the next step
+    with pytest.raises(ContextLengthError):
+        chained.decode_greedy_launch_next()
+
+
 def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
     from app.engine import Engine, SamplingParams
@@ -302,8 +337,9 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir)
         loaded = reference.loaded
         weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
     runner = CudaRunner(weights, num_slots=2, max_context=128)
-    calls = []
-    runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append(1) or _f(*a)  # count
+    calls = []  # "host": ids uploaded from the host, "device": the next step chained on the device
+    runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append("host") or _f(*a)
+    runner.decode_greedy_launch_next = lambda _f=runner.decode_greedy_launch_next: calls.append("device") or _f()
     engine = type(reference)(loaded, runner, 2)
     with engine:
         out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)).result
@@ -312,9 +348,11 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir)
     for _ in range(12):
         want.append(token)
         token, pos = int(runner.decode([0], [token], [pos])[0].argmax()), pos + 1
-    # 11 decode steps: the first runs now, each later one was launched ahead (10 hits), and the
-    # step launched after the last token is discarded: 12 launches.
-    assert list(out.token_ids) == want and hits == 10 and len(calls) == 12
+    # 11 decode steps: the first runs now and the second is launched from its tokens on the
+    # host; from then on each step launches the one after it from the device before its own
+    # tokens are read (10 hits), and the step launched after the last token is discarded.
+    assert list(out.token_ids) == want and hits == 10
+    assert calls == ["host", "host"] + ["device"] * 10
 
 
 def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):

@@ -137,32 +137,44 @@ class Scheduler:
             self._accept(seq, row)
 
     def _decode_pipelined(self, seqs: list[Sequence], slots: list[int], ids: list[int], positions: list[int]) -> None:
-        """Greedy decode one step ahead: the next step is launched (from this step's tokens)
-        before this step's tokens are accepted, so the host's bookkeeping overlaps the GPU.
+        """Greedy decode ahead of the host: the next step is launched before this step's tokens
+        are accepted, so the host's bookkeeping overlaps the GPU.
 
-        The step launched last time is used when it covers every sequence here at the same
-        position (sequences that finished since are simply not asked for); otherwise it is
+        When the oldest step in flight is exactly this step (same sequences, same positions),
+        the step after it is launched at once from its tokens on the device (the runner's
+        ``decode_greedy_launch_next``), and only then are this step's tokens waited for: the
+        GPU always has the next step queued. Otherwise a step in flight is used when it covers
+        every sequence here at the same position (sequences that finished since are simply not
+        asked for), and the next one is launched from the host's tokens; anything else is
         discarded — its cache writes are the ones this step makes again, or lie past the end
         of a finished sequence — and this step runs now.
         """
-        ready = self.runner.decode_greedy_collect()
         keys = list(zip(slots, positions))
+        in_flight = self.runner.decode_greedy_in_flight()
+        room = all(p + 1 < self.runner.max_context for p in positions)
+        if in_flight and list(zip(*in_flight[0])) == keys:
+            if room and len(in_flight) == 1:
+                self.runner.decode_greedy_launch_next()
+            ready, chained = self.runner.decode_greedy_collect(), room
+        else:
+            ready, chained = self.runner.decode_greedy_collect(), False
         if all(k in ready for k in keys):
             self.speculative_hits += 1
             tokens = [ready[k] for k in keys]
         else:
-            tokens = self.runner.decode_greedy(slots, ids, positions)
-        if all(p + 1 < self.runner.max_context for p in positions):
+            tokens = self.runner.decode_greedy(slots, ids, positions)  # drops what is still in flight
+        if room and not chained:
             self.runner.decode_greedy_launch(slots, tokens, [p + 1 for p in positions])
         for seq, token in zip(seqs, tokens):
             seq.cached += 1
             self._accept_token(seq, token)
 
     def _drop_speculative(self) -> None:
-        """Wait for and discard a step launched ahead (before anything else uses the runner)."""
+        """Wait for and discard the steps launched ahead (before anything else uses the runner)."""
         collect = getattr(self.runner, "decode_greedy_collect", None)
         if collect is not None:
-            collect()  # {} when nothing is in flight
+            while collect():  # {} when nothing is in flight
+                pass
 
     def _accept(self, seq: Sequence, logits) -> None:
         self._accept_token(seq, seq.sampler.sample(logits))

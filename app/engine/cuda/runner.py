@@ -24,6 +24,7 @@ import torch
 
 from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
+from app.engine.cuda.greedy import TokensInFlight
 from app.engine.cuda.ops import default_ops
 from app.engine.cuda.prefill import GemmPrefill
 from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
@@ -64,10 +65,8 @@ class CudaRunner:
                                         pin_memory=self.device.type == "cuda")
         # Marks when the GPU has read _host_inputs (pinned: the copy is asynchronous).
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        # decode_greedy_launch: the step's tokens land here asynchronously, _tokens_ready marks it.
-        self._tokens_host = torch.empty(rows, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._tokens_ready = torch.cuda.Event() if self.device.type == "cuda" else None
-        self._launched: tuple[list[int], list[int]] | None = None
+        # Greedy steps launched and not yet collected: their ids come back asynchronously.
+        self._in_flight = TokensInFlight(rows, self.device)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
@@ -123,27 +122,36 @@ class CudaRunner:
     @torch.inference_mode()
     def decode_greedy_launch(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
         """Start a greedy step without waiting for it (:meth:`decode_greedy_collect` gets the ids).
+        Steps still in flight are waited for and dropped first.
 
         The scheduler launches the next step before it does this step's bookkeeping
         (detokenizing, stop strings, streaming to clients), so the GPU is not idle meanwhile.
         """
-        self.decode_greedy_collect()  # at most one step in flight: its pinned buffer is reused
+        self._in_flight.drop()
         self._decode(slots, ids, positions)
-        n = len(ids)
-        self._tokens_host[:n].copy_(self.buffers.tokens[:n], non_blocking=True)
-        if self._tokens_ready is not None:
-            self._tokens_ready.record()
-        self._launched = (list(slots), list(positions))
+        self._in_flight.record(self.buffers.tokens, slots, positions)
+
+    @torch.inference_mode()
+    def decode_greedy_launch_next(self) -> None:
+        """Launch the step after the one in flight (same slots, positions + 1), its input ids
+        taken on the device from that step's argmax: nothing waits for the host."""
+        if len(self._in_flight) != 1:
+            raise RuntimeError(f"decode_greedy_launch_next needs exactly one greedy step in flight, "
+                               f"got {len(self._in_flight)}")
+        slots, positions = self._in_flight.newest()
+        positions = [p + 1 for p in positions]
+        for slot, pos in zip(slots, positions):
+            self.cache.check_range(slot, pos, 1)
+        self._run_rows([(0, pos, slot, pos + 1) for pos, slot in zip(positions, slots)], ids_on_device=True)
+        self._in_flight.record(self.buffers.tokens, slots, positions)
 
     def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
-        """{(slot, position): next token} of the launched step ({} when none is in flight)."""
-        if self._launched is None:
-            return {}
-        slots, positions = self._launched
-        self._launched = None
-        if self._tokens_ready is not None:
-            self._tokens_ready.synchronize()
-        return dict(zip(zip(slots, positions), self._tokens_host[: len(slots)].tolist()))
+        """{(slot, position): next token} of the oldest step in flight ({} when none is)."""
+        return self._in_flight.collect()
+
+    def decode_greedy_in_flight(self) -> list[tuple[list[int], list[int]]]:
+        """(slots, positions) of the greedy steps in flight, oldest first."""
+        return self._in_flight.keys()
 
     def _decode(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
         for slot, pos in zip(slots, positions):
@@ -168,8 +176,9 @@ class CudaRunner:
             self._run_rows([(tok, first + j, slot, first + j + 1) for j, tok in enumerate(chunk)])
         return self.buffers.logits[len(chunk) - 1]
 
-    def _run_rows(self, rows: list[tuple[int, int, int, int]]) -> None:
-        """Upload rows of (id, position, slot, seq_len) padded to their bucket, run the step."""
+    def _run_rows(self, rows: list[tuple[int, int, int, int]], ids_on_device: bool = False) -> None:
+        """Upload rows of (id, position, slot, seq_len) padded to their bucket, run the step.
+        ``ids_on_device``: the ids are the last step's argmax (``buffers.tokens``), not the rows'."""
         bucket = self.graphs.bucket_for(len(rows))
         host = self._host_inputs
         if self._uploaded is not None:
@@ -178,6 +187,8 @@ class CudaRunner:
         self.buffers.inputs.copy_(host, non_blocking=True)
         if self._uploaded is not None:
             self._uploaded.record()
+        if ids_on_device:  # in stream order: after the step that wrote them
+            self.buffers.inputs[0, : len(rows)].copy_(self.buffers.tokens[: len(rows)])
         self.graphs.run(bucket)
 
     # -- lifecycle and accounting -------------------------------------------------------------
