@@ -376,6 +376,34 @@ def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
     assert together == alone and [len(t) for t in together] == lengths and hits > 0
 
 
+def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir):
+    """Steps of more than CHAIN_MAX_SEQUENCES sequences keep the one-step-ahead flow (ids from
+    the host); smaller ones are chained; the tokens are the same either way."""
+    from app.engine import Engine, SamplingParams
+    from app.engine.scheduler import CHAIN_MAX_SEQUENCES
+
+    n = CHAIN_MAX_SEQUENCES + 1
+    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=n, max_context=64) as reference:
+        loaded = reference.loaded
+        weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
+    runner = CudaRunner(weights, num_slots=n, max_context=64)
+    chained_sizes = []
+    runner.decode_greedy_launch_next = (
+        lambda _f=runner.decode_greedy_launch_next: chained_sizes.append(len(runner.decode_greedy_in_flight()[0][0]))
+        or _f())
+    prompts = [[5 + i, 6 + i, 7 + i] for i in range(n)]
+    lengths = [16] * (n - 1) + [24]  # n sequences together, then the last one alone
+    with type(reference)(loaded, runner, n) as engine:
+        def run(i):
+            return engine.generate(prompts[i], SamplingParams(max_tokens=lengths[i], temperature=0, ignore_eos=True))
+        alone = [list(run(i).result.token_ids) for i in range(n)]
+        chained_sizes.clear()
+        handles = [run(i) for i in range(n)]
+        together = [list(h.result.token_ids) for h in handles]
+    assert together == alone
+    assert chained_sizes and max(chained_sizes) <= CHAIN_MAX_SEQUENCES
+
+
 # -- GPU: kernels, graphs, the engine (run on the device machine: pytest -m gpu) ---------------
 
 def gpu_runner(weights, **kw) -> CudaRunner:

@@ -22,6 +22,11 @@ from app.errors import EngineClosedError
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
+# Greedy steps of at most this many sequences are chained on the device (decode_greedy_launch_next).
+# Through the HTTP server (H200, 3B w4, docs/KERNELS.md phase 8) chaining gave +17 / +12 / +12 %
+# at 1 / 2 / 4 streams, but 8 streams measured 14 % slower than the one-step-ahead flow in the one
+# run there was time for (not understood), so 8-sequence steps keep that flow until re-measured.
+CHAIN_MAX_SEQUENCES = 4
 
 
 class Scheduler:
@@ -140,8 +145,8 @@ class Scheduler:
         """Greedy decode ahead of the host: the next step is launched before this step's tokens
         are accepted, so the host's bookkeeping overlaps the GPU.
 
-        When the oldest step in flight is exactly this step (same sequences, same positions),
-        the step after it is launched at once from its tokens on the device (the runner's
+        When the oldest step in flight is exactly this step (same sequences, same positions,
+        at most CHAIN_MAX_SEQUENCES of them), the step after it is launched at once from its tokens on the device (the runner's
         ``decode_greedy_launch_next``), and only then are this step's tokens waited for: the
         GPU always has the next step queued. Otherwise a step in flight is used when it covers
         every sequence here at the same position (sequences that finished since are simply not
@@ -152,7 +157,7 @@ class Scheduler:
         keys = list(zip(slots, positions))
         in_flight = self.runner.decode_greedy_in_flight()
         room = all(p + 1 < self.runner.max_context for p in positions)
-        if in_flight and list(zip(*in_flight[0])) == keys:
+        if in_flight and list(zip(*in_flight[0])) == keys and len(keys) <= CHAIN_MAX_SEQUENCES:
             if room and len(in_flight) == 1:
                 self.runner.decode_greedy_launch_next()
             ready, chained = self.runner.decode_greedy_collect(), room
