@@ -88,7 +88,8 @@ __global__ void tile_read_kernel(const uint4* __restrict__ p, int groups, int tp
             v[u][1] = load_streaming_16(tile + (g + u * stride) * 64 + 32);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) acc ^= v[u][0].x ^ v[u][0].y ^ v[u][0].z ^ v[u][0].w ^ v[u][1].x ^ v[u][1].y ^ v[u][1].z ^ v[u][1].w;
+        for (int u = 0; u < U; ++u)
+            acc ^= v[u][0].x ^ v[u][0].y ^ v[u][0].z ^ v[u][0].w ^ v[u][1].x ^ v[u][1].y ^ v[u][1].z ^ v[u][1].w;
     }
     for (; g < groups; g += stride) {
         const uint4 a = load_streaming_16(tile + g * 64), b = load_streaming_16(tile + g * 64 + 32);

@@ -148,10 +148,10 @@ class Scheduler:
         When the oldest step in flight is exactly this step (same sequences, same positions,
         at most CHAIN_MAX_SEQUENCES of them), the step after it is launched at once from its
         tokens on the device (the runner's ``decode_greedy_launch_next``), and only then are
-        this step's tokens waited for: the GPU always has the next step queued. Otherwise a step in flight is used when it covers
-        every sequence here at the same position (sequences that finished since are simply not
-        asked for), and the next one is launched from the host's tokens; anything else is
-        discarded — its cache writes are the ones this step makes again, or lie past the end
+        this step's tokens waited for: the GPU always has the next step queued. Otherwise a
+        step in flight is used when it covers every sequence here at the same position
+        (sequences that finished since are simply not asked for), and the next one is launched
+        from the host's tokens; anything else is discarded — its cache writes are the ones this step makes again, or lie past the end
         of a finished sequence — and this step runs now.
         """
         keys = list(zip(slots, positions))
