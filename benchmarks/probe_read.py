@@ -126,6 +126,15 @@ def read_buffers(nbytes: int, copies: int) -> list[torch.Tensor]:
     return [torch.randint(-2**31, 2**31 - 1, (n16 * 4,), dtype=torch.int32, device=DEV) for _ in range(copies)]
 
 
+def checked_us(fn, out: torch.Tensor, expected: int, what: str) -> float:
+    """One launch checked against the torch XOR (``out`` is its accumulator), then the graph time."""
+    out.zero_()
+    fn(0)
+    torch.cuda.synchronize()
+    assert int(out.item()) & 0xFFFFFFFF == expected, f"{what} lost data"
+    return time_us(fn, graph=True)
+
+
 def best_read(kernels: dict, bufs: list[torch.Tensor], sms: int) -> dict:
     """Fastest config of the read kernel (and the whole sweep); checks the XOR of each config first."""
     out = torch.zeros(1, dtype=torch.int32, device=DEV)
@@ -141,11 +150,7 @@ def best_read(kernels: dict, bufs: list[torch.Tensor], sms: int) -> dict:
                 def fn(i, k=k, grid=grid, threads=threads):
                     loader.launch(k, grid, (threads,), (bufs[i % len(bufs)].data_ptr(), np.int64(n16), out.data_ptr()))
 
-                out.zero_()
-                fn(0)
-                torch.cuda.synchronize()
-                assert int(out.item()) & 0xFFFFFFFF == expected, "read kernel lost data"
-                us = time_us(fn, graph=True)
+                us = checked_us(fn, out, expected, "read kernel")
                 sweep.append(dict(us_graph=us, unroll=u, blocks=grid[0], threads=threads))
                 if best is None or us < best["us_graph"]:
                     best = sweep[-1]
@@ -167,11 +172,8 @@ def tile_reads(kernels: dict, bufs: list[torch.Tensor], n: int, k: int, gated: b
             loader.launch(kernels["tile", u], (tiles // tpb,), (32 * cfg.warps,),
                           (view[i % len(view)].data_ptr(), np.int32(groups), np.int32(tpb), out.data_ptr()))
 
-        out.zero_()
-        fn(0)
-        torch.cuda.synchronize()
-        assert int(out.item()) & 0xFFFFFFFF == expected, "tile read kernel lost data"
-        rows.append(dict(in_flight=u, warps=cfg.warps, blocks=tiles // tpb, us_graph=time_us(fn, graph=True)))
+        rows.append(dict(in_flight=u, warps=cfg.warps, blocks=tiles // tpb,
+                         us_graph=checked_us(fn, out, expected, "tile read kernel")))
     return rows
 
 

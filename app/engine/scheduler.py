@@ -151,18 +151,17 @@ class Scheduler:
         this step's tokens waited for: the GPU always has the next step queued. Otherwise a
         step in flight is used when it covers every sequence here at the same position
         (sequences that finished since are simply not asked for), and the next one is launched
-        from the host's tokens; anything else is discarded — its cache writes are the ones this step makes again, or lie past the end
-        of a finished sequence — and this step runs now.
+        from the host's tokens; anything else is discarded — its cache writes are the ones this
+        step makes again, or lie past the end of a finished sequence — and this step runs now.
         """
         keys = list(zip(slots, positions))
         in_flight = self.runner.decode_greedy_in_flight()
         room = all(p + 1 < self.runner.max_context for p in positions)
-        if in_flight and list(zip(*in_flight[0])) == keys and len(keys) <= CHAIN_MAX_SEQUENCES:
-            if room and len(in_flight) == 1:
-                self.runner.decode_greedy_launch_next()
-            ready, chained = self.runner.decode_greedy_collect(), room
-        else:
-            ready, chained = self.runner.decode_greedy_collect(), False
+        exact = bool(in_flight) and list(zip(*in_flight[0])) == keys  # the oldest in flight is this step
+        chained = room and exact and len(keys) <= CHAIN_MAX_SEQUENCES
+        if chained and len(in_flight) == 1:  # (a second one in flight is already the chained step)
+            self.runner.decode_greedy_launch_next()
+        ready = self.runner.decode_greedy_collect()
         if all(k in ready for k in keys):
             self.speculative_hits += 1
             tokens = [ready[k] for k in keys]

@@ -140,9 +140,7 @@ class CudaRunner:
                                f"got {len(self._in_flight)}")
         slots, positions = self._in_flight.newest()
         positions = [p + 1 for p in positions]
-        for slot, pos in zip(slots, positions):
-            self.cache.check_range(slot, pos, 1)
-        self._run_rows([(0, pos, slot, pos + 1) for pos, slot in zip(positions, slots)], ids_on_device=True)
+        self._decode(slots, [0] * len(slots), positions, ids_on_device=True)
         self._in_flight.record(self.buffers.tokens, slots, positions)
 
     def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
@@ -153,11 +151,11 @@ class CudaRunner:
         """(slots, positions) of the greedy steps in flight, oldest first."""
         return self._in_flight.keys()
 
-    def _decode(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
+    def _decode(self, slots: list[int], ids: list[int], positions: list[int], ids_on_device: bool = False) -> None:
         for slot, pos in zip(slots, positions):
             self.cache.check_range(slot, pos, 1)
         rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
-        self._run_rows(rows)
+        self._run_rows(rows, ids_on_device)
 
     def _prefill_bucketed(self, slot: int, ids: list[int]) -> torch.Tensor:
         """The first ``largest`` tokens padded to their bucket (a graph replay), the rest eagerly."""
