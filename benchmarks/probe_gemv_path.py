@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Where does a big GEMV's time go beyond reading its bytes? Ablations and timestamps.
+
+probe_read.py found the MLP GEMVs 1.6x slower than a kernel that only reads the same bytes
+with the GEMV's own grid and access pattern: the difference is inside each warp's path. This
+probe compiles the GEMV source (gemv.cu, the product's text) with one part of that path
+replaced by a trivial stand-in, and times each variant in a CUDA graph exactly as the product
+GEMV is timed (default config, batch 1, rotating DRAM copies):
+
+- ``no_x``: the activation loads (x, L1/L2) replaced by constants;
+- ``no_scale``: the per-group scale loads replaced by 1.0;
+- ``no_dequant``: the LOP3/HFMA2 decode replaced by passing the raw words on;
+- ``no_mma``: the tensor-core instruction replaced by two float adds;
+- ``loads_only``: all four (what is left: the weight loads, the loop, the block reduction);
+- ``x_shared``: a candidate fix, x copied into shared memory once per block (batch 1, K <= 4096).
+
+The variants compute wrong numbers on purpose; only ``base`` and ``x_shared`` are checked
+against the product GEMV (bit-equal). ``stamps``: the base kernel writing, per warp, the
+global timer at entry / after the programmatic wait / after its main loop / (warp 0) after
+the store, and its SM: how long warps wait to start, how long their loops take, how long the
+block reduction and epilogue take, and how much of the kernel is the last warps' tail.
+
+    python3 benchmarks/probe_gemv_path.py --commit SHA [--out docs/results/probe_gemv_path_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_kernels import DEV, MODELS, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes  # noqa: E402
+
+from app.kernels import (  # noqa: E402
+    default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, loader,
+)
+from app.kernels.gemv import COLUMN_BLOCK  # noqa: E402
+
+STAMP_SLOTS = 8  # per warp: t0, t1, t2, cycles wait, cycles loop, smid, -, t3 (warp 0)
+STAMP_WARPS = 1 << 17
+
+X_LOAD = "xv[cb][v] = xrow[xoff[cb] + grp * (GROUP / 8) + v];"
+PDL_WAIT = "        pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel\n"
+KERNEL_ENTRY = ("    pdl_launch_dependents();\n"
+                "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;\n")
+LOOP_END = ("                    for (int c = 0; c < 4; ++c) partial[slice][(j * COLS + cb) * 4 + c][lane] = acc[j][cb][c];\n"
+            "    }\n")
+HELPERS = r"""
+__device__ unsigned long long g_stamps[%d];
+__device__ __forceinline__ unsigned long long gtime() {
+    unsigned long long t; asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t) :: "memory"); return t; }
+__device__ __forceinline__ unsigned long long gtime_after(float dep) {
+    unsigned long long t; asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t) : "f"(dep) : "memory"); return t; }
+__device__ __forceinline__ unsigned smid() { unsigned s; asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(s)); return s; }
+""" % (STAMP_WARPS * STAMP_SLOTS)
+
+
+def _sub(src: str, old: str, new: str) -> str:
+    if src.count(old) != 1:
+        raise SystemExit(f"probe_gemv_path: anchor not found exactly once (gemv.cu changed?): {old[:60]!r}")
+    return src.replace(old, new)
+
+
+def _no_x(src):
+    return _sub(src, X_LOAD, "xv[cb][v] = make_uint4(0x3C003C00u + grp, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u);")
+
+
+def _no_scale(src):
+    return _sub(src, 'asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));', "v = 0x3C00; (void)p;")
+
+
+def _no_dequant(src):
+    src = re.sub(r"(void w4_pairs\(const uint4& v, half2_t& a, half2_t& b\) \{).*?\n\}",
+                 r"\1\n    a = u4_get(v, S / 2); b = a ^ (unsigned)S;\n}", src, count=1, flags=re.S)
+    return re.sub(r"(half2_t w3_pair\(unsigned w0, unsigned w1, unsigned w2\) \{).*?\n\}",
+                  r"\1\n    return P < 5 ? w0 : (P < 10 ? w1 : w2 ^ (unsigned)P);\n}", src, count=1, flags=re.S)
+
+
+def _no_mma(src):
+    return re.sub(r'asm\(\s*"mma\.sync\.aligned\.m16n8k16.*?\);',
+                  "c[0] += __uint_as_float((a0 ^ a2 ^ b0) & 0x3FFFFFFFu); c[1] += __uint_as_float((a1 ^ a3 ^ b1) & 0x3FFFFFFFu);",
+                  src, count=1, flags=re.S)
+
+
+def _x_shared(src):
+    src = _sub(src, "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__",
+               "__shared__ uint4 xs_block[4096 / 8];  // batch 1, K <= 4096\n"
+               "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__")
+    src = _sub(src, "    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;\n",
+               "    const uint4* xrow = xs_block + 4 * t;\n")
+    return _sub(src, PDL_WAIT, PDL_WAIT + "        if (v == 0) { for (int i = threadIdx.x; i < K / 8; i += blockDim.x) "
+                "xs_block[i] = reinterpret_cast<const uint4*>(x)[i]; __syncthreads(); }\n")
+
+
+def _stamps(src):
+    src = _sub(src, KERNEL_ENTRY, KERNEL_ENTRY +
+               "    const unsigned long long _t0 = gtime(); const long long _c0 = clock64();\n"
+               "    unsigned long long _t1 = 0; long long _c1 = 0;\n"
+               "    unsigned long long* _st = g_stamps + ((long)blockIdx.x * nwarps + warp) * 8;\n")
+    src = _sub(src, PDL_WAIT, PDL_WAIT + "        if (v == 0) { _t1 = gtime(); _c1 = clock64(); }\n")
+    src = _sub(src, LOOP_END, LOOP_END +
+               "    { const unsigned long long _t2 = gtime_after(acc[0][0][0]); const long long _c2 = clock64();\n"
+               "      if (lane == 0) { _st[0] = _t0; _st[1] = _t1; _st[2] = _t2; _st[3] = _c1 - _c0;"
+               " _st[4] = _c2 - _c1; _st[5] = smid(); } }\n")
+    assert src.rstrip().endswith("}")
+    body = src.rstrip()[:-1]
+    return body + "    if (lane == 0) _st[7] = gtime();\n}\n"
+
+
+VARIANTS = {
+    "base": [], "no_x": [_no_x], "no_scale": [_no_scale], "no_dequant": [_no_dequant], "no_mma": [_no_mma],
+    "loads_only": [_no_x, _no_scale, _no_dequant, _no_mma], "x_shared": [_x_shared], "stamps": [_stamps],
+}
+CHECKED = ("base", "x_shared", "stamps")  # variants that must still compute the product's result
+
+
+def compile_variant(name: str, expression: str):
+    import cupy
+
+    src = loader.kernel_source("gemv.cu")
+    for edit in VARIANTS[name]:
+        src = edit(src)
+    if name == "stamps":
+        src = HELPERS + src
+    module = cupy.RawModule(code=src, options=loader.COMPILE_OPTIONS, name_expressions=(expression,))
+    return module, module.get_function(expression)
+
+
+def variant_fn(kernel, cfg, bits, gated, ws, x, out):
+    n_out = out.shape[1]
+
+    def fn(i):
+        w = ws[i % len(ws)]
+        qa, qb, scales = (w[0], w[1], w[2]) if bits == 3 else (w[0], None, w[1])
+        args = (qa.data_ptr(), qb.data_ptr() if qb is not None else 0, scales.data_ptr(), x.data_ptr(), 0, 0,
+                out.data_ptr(), np.int32(x.shape[0]), np.int32(n_out), np.int32(x.shape[1]), np.int32(cfg.warps))
+        loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args)
+    return fn
+
+
+def stamp_summary(module, cfg, n_out: int, gated: bool) -> dict:
+    """Per-warp timestamps of the last launch -> latencies in ns (percentiles over warps)."""
+    import cupy
+
+    blocks = cfg.grid(n_out, gated)[0]
+    warps = blocks * cfg.warps
+    mem = module.get_global("g_stamps")
+    st = cupy.ndarray((STAMP_WARPS, STAMP_SLOTS), dtype=cupy.uint64, memptr=mem)[:warps].get().astype(np.int64)
+    t0, t1, t2, t3 = st[:, 0], st[:, 1], st[:, 2], st[:, 7].reshape(blocks, cfg.warps)[:, 0]
+    origin = t1.min()
+    pct = lambda a: {p: float(np.percentile(a, p)) for p in (0, 10, 50, 90, 100)}  # noqa: E731
+    return dict(
+        warps=int(warps), sms=int(len(np.unique(st[:, 5]))),
+        entry_before_wait_ns=pct(t1 - t0), start_lag_ns=pct(t1 - origin), loop_ns=pct(t2 - t1),
+        loop_cycles=pct(st[:, 4]), end_ns=pct(t2 - origin), block_done_ns=pct(t3 - origin),
+        epilogue_ns=pct(t3 - t2.reshape(blocks, cfg.warps).max(axis=1)), span_ns=float(t3.max() - origin))
+
+
+def probe_shape(name, bits, n, k, gated, sms) -> dict:
+    nbytes = weight_bytes(bits, n, k)
+    ws = rand_weights(bits, n, k, n_copies(nbytes))
+    x = torch.randn(1, k, device=DEV).half()
+    n_out = n // 2 if gated else n
+    cfg = default_gemv_config(n_out, k, gated, sms)
+    expression = cfg.name_expression(bits, gated, -(-1 // COLUMN_BLOCK))
+    product = gemv_fn(bits, gated, ws, x)
+    op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
+    ref_out = op[bits, gated](x, *ws[0])
+    row = dict(shape=name, bits=bits, n=n, k=k, config=dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll),
+               bytes=nbytes, product_us=time_us(product, graph=True), variants={})
+    for variant in VARIANTS:
+        if variant == "x_shared" and k > 4096:
+            continue
+        module, kernel = compile_variant(variant, expression)
+        out = torch.full((1, n_out), float("nan"), dtype=torch.float16, device=DEV)
+        fn = variant_fn(kernel, cfg, bits, gated, ws, x, out)
+        fn(0)
+        torch.cuda.synchronize()
+        if variant in CHECKED:
+            assert torch.equal(out, ref_out), f"{name} {variant}: differs from the product GEMV"
+        us = time_us(fn, graph=True)
+        row["variants"][variant] = dict(us_graph=us, gbps=nbytes / us / 1e3)
+        if variant == "stamps":
+            row["variants"][variant]["stamps"] = stamp_summary(module, cfg, n_out, gated)
+    del ws
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="docs/results/probe_gemv_path_h200.json")
+    ap.add_argument("--only", nargs="*", default=["3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down",
+                                                  "3b_w4.lm_head"])
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    rows = []
+    for model in MODELS:
+        for case in gemv_cases(model):
+            if case[0] in args.only:
+                rows.append(probe_shape(*case, props.multi_processor_count))
+                print_row(rows[-1])
+    result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.date.today().isoformat(),
+                  commit=args.commit, rows=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def print_row(r: dict) -> None:
+    base = r["variants"]["base"]["us_graph"]
+    print(f"{r['shape']:18s} product {r['product_us']:6.2f} us  " + "  ".join(
+        f"{v} {d['us_graph']:6.2f} ({d['us_graph'] / base:4.2f}x)" for v, d in r["variants"].items()))
+    s = r["variants"].get("stamps", {}).get("stamps")
+    if s:
+        f = lambda d: "/".join(f"{d[p]:.0f}" for p in (0, 10, 50, 90, 100))  # noqa: E731
+        print(f"   warps {s['warps']} on {s['sms']} SMs; ns p0/10/50/90/100: before wait {f(s['entry_before_wait_ns'])}"
+              f" | start lag {f(s['start_lag_ns'])} | loop {f(s['loop_ns'])} ({f(s['loop_cycles'])} cycles)"
+              f" | loop end {f(s['end_ns'])} | epilogue {f(s['epilogue_ns'])} | block done {f(s['block_done_ns'])}"
+              f" | span {s['span_ns']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
