@@ -11,8 +11,10 @@ GEMV is timed (default config, batch 1, rotating DRAM copies):
 - ``no_scale``: the per-group scale loads replaced by 1.0;
 - ``no_dequant``: the LOP3/HFMA2 decode replaced by passing the raw words on;
 - ``no_mma``: the tensor-core instruction replaced by two float adds;
-- ``loads_only``: all four (what is left: the weight loads, the loop, the block reduction);
-- ``x_shared``: a candidate fix, x copied into shared memory once per block (batch 1, K <= 4096).
+- ``x_shared``: a candidate fix, x copied into shared memory once per block (batch 1, K <= 4096);
+- ``scales_shared``: a candidate fix, the block's scales copied into shared memory before the
+  programmatic wait (they are constant), so the loop's only global loads are the weights;
+- ``both_shared``: both.
 
 The variants compute wrong numbers on purpose; only ``base`` and ``x_shared`` are checked
 against the product GEMV (bit-equal). ``stamps``: the base kernel writing, per warp, the
@@ -41,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_kernels import DEV, MODELS, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes  # noqa: E402
 
 from app.kernels import (  # noqa: E402
-    default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, loader,
+    GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, loader,
 )
 from app.kernels.gemv import COLUMN_BLOCK  # noqa: E402
 
@@ -101,6 +103,33 @@ def _x_shared(src):
                 "xs_block[i] = reinterpret_cast<const uint4*>(x)[i]; __syncthreads(); }\n")
 
 
+PTR_END = ("                          half0 + min(first + g + 8, N - 1), base, K, lane);\n"
+           "    }\n")
+
+
+def _scales_shared(src):
+    """The block's scale rows copied to shared memory before the wait (constant data), read
+    from there in the loop (TILES = 1 configs only: 16 rows, or 32 for the split gate/up)."""
+    src = _sub(src, "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__",
+               "__shared__ half_t ss_block[32 * 160];  // rows x groups, TILES = 1\n"
+               "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__")
+    src = _sub(src, 'asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));', "v = *p;")
+    return _sub(src, PTR_END, PTR_END + """\
+    for (int i = threadIdx.x; i < (SPLIT ? 32 : 16) * groups; i += blockDim.x) {
+        const int r = i / groups, gi = i % groups;
+        const long grow = (SPLIT && r >= 16 ? (long)N : 0) + min(unit0 + (r & 15), N - 1);
+        ss_block[i] = scales[grow * groups + gi];
+    }
+    ptr[0].s = ss_block + ((SPLIT && (warp & 1)) ? 16 + g : g) * groups;
+    ptr[0].ds = 8 * groups;
+    __syncthreads();
+""")
+
+
+def _both_shared(src):
+    return _scales_shared(_x_shared(src))
+
+
 def _stamps(src):
     src = _sub(src, KERNEL_ENTRY, KERNEL_ENTRY +
                "    const unsigned long long _t0 = gtime(); const long long _c0 = clock64();\n"
@@ -118,9 +147,10 @@ def _stamps(src):
 
 VARIANTS = {
     "base": [], "no_x": [_no_x], "no_scale": [_no_scale], "no_dequant": [_no_dequant], "no_mma": [_no_mma],
-    "loads_only": [_no_x, _no_scale, _no_dequant, _no_mma], "x_shared": [_x_shared], "stamps": [_stamps],
+    "x_shared": [_x_shared], "scales_shared": [_scales_shared], "both_shared": [_both_shared],
+    "stamps": [_stamps],
 }
-CHECKED = ("base", "x_shared", "stamps")  # variants that must still compute the product's result
+CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps")  # variants that must still compute the product's result
 
 
 def compile_variant(name: str, expression: str):
@@ -165,41 +195,58 @@ def stamp_summary(module, cfg, n_out: int, gated: bool) -> dict:
         epilogue_ns=pct(t3 - t2.reshape(blocks, cfg.warps).max(axis=1)), span_ns=float(t3.max() - origin))
 
 
-def probe_shape(name, bits, n, k, gated, sms) -> dict:
+def probe_shape(name, bits, n, k, gated, sms, sweep: bool) -> dict:
     nbytes = weight_bytes(bits, n, k)
     ws = rand_weights(bits, n, k, n_copies(nbytes))
     x = torch.randn(1, k, device=DEV).half()
     n_out = n // 2 if gated else n
     cfg = default_gemv_config(n_out, k, gated, sms)
-    expression = cfg.name_expression(bits, gated, -(-1 // COLUMN_BLOCK))
-    product = gemv_fn(bits, gated, ws, x)
-    op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
-    ref_out = op[bits, gated](x, *ws[0])
     row = dict(shape=name, bits=bits, n=n, k=k, config=dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll),
-               bytes=nbytes, product_us=time_us(product, graph=True), variants={})
+               bytes=nbytes, product_us=time_us(gemv_fn(bits, gated, ws, x), graph=True), variants={}, sweep=[])
     for variant in VARIANTS:
-        if variant == "x_shared" and k > 4096:
+        if variant in ("x_shared", "both_shared") and k > 4096:
             continue
-        module, kernel = compile_variant(variant, expression)
-        out = torch.full((1, n_out), float("nan"), dtype=torch.float16, device=DEV)
-        fn = variant_fn(kernel, cfg, bits, gated, ws, x, out)
-        fn(0)
-        torch.cuda.synchronize()
-        if variant in CHECKED:
-            assert torch.equal(out, ref_out), f"{name} {variant}: differs from the product GEMV"
-        us = time_us(fn, graph=True)
-        row["variants"][variant] = dict(us_graph=us, gbps=nbytes / us / 1e3)
-        if variant == "stamps":
-            row["variants"][variant]["stamps"] = stamp_summary(module, cfg, n_out, gated)
+        row["variants"][variant] = measure(variant, cfg, bits, gated, ws, x, nbytes)
+    if sweep:
+        fix = "both_shared" if k <= 4096 else "scales_shared"
+        for c in sweep_configs(gated):
+            for variant in ("base", fix):
+                r = measure(variant, c, bits, gated, ws, x, nbytes)
+                row["sweep"].append(dict(variant=variant, tiles=c.tiles, warps=c.warps, unroll=c.unroll,
+                                         is_default=c == cfg, **r))
     del ws
     torch.cuda.empty_cache()
     return row
+
+
+def sweep_configs(gated: bool) -> list[GemvConfig]:
+    """One tile per warp (what the shared-memory variants support), 2-16 warps, 1-2 groups per stage."""
+    return [GemvConfig(tiles=1, warps=w, unroll=u) for w in (2, 4, 8, 16) for u in (1, 2)]
+
+
+def measure(variant: str, cfg: GemvConfig, bits: int, gated: bool, ws, x, nbytes: int) -> dict:
+    """Graph time of one variant with one config; checked against the product GEMV of that config."""
+    op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
+    ref_out = op[bits, gated](x, *ws[0], config=cfg)
+    module, kernel = compile_variant(variant, cfg.name_expression(bits, gated, 1))
+    out = torch.full_like(ref_out, float("nan"))
+    fn = variant_fn(kernel, cfg, bits, gated, ws, x, out)
+    fn(0)
+    torch.cuda.synchronize()
+    if variant in CHECKED:
+        assert torch.equal(out, ref_out), f"{variant} {cfg}: differs from the product GEMV"
+    us = time_us(fn, graph=True)
+    r = dict(us_graph=us, gbps=nbytes / us / 1e3)
+    if variant == "stamps":
+        r["stamps"] = stamp_summary(module, cfg, out.shape[1], gated)
+    return r
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/probe_gemv_path_h200.json")
+    ap.add_argument("--sweep", action="store_true", help="also time base and the shared-memory fix over configs")
     ap.add_argument("--only", nargs="*", default=["3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down",
                                                   "3b_w4.lm_head"])
     args = ap.parse_args()
@@ -208,7 +255,7 @@ def main() -> None:
     for model in MODELS:
         for case in gemv_cases(model):
             if case[0] in args.only:
-                rows.append(probe_shape(*case, props.multi_processor_count))
+                rows.append(probe_shape(*case, props.multi_processor_count, args.sweep))
                 print_row(rows[-1])
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.date.today().isoformat(),
                   commit=args.commit, rows=rows)
@@ -220,6 +267,9 @@ def print_row(r: dict) -> None:
     base = r["variants"]["base"]["us_graph"]
     print(f"{r['shape']:18s} product {r['product_us']:6.2f} us  " + "  ".join(
         f"{v} {d['us_graph']:6.2f} ({d['us_graph'] / base:4.2f}x)" for v, d in r["variants"].items()))
+    for e in sorted(r["sweep"], key=lambda e: e["us_graph"])[:6]:
+        print(f"   sweep {e['variant']:13s} warps {e['warps']:2d} unroll {e['unroll']}: {e['us_graph']:6.2f} us"
+              + (" (default)" if e["is_default"] else ""))
     s = r["variants"].get("stamps", {}).get("stamps")
     if s:
         f = lambda d: "/".join(f"{d[p]:.0f}" for p in (0, 10, 50, 90, 100))  # noqa: E731
