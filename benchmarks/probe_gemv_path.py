@@ -208,9 +208,9 @@ def probe_shape(name, bits, n, k, gated, sms, sweep: bool) -> dict:
             continue
         row["variants"][variant] = measure(variant, cfg, bits, gated, ws, x, nbytes)
     if sweep:
-        fix = "both_shared" if k <= 4096 else "scales_shared"
+        fixes = ("x_shared", "both_shared") if k <= 4096 else ("scales_shared",)
         for c in sweep_configs(gated):
-            for variant in ("base", fix):
+            for variant in ("base", *fixes):
                 r = measure(variant, c, bits, gated, ws, x, nbytes)
                 row["sweep"].append(dict(variant=variant, tiles=c.tiles, warps=c.warps, unroll=c.unroll,
                                          is_default=c == cfg, **r))
@@ -246,7 +246,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/probe_gemv_path_h200.json")
-    ap.add_argument("--sweep", action="store_true", help="also time base and the shared-memory fix over configs")
+    ap.add_argument("--sweep", action="store_true", help="also time base and the shared-memory fixes over configs")
     ap.add_argument("--only", nargs="*", default=["3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down",
                                                   "3b_w4.lm_head"])
     args = ap.parse_args()

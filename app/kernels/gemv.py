@@ -35,6 +35,7 @@ COLUMN_BLOCK = 8
 MAX_WARPS = 32  # K slices per block (gemv.cu MAX_KSPLIT); above 16 only 32, one tile, unroll 1
 MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 threads where they fit
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
+MIN_WARPS_PER_SM = 32  # launched in the many-block shapes (default_gemv_config)
 SOURCE = "gemv.cu"
 
 
@@ -94,7 +95,9 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
     gate and up tiles on alternate warps), one group per pipeline stage (fewer registers, more
     warps resident), and as many warps per block splitting K as it takes to keep loads in
     flight: at least 4 when there are at least 4 blocks per SM (the heads, the MLP gate/up),
-    doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps, -10 %);
+    doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps, -10 %)
+    and until the grid has at least 32 warps per SM (the 3B gate/up on an H200: 688 blocks,
+    8 warps instead of 4, -6 %, probe_gemv_path_h200.json);
     16 when there are fewer than 2 blocks per SM (the small qkv / o / down projections), else
     8; 32 (a 1,024-thread block) when every block has an SM of its own and K has at least 32
     groups (the 3B down projection on an H200); never more warps than groups of 128 per tile
@@ -105,6 +108,8 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
     if blocks >= 4 * sm_count:
         warps = 4
         while warps < MAX_BLOCK_WARPS and (2 if gated else 1) * groups > MAX_GROUPS_PER_WARP * warps:
+            warps *= 2
+        while warps < MAX_BLOCK_WARPS and blocks * warps < MIN_WARPS_PER_SM * sm_count:
             warps *= 2
     elif blocks <= sm_count and not gated and groups >= MAX_WARPS:
         warps = MAX_WARPS
