@@ -3,7 +3,7 @@
 
 Not a correctness run (the logits are garbage when an op is skipped): each variant builds the
 runner with those KernelOps methods turned into no-ops, so its CUDA graph simply lacks those
-kernels, and times the replayed graph at batch 1 after 512-token prompts (bench_decode's
+kernels, and times the replayed graph at batch 1 (``--batch``) after 512-token prompts (bench_decode's
 decode_tokens_per_s). The difference to the full step is what those kernels cost in place,
 their launch and dependency gaps included: the ceiling of what fusing them away could give.
 ``unfused_norm`` is not a skip: the full step with every RMSNorm a kernel of its own (the
@@ -47,19 +47,19 @@ def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     return ops
 
 
-def step_us(model: str, recipe: str, skipped: tuple[str, ...]) -> float:
+def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -> float:
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
     original = runner_module.default_ops
     runner_module.default_ops = lambda device: ops_without(skipped)
     try:
-        runner = runner_module.runner_for_weights(weights, num_slots=1, max_context=1024, device=DEV,
+        runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
     finally:
         runner_module.default_ops = original
     try:
-        return decode_tokens_per_s(runner, 1, spec.vocab_size)[1]
+        return decode_tokens_per_s(runner, batch, spec.vocab_size)[1]
     finally:
         runner.close()
 
@@ -68,15 +68,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/ablate_step_h200.json")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     args = ap.parse_args()
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     capability = torch.cuda.get_device_capability(DEV)
     result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
-                  programmatic_launch=programmatic.enabled(capability), batch=1, context=512, models=[])
+                  programmatic_launch=programmatic.enabled(capability), batch=args.batch, context=512, models=[])
     for model, recipe in RUNS:
         row = dict(model=f"Qwen2.5-{model}", recipe=recipe, layers=spec_of(model).num_layers,
-                   step_us={name: step_us(model, recipe, skipped) for name, skipped in variants.items()})
+                   step_us={name: step_us(model, recipe, skipped, args.batch) for name, skipped in variants.items()})
         result["models"].append(row)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for row in result["models"]:
