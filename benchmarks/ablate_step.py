@@ -3,12 +3,9 @@
 
 Not a correctness run (the logits are garbage when an op is skipped): each variant builds the
 runner with those KernelOps methods turned into no-ops, so its CUDA graph simply lacks those
-kernels, and times the replayed graph at batch 1 (``--batch``) after 512-token prompts (bench_decode's
-decode_tokens_per_s). The difference to the full step is what those kernels cost in place,
+kernels, and times the replayed graph at batch 1 (or ``--batch``) after 512-token prompts
+(bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels cost in place,
 their launch and dependency gaps included: the ceiling of what fusing them away could give.
-``unfused_norm`` is not a skip: the full step with every RMSNorm a kernel of its own (the
-qkv and gate/up GEMVs take theirs fused by default, so ``no_norm`` then removes only the final
-norm's kernel).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -36,13 +33,13 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
-            "linears_only": SKIPPABLE, "unfused_norm": ("norm_fusion",)}
+            "linears_only": SKIPPABLE}
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def ops_without(skipped: tuple[str, ...]) -> KernelOps:
-    ops = KernelOps(fuse_norm="norm_fusion" not in skipped)
-    for name in (n for n in skipped if n != "norm_fusion"):
+    ops = KernelOps()
+    for name in skipped:
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     return ops
 

@@ -7,9 +7,7 @@ the design and the measurements. Importing this package never needs a GPU.
 """
 
 from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits
-from app.kernels.gemv import (
-    GemvConfig, default_gemv_config, fused_norm_fits, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
-)
+from app.kernels.gemv import GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
 from app.kernels.loader import (
     KernelArgumentError,
     KernelCompileError,
@@ -23,6 +21,6 @@ from app.kernels.norm_rope import rms_norm, rope_kv_write
 __all__ = [
     "DecodeAttentionWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError", "KernelError",
     "KernelUnavailableError", "available", "decode_attention", "default_gemv_config", "default_num_splits",
-    "fused_norm_fits", "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_kv_write",
+    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_kv_write",
     "unavailable_reason",
 ]

@@ -105,30 +105,3 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-
-// RMSNorm arithmetic shared by rms_norm_kernel (norm.cu) and the GEMV's fused norm (gemv.cu):
-// one definition, so both round exactly alike.
-__device__ __forceinline__ float sum_squares8(uint4 a) {
-    const unsigned* p = reinterpret_cast<const unsigned*>(&a);
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = half2_to_float2(p[i]);
-        s = fmaf(f.x, f.x, s);
-        s = fmaf(f.y, f.y, s);
-    }
-    return s;
-}
-
-// y = fp16(w * fp16(h * inv)) for 8 values.
-__device__ __forceinline__ uint4 normalize8(uint4 h, uint4 w, float inv) {
-    unsigned* ph = reinterpret_cast<unsigned*>(&h);
-    const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
-        const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
-        ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
-    }
-    return h;
-}

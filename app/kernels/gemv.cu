@@ -28,21 +28,11 @@
 // one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair;
 // W3 a little more for its 16th pair).
 //
-// Fused RMSNorm (NORM): x is the raw residual stream h and every block first normalizes the M
-// rows into shared memory (x_norm, M * K fp16, a few KB at decode sizes), then its warps read x
-// from there. The arithmetic and the summation order are those of rms_norm_kernel (norm.cu) run
-// with norm_threads threads, so the fused and the unfused paths give bit-identical results
-// (the launcher fuses only where x_norm fits; batch invariance holds across that choice). It
-// saves the norm kernel and its dependent launch in front of the qkv and gate/up GEMVs.
-//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
 constexpr int GROUP = 128;
 constexpr int MAX_KSPLIT = 32;  // K slices of a block (gemv.py MAX_WARPS)
-constexpr int NORM_MAX_ROWS = 16;   // batch rows (gemv.py MAX_BATCH)
-constexpr int NORM_MAX_WARPS = 32;  // of the emulated rms_norm_kernel block (1,024 threads)
-extern __shared__ uint4 x_norm[];   // NORM: [M][K / 8] normalized rows (dynamic shared memory)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool EARLY_RESIDUAL_ARCH = true;
 #else
@@ -260,35 +250,6 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
     }
 }
 
-// NORM: rows 0..M-1 of h [M, K] -> x_norm, exactly as rms_norm_kernel with vthreads threads
-// computes them (virtual thread i sums the squares of vectors i, i + vthreads, ...; each
-// virtual warp's sum is a warp_sum; the row's total adds the virtual warps in order). The
-// (row, virtual warp) sums are spread over the block's warps; h is read twice (L1 hits).
-__device__ __forceinline__ void normalize_rows(const half_t* h, const half_t* weight, float eps, int M, int K,
-                                               int vthreads) {
-    __shared__ float sums[NORM_MAX_WARPS][NORM_MAX_ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int nvec = K / 8, vwarps = vthreads / 32;
-    const uint4* hv = reinterpret_cast<const uint4*>(h);
-    const uint4* wv = reinterpret_cast<const uint4*>(weight);
-    for (int item = warp; item < M * vwarps; item += nwarps) {
-        const int m = item / vwarps, vw = item % vwarps;
-        float ss = 0.f;
-        for (int i = vw * 32 + lane; i < nvec; i += vthreads) ss += sum_squares8(hv[(long)m * nvec + i]);
-        ss = warp_sum(ss);
-        if (lane == 0) sums[vw][m] = ss;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < M * nvec; i += blockDim.x) {
-        const int m = i / nvec;
-        float total = 0.f;
-        for (int w = 0; w < vwarps; ++w) total += sums[w][m];
-        const float inv = 1.f / sqrtf(total / (float)K + eps);
-        x_norm[i] = normalize8(hv[i], wv[i - m * nvec], inv);
-    }
-    __syncthreads();
-}
-
 // Which output accumulator c (0..3, mma's c0..c3) of result tile j and column block cb holds:
 // unit (output feature) and batch row.
 __device__ __forceinline__ int out_unit(int unit0, int j, int g, int c) { return unit0 + 16 * j + g + ((c & 2) ? 8 : 0); }
@@ -300,19 +261,17 @@ __device__ __forceinline__ int out_row(int cb, int t, int c) { return 8 * cb + 2
 // ksplit: how many slices K is cut into (one per warp, or two per warp when a 32-slice split
 // runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
 // summation order, so a weight keeps one split for every batch size (batch invariance).
-template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool NORM>
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
             const half_t* __restrict__ scales,    // [R, K/128]
-            const half_t* __restrict__ x,         // [M, K] (NORM: the rows to normalize first)
+            const half_t* __restrict__ x,         // [M, K]
             const half_t* __restrict__ bias,      // [N] or null
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
             int M, int N, int K,                  // R = N rows, or 2N when GATED (gate; up)
-            int ksplit,                           // a multiple of the block's warps, <= KSLOTS
-            const half_t* __restrict__ norm_weight,  // NORM: [K]
-            float norm_eps, int norm_threads) {   // NORM: rms_norm_kernel's block size for K
+            int ksplit) {                         // a multiple of the block's warps, <= KSLOTS
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
@@ -341,8 +300,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     int xoff[COLS];  // column block cb reads batch row g + 8cb (clamped to M - 1)
 #pragma unroll
     for (int cb = 0; cb < COLS; ++cb) xoff[cb] = (min(g + 8 * cb, M - 1) - min(g, M - 1)) * (K / 8);
-    const uint4* xrow = NORM ? x_norm + min(g, M - 1) * (K / 8) + 4 * t
-                             : reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;
+    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;
 
     // W4 on SM90: the residual is loaded right after the wait (it may be the previous kernel's
     // output), so warp 0's epilogue needs no further round trip. (W3, and W4 on SM86, would
@@ -379,8 +337,6 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         }
 #endif
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
-        if constexpr (NORM)
-            if (v == 0) normalize_rows(x, norm_weight, norm_eps, M, K, norm_threads);  // every warp: barriers
         if (epilogue_warp && residual != nullptr && v == 0)
 #pragma unroll
             for (int j = 0; j < OUT_TILES; ++j)

@@ -13,10 +13,6 @@ The launch configuration depends on the weight's shape and the GPU only, never o
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
 Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma columns that
 reuses every dequantized weight fragment: twice the tokens per pass over the weights.
-
-``norm_weight=`` (with ``norm_eps``) fuses the RMSNorm in front: x is then the raw residual
-stream and each block normalizes it into shared memory first, bit-identical to
-:func:`app.kernels.rms_norm` followed by the plain GEMV. Only where :func:`fused_norm_fits`.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ from app.kernels.checks import (
     check_multiple, check_optional, check_range, check_tensor, ensure_output, no_overlap,
 )
 from app.kernels.loader import KernelArgumentError
-from app.kernels.norm_rope import norm_block_size
 from app.kernels.tiles import TILE_ROWS, padded_rows
 
 GROUP_SIZE = 128
@@ -42,26 +37,6 @@ MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 t
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
 MIN_WARPS_PER_SM = 32  # launched in the many-block shapes (default_gemv_config)
 SOURCE = "gemv.cu"
-# Fused RMSNorm: the normalized rows live in dynamic shared memory (M * K fp16) beside the
-# block's static arrays, within the 48 KB every GPU gives a block without opting in (at the
-# default configs: 3B batch <= 8, 7B <= 5; larger batches take the norm kernel, same result).
-BLOCK_SHARED_BYTES = 48 << 10
-NORM_SUMS_BYTES = 32 * 16 * 4  # gemv.cu normalize_rows: sums[NORM_MAX_WARPS][NORM_MAX_ROWS]
-
-
-def static_shared_bytes(cfg: GemvConfig, cols: int, norm: bool) -> int:
-    """gemv_kernel's static shared memory: partial[KSLOTS][TILES * COLS * 4][32] floats (+ the
-    fused norm's sums): KSLOTS is 32 for one-tile instances of 1,024 threads or two column blocks."""
-    kslots = MAX_WARPS if (cfg.block_warps(cols) > MAX_BLOCK_WARPS or cols > 1) and cfg.tiles == 1 else MAX_WARPS // 2
-    return kslots * cfg.tiles * cols * 4 * 32 * 4 + (NORM_SUMS_BYTES if norm else 0)
-
-
-def fused_norm_fits(rows: int, k: int, n_out: int, *, gated: bool, device: torch.device,
-                    config: GemvConfig | None = None) -> bool:
-    """Whether the GEMV over ``rows`` x ``k`` inputs (``n_out`` outputs) can take its RMSNorm
-    fused (``norm_weight=``): at most 8 rows, and the normalized rows fit in shared memory."""
-    cfg = config or default_gemv_config(n_out, k, gated, _sm_count(device))
-    return rows <= COLUMN_BLOCK and rows * k * 2 + static_shared_bytes(cfg, 1, True) <= BLOCK_SHARED_BYTES
 
 
 @dataclass(frozen=True)
@@ -104,10 +79,9 @@ class GemvConfig:
         blocks (rows 9..16: more than 64 registers) runs two slices on each of 16 warps."""
         return MAX_BLOCK_WARPS if self.warps > MAX_BLOCK_WARPS and cols > 1 else self.warps
 
-    def name_expression(self, bits: int, gated: bool, cols: int = 1, norm: bool = False) -> str:
+    def name_expression(self, bits: int, gated: bool, cols: int = 1) -> str:
         threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
-        flag = {True: "true", False: "false"}
-        return f"gemv_kernel<{bits}, {self.tiles}, {flag[gated]}, {self.unroll}, {cols}, {threads}, {flag[norm]}>"
+        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}, {threads}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -180,8 +154,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
-         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
-         norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
+         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None) -> torch.Tensor:
     dev = w.qa.device
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
@@ -199,56 +172,41 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
-    norm_ptr = check_optional("norm_weight", norm_weight, torch.float16, (w.k,), device=dev)
-    norm = norm_weight is not None
-    if norm and not fused_norm_fits(m, w.k, n_out, gated=gated, device=dev, config=cfg):
-        raise KernelArgumentError(f"fused RMSNorm: {m} rows x {w.k} inputs do not fit in a block's shared memory "
-                                  f"(at most {COLUMN_BLOCK} rows and {BLOCK_SHARED_BYTES} bytes; run rms_norm first)")
-    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, norm))
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
-            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps),
-            norm_ptr, np.float32(norm_eps), np.int32(norm_block_size(w.k) if norm else 0))
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args,
-                  shared_mem=m * w.k * 2 if norm else 0)
+            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps))
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args)
     return y
 
 
 def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-            config: GemvConfig | None = None, norm_weight: torch.Tensor | None = None,
-            norm_eps: float = 0.0) -> torch.Tensor:
+            config: GemvConfig | None = None) -> torch.Tensor:
     """x [M<=16, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
     layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
-    ``out`` may be ``residual`` itself (in-place residual add). With ``norm_weight`` [K] the
-    input is ``rms_norm(x, norm_weight, norm_eps)`` (fused, where :func:`fused_norm_fits`).
+    ``out`` may be ``residual`` itself (in-place residual add).
     """
-    return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,
-                norm_weight=norm_weight, norm_eps=norm_eps)
+    return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
 
 
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            out: torch.Tensor | None = None, config: GemvConfig | None = None,
-            norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
+            out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """Like :func:`gemv_w4` for W3 in the tile layout (a [Np, K/16], b [Np, K/32], Np = padded_rows(N))."""
     return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
-                config=config, norm_weight=norm_weight, norm_eps=norm_eps)
+                config=config)
 
 
 def gate_up_silu_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
-    """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16
-    (``norm_weight``: of ``rms_norm(x)``, as in :func:`gemv_w4`)."""
-    return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config,
-                norm_weight=norm_weight, norm_eps=norm_eps)
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
+    return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
 
 
 def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
     """Like :func:`gate_up_silu_w4` for W3 in the tile layout (I % 16 == 0)."""
     return _run(_check_w3(a, b, scales), x, gated=True, bias=None, residual=None, out=out,
-                config=config, norm_weight=norm_weight, norm_eps=norm_eps)
+                config=config)

@@ -120,12 +120,14 @@ class DecodeStep:
         lookup_rows(w.embed, ids, self.tables, out=h)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
-            ops.norm_linear(h, layer.input_norm, s.rms_norm_eps, layer.qkv, out=qkv, normed=y)
+            ops.rms_norm(h, layer.input_norm, s.rms_norm_eps, out=y)
+            ops.linear(y, layer.qkv, out=qkv)
             ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
                               num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
             ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
             ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h)  # h += o_proj(attn)
-            ops.norm_gate_up(h, layer.post_norm, s.rms_norm_eps, layer.gate_up, out=act, normed=y)
+            ops.rms_norm(h, layer.post_norm, s.rms_norm_eps, out=y)
+            ops.gate_up(y, layer.gate_up, out=act)
             ops.linear(act, layer.down, residual=h, out=h)  # h += down(act)
         ops.rms_norm(h, w.final_norm, s.rms_norm_eps, out=y)
         ops.linear(y, w.lm_head, out=bf.logits[:b])

@@ -6,10 +6,6 @@ KV write, flash-decoding attention). :class:`ReferenceOps` computes the same thi
 int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
 buffer layout fails there, not on the GPU.
 
-``norm_linear`` / ``norm_gate_up`` are RMSNorm followed by the linear: KernelOps fuses the norm
-into the GEMV where it fits (the qkv and gate/up of a decode step: one dependent kernel less
-each), with a result bit-identical to the two ops, which is what ReferenceOps runs.
-
 Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
 PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
 the decode graphs capture static buffers, nothing is allocated per step.
@@ -39,47 +35,15 @@ def dense_gate_up(x: torch.Tensor, w: LinearWeight, out: torch.Tensor) -> torch.
     return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
 
 
-class NormThenLinear:
-    """``norm_linear`` / ``norm_gate_up`` as two ops: RMSNorm into ``normed``, then the linear."""
-
-    def norm_linear(self, h, norm_weight, eps, w: LinearWeight, *, out, normed):
-        self.rms_norm(h, norm_weight, eps, out=normed)
-        return self.linear(normed, w, out=out)
-
-    def norm_gate_up(self, h, norm_weight, eps, w: LinearWeight, *, out, normed):
-        self.rms_norm(h, norm_weight, eps, out=normed)
-        return self.gate_up(normed, w, out=out)
-
-
-class KernelOps(NormThenLinear):
-    """app.kernels on the GPU (needs ``app.kernels.available()``). ``fuse_norm=False`` keeps the
-    RMSNorm a kernel of its own everywhere (benchmarks/ablate_step.py compares the two)."""
+class KernelOps:
+    """app.kernels on the GPU (needs ``app.kernels.available()``)."""
 
     name = "kernels"
 
-    def __init__(self, fuse_norm: bool = True):
+    def __init__(self):
         from app import kernels
 
         self.k = kernels
-        self.fuse_norm = fuse_norm
-
-    def _fusable(self, h: torch.Tensor, w: LinearWeight, gated: bool) -> bool:
-        if not (self.fuse_norm and w.quantized and w.layout == "tiles"):
-            return False
-        n_out = w.out_features // 2 if gated else w.out_features
-        return self.k.fused_norm_fits(*h.shape, n_out, gated=gated, device=h.device)
-
-    def norm_linear(self, h, norm_weight, eps, w: LinearWeight, *, out, normed):
-        if not self._fusable(h, w, gated=False):
-            return super().norm_linear(h, norm_weight, eps, w, out=out, normed=normed)
-        gemv = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
-        return gemv(h, *_tiles(w), w.scales, bias=w.bias, out=out, norm_weight=norm_weight, norm_eps=eps)
-
-    def norm_gate_up(self, h, norm_weight, eps, w: LinearWeight, *, out, normed):
-        if not self._fusable(h, w, gated=True) or w.bias is not None:
-            return super().norm_gate_up(h, norm_weight, eps, w, out=out, normed=normed)
-        kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
-        return kernel(h, *_tiles(w), w.scales, out=out, norm_weight=norm_weight, norm_eps=eps)
 
     def linear(self, x, w: LinearWeight, *, out, residual=None):
         if not w.quantized:
@@ -125,7 +89,7 @@ def _biased_gate_up(ops, x, w: LinearWeight, out):
     return torch.mul(F.silu(gate_up[:, :half]), gate_up[:, half:], out=out)
 
 
-class ReferenceOps(NormThenLinear):
+class ReferenceOps:
     """The kernels' PyTorch references (app.kernels.reference), with the kernels' checks."""
 
     name = "reference"
