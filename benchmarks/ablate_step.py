@@ -4,8 +4,9 @@
 Not a correctness run (the logits are garbage when an op is skipped): each variant builds the
 runner with those KernelOps methods turned into no-ops, so its CUDA graph simply lacks those
 kernels, and times the replayed graph at batch 1 (or ``--batch``) after 512-token prompts
-(bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels cost in place,
-their launch and dependency gaps included: the ceiling of what fusing them away could give.
+(bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels
+cost in place, their launch and dependency gaps included: the ceiling of what fusing them
+away could give.
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
