@@ -16,13 +16,15 @@ GEMV is timed (default config, batch 1, rotating DRAM copies):
   programmatic wait (they are constant), so the loop's only global loads are the weights;
 - ``both_shared``: both.
 
-The variants compute wrong numbers on purpose; only ``base`` and ``x_shared`` are checked
-against the product GEMV (bit-equal). ``stamps``: the base kernel writing, per warp, the
+The ablations compute wrong numbers on purpose; ``base``, the shared-memory candidates and
+``stamps`` are checked bit-equal to the product GEMV of the same config. ``--sweep`` also times
+``base`` and the candidates over one-tile configs (2-16 warps, 1-2 groups per stage). ``stamps``: the base kernel writing, per warp, the
 global timer at entry / after the programmatic wait / after its main loop / (warp 0) after
 the store, and its SM: how long warps wait to start, how long their loops take, how long the
 block reduction and epilogue take, and how much of the kernel is the last warps' tail.
+Results and reading: docs/KERNELS.md, phase 9.
 
-    python3 benchmarks/probe_gemv_path.py --commit SHA [--out docs/results/probe_gemv_path_h200.json]
+    python3 benchmarks/probe_gemv_path.py --commit SHA [--sweep] [--out docs/results/probe_gemv_path_h200.json]
 """
 
 from __future__ import annotations
