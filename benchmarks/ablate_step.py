@@ -6,7 +6,8 @@ runner with those KernelOps methods turned into no-ops, so its CUDA graph simply
 kernels, and times the replayed graph at batch 1 (or ``--batch``) after 512-token prompts
 (bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels
 cost in place, their launch and dependency gaps included: the ceiling of what fusing them
-away could give.
+away could give. ``unstaged_x`` is not a skip: the full step with x never staged in shared
+memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
 
 import app.engine.cuda.runner as runner_module  # noqa: E402
+import app.kernels.gemv as gemv_module  # noqa: E402
 from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
@@ -34,13 +36,13 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
-            "linears_only": SKIPPABLE}
+            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",)}
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     ops = KernelOps()
-    for name in skipped:
+    for name in (n for n in skipped if n != "x_staging"):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     return ops
 
@@ -49,8 +51,10 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
-    original = runner_module.default_ops
+    original, staged = runner_module.default_ops, gemv_module.STAGE_X_BYTES
     runner_module.default_ops = lambda device: ops_without(skipped)
+    if "x_staging" in skipped:
+        gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -60,6 +64,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         return decode_tokens_per_s(runner, batch, spec.vocab_size)[1]
     finally:
         runner.close()
+        gemv_module.STAGE_X_BYTES = staged
 
 
 def main() -> None:

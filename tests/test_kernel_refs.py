@@ -234,7 +234,7 @@ def test_decode_attention_ref_matches_engine_attention():
 
 # -- configuration and argument checks --------------------------------------------------------
 def test_gemv_config_validates_and_names_instances():
-    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1, 512>"
+    assert GemvConfig(2, 8, 2).name_expression(4, False) == "gemv_kernel<4, 2, false, 2, 1, 512, false>"
     assert GemvConfig(2, 4, 1).grid(100, gated=True) == (7,)  # 16 outputs per block
     for bad in (dict(tiles=3), dict(warps=0), dict(warps=17), dict(warps=24), dict(unroll=3),
                 dict(tiles=4, unroll=2), dict(tiles=2, warps=32), dict(warps=32, unroll=2)):
@@ -243,15 +243,15 @@ def test_gemv_config_validates_and_names_instances():
     with pytest.raises(KernelArgumentError):
         GemvConfig(tiles=1, warps=3).grid(64, gated=True)  # split gate/up needs an even number of warps
     assert GemvConfig(tiles=1, warps=2).grid(100, gated=True) == (7,)
-    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2, 512>"
+    assert GemvConfig(tiles=1, warps=2).name_expression(3, True, 2) == "gemv_kernel<3, 1, true, 1, 2, 512, false>"
 
 
 def test_a_32_slice_split_takes_1024_threads_or_two_slices_per_warp():
     """One column block: 32 warps of 64 registers; rows 9..16 need more registers, so the same
     32 slices (the same summation order) run two per warp on 16 warps."""
     wide = GemvConfig(tiles=1, warps=32)
-    assert (wide.block_warps(1), wide.name_expression(4, False, 1)) == (32, "gemv_kernel<4, 1, false, 1, 1, 1024>")
-    assert (wide.block_warps(2), wide.name_expression(3, False, 2)) == (16, "gemv_kernel<3, 1, false, 1, 2, 512>")
+    assert (wide.block_warps(1), wide.name_expression(4, False, 1)) == (32, "gemv_kernel<4, 1, false, 1, 1, 1024, false>")
+    assert (wide.block_warps(2), wide.name_expression(3, False, 2)) == (16, "gemv_kernel<3, 1, false, 1, 2, 512, false>")
     assert GemvConfig(tiles=1, warps=16).block_warps(2) == 16
 
 

@@ -28,11 +28,18 @@
 // one instruction per weight (LOP3 with the magic number + one f16x2 sub or fma per pair;
 // W3 a little more for its 16th pair).
 //
+// Staged x (STAGE_X, the launcher's choice when M * K fp16 is at most 4 KB: batch 1 of the
+// 3B shapes): each block copies x into shared memory once, right after the wait, and its warps
+// read x from there instead of through L1 beside the streaming weight loads (the 3B gate/up:
+// 12.0 -> 10.6 µs, benchmarks/probe_gemv_path.py). The values are the same: results are
+// bit-identical either way.
+//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
 constexpr int GROUP = 128;
 constexpr int MAX_KSPLIT = 32;  // K slices of a block (gemv.py MAX_WARPS)
+extern __shared__ uint4 x_stage[];  // STAGE_X: x [M][K / 8] (dynamic shared memory)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool EARLY_RESIDUAL_ARCH = true;
 #else
@@ -261,7 +268,7 @@ __device__ __forceinline__ int out_row(int cb, int t, int c) { return 8 * cb + 2
 // ksplit: how many slices K is cut into (one per warp, or two per warp when a 32-slice split
 // runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
 // summation order, so a weight keeps one split for every batch size (batch invariance).
-template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool STAGE_X>
 __global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
@@ -300,7 +307,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     int xoff[COLS];  // column block cb reads batch row g + 8cb (clamped to M - 1)
 #pragma unroll
     for (int cb = 0; cb < COLS; ++cb) xoff[cb] = (min(g + 8 * cb, M - 1) - min(g, M - 1)) * (K / 8);
-    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;
+    const uint4* xrow = STAGE_X ? x_stage + min(g, M - 1) * (K / 8) + 4 * t
+                                : reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;
 
     // W4 on SM90: the residual is loaded right after the wait (it may be the previous kernel's
     // output), so warp 0's epilogue needs no further round trip. (W3, and W4 on SM86, would
@@ -337,6 +345,11 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         }
 #endif
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
+        if constexpr (STAGE_X)
+            if (v == 0) {  // every warp (barrier)
+                for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) x_stage[i] = reinterpret_cast<const uint4*>(x)[i];
+                __syncthreads();
+            }
         if (epilogue_warp && residual != nullptr && v == 0)
 #pragma unroll
             for (int j = 0; j < OUT_TILES; ++j)

@@ -37,6 +37,9 @@ MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 t
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
 MIN_WARPS_PER_SM = 32  # launched in the many-block shapes (default_gemv_config)
 SOURCE = "gemv.cu"
+# x is staged in shared memory (gemv.cu STAGE_X) when it is at most this many bytes (M * K * 2):
+# batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
+STAGE_X_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,10 @@ class GemvConfig:
         blocks (rows 9..16: more than 64 registers) runs two slices on each of 16 warps."""
         return MAX_BLOCK_WARPS if self.warps > MAX_BLOCK_WARPS and cols > 1 else self.warps
 
-    def name_expression(self, bits: int, gated: bool, cols: int = 1) -> str:
+    def name_expression(self, bits: int, gated: bool, cols: int = 1, stage_x: bool = False) -> str:
         threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
-        return f"gemv_kernel<{bits}, {self.tiles}, {'true' if gated else 'false'}, {self.unroll}, {cols}, {threads}>"
+        flag = {True: "true", False: "false"}
+        return f"gemv_kernel<{bits}, {self.tiles}, {flag[gated]}, {self.unroll}, {cols}, {threads}, {flag[stage_x]}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -172,11 +176,14 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
-    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols))
+    x_bytes = m * w.k * 2
+    stage_x = x_bytes <= STAGE_X_BYTES
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
             np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps))
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args)
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args,
+                  shared_mem=x_bytes if stage_x else 0)
     return y
 
 
