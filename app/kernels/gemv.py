@@ -13,6 +13,8 @@ The launch configuration depends on the weight's shape and the GPU only, never o
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
 Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma columns that
 reuses every dequantized weight fragment: twice the tokens per pass over the weights.
+When x is at most ``STAGE_X_BYTES`` each block first copies it into shared memory (same
+values, bit-identical results; the 3B step at batch 1 -1.7 %, docs/KERNELS.md phase 9).
 """
 
 from __future__ import annotations
