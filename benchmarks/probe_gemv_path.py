@@ -11,7 +11,9 @@ GEMV is timed (default config, batch 1, rotating DRAM copies):
 - ``no_scale``: the per-group scale loads replaced by 1.0;
 - ``no_dequant``: the LOP3/HFMA2 decode replaced by passing the raw words on;
 - ``no_mma``: the tensor-core instruction replaced by two float adds;
-- ``x_shared``: a candidate fix, x copied into shared memory once per block (batch 1, K <= 4096);
+- ``x_shared``: x copied into shared memory once per block (the product's ``STAGE_X`` instance,
+  which the launcher uses when x is at most 4 KB; here at any K); every other variant reads x
+  through L1 as the product does above 4 KB;
 - ``scales_shared``: a candidate fix, the block's scales copied into shared memory before the
   programmatic wait (they are constant), so the loop's only global loads are the weights;
 - ``both_shared``: both.
@@ -95,16 +97,6 @@ def _no_mma(src):
                   src, count=1, flags=re.S)
 
 
-def _x_shared(src):
-    src = _sub(src, "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__",
-               "__shared__ uint4 xs_block[4096 / 8];  // batch 1, K <= 4096\n"
-               "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__")
-    src = _sub(src, "    const uint4* xrow = reinterpret_cast<const uint4*>(x + (long)min(g, M - 1) * K) + 4 * t;\n",
-               "    const uint4* xrow = xs_block + 4 * t;\n")
-    return _sub(src, PDL_WAIT, PDL_WAIT + "        if (v == 0) { for (int i = threadIdx.x; i < K / 8; i += blockDim.x) "
-                "xs_block[i] = reinterpret_cast<const uint4*>(x)[i]; __syncthreads(); }\n")
-
-
 PTR_END = ("                          half0 + min(first + g + 8, N - 1), base, K, lane);\n"
            "    }\n")
 
@@ -112,9 +104,8 @@ PTR_END = ("                          half0 + min(first + g + 8, N - 1), base, K
 def _scales_shared(src):
     """The block's scale rows copied to shared memory before the wait (constant data), read
     from there in the loop (TILES = 1 configs only: 16 rows, or 32 for the split gate/up)."""
-    src = _sub(src, "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__",
-               "__shared__ half_t ss_block[32 * 160];  // rows x groups, TILES = 1\n"
-               "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS>\n__global__")
+    template = "template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool STAGE_X>\n__global__"
+    src = _sub(src, template, "__shared__ half_t ss_block[32 * 160];  // rows x groups, TILES = 1\n" + template)
     src = _sub(src, 'asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));', "v = *p;")
     return _sub(src, PTR_END, PTR_END + """\
     for (int i = threadIdx.x; i < (SPLIT ? 32 : 16) * groups; i += blockDim.x) {
@@ -128,8 +119,7 @@ def _scales_shared(src):
 """)
 
 
-def _both_shared(src):
-    return _scales_shared(_x_shared(src))
+X_STAGED = ("x_shared", "both_shared")  # compiled and launched as the STAGE_X instance
 
 
 def _stamps(src):
@@ -149,7 +139,7 @@ def _stamps(src):
 
 VARIANTS = {
     "base": [], "no_x": [_no_x], "no_scale": [_no_scale], "no_dequant": [_no_dequant], "no_mma": [_no_mma],
-    "x_shared": [_x_shared], "scales_shared": [_scales_shared], "both_shared": [_both_shared],
+    "x_shared": [], "scales_shared": [_scales_shared], "both_shared": [_scales_shared],
     "stamps": [_stamps],
 }
 CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps")  # variants that must still compute the product's result
@@ -167,7 +157,7 @@ def compile_variant(name: str, expression: str):
     return module, module.get_function(expression)
 
 
-def variant_fn(kernel, cfg, bits, gated, ws, x, out):
+def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
     n_out = out.shape[1]
 
     def fn(i):
@@ -175,7 +165,8 @@ def variant_fn(kernel, cfg, bits, gated, ws, x, out):
         qa, qb, scales = (w[0], w[1], w[2]) if bits == 3 else (w[0], None, w[1])
         args = (qa.data_ptr(), qb.data_ptr() if qb is not None else 0, scales.data_ptr(), x.data_ptr(), 0, 0,
                 out.data_ptr(), np.int32(x.shape[0]), np.int32(n_out), np.int32(x.shape[1]), np.int32(cfg.warps))
-        loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args)
+        loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args,
+                      shared_mem=x.numel() * 2 if variant in X_STAGED else 0)
     return fn
 
 
@@ -206,7 +197,7 @@ def probe_shape(name, bits, n, k, gated, sms, sweep: bool) -> dict:
     row = dict(shape=name, bits=bits, n=n, k=k, config=dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll),
                bytes=nbytes, product_us=time_us(gemv_fn(bits, gated, ws, x), graph=True), variants={}, sweep=[])
     for variant in VARIANTS:
-        if variant in ("x_shared", "both_shared") and k > 4096:
+        if variant in X_STAGED and k > 4096:
             continue
         row["variants"][variant] = measure(variant, cfg, bits, gated, ws, x, nbytes)
     if sweep:
@@ -230,9 +221,9 @@ def measure(variant: str, cfg: GemvConfig, bits: int, gated: bool, ws, x, nbytes
     """Graph time of one variant with one config; checked against the product GEMV of that config."""
     op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
     ref_out = op[bits, gated](x, *ws[0], config=cfg)
-    module, kernel = compile_variant(variant, cfg.name_expression(bits, gated, 1))
+    module, kernel = compile_variant(variant, cfg.name_expression(bits, gated, 1, variant in X_STAGED))
     out = torch.full_like(ref_out, float("nan"))
-    fn = variant_fn(kernel, cfg, bits, gated, ws, x, out)
+    fn = variant_fn(kernel, variant, cfg, bits, gated, ws, x, out)
     fn(0)
     torch.cuda.synchronize()
     if variant in CHECKED:
