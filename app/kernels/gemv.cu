@@ -347,7 +347,8 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
         if constexpr (STAGE_X)
             if (v == 0) {  // every warp (barrier)
-                for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) x_stage[i] = reinterpret_cast<const uint4*>(x)[i];
+                const uint4* xv = reinterpret_cast<const uint4*>(x);
+                for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) x_stage[i] = xv[i];
                 __syncthreads();
             }
         if (epilogue_warp && residual != nullptr && v == 0)
