@@ -118,7 +118,7 @@ class Scheduler:
             self._retire(seq)
         prefilling = [s for s in self._running if not s.is_decoding]
         if prefilling:
-            self._drop_speculative()  # a slot may have a new owner: no stale match below
+            self._settle_in_flight()  # before a slot's new owner runs: no stale match below
             self._prefill_chunk(min(prefilling, key=lambda s: (s.priority, s.submitted_at)))
         decoding = [s for s in self._running if s.is_decoding and s.finished is None]
         if decoding:
@@ -172,6 +172,23 @@ class Scheduler:
         for seq, token in zip(seqs, tokens):
             seq.cached += 1
             self._accept_token(seq, token)
+
+    def _settle_in_flight(self) -> None:
+        """Accept the tokens of the greedy steps still in flight instead of discarding them
+        (before a prefill): they were launched for sequences that are still decoding, and the
+        next decode would compute the same tokens again. A token counts only for the sequence
+        decoding in that slot at that position (a slot whose owner finished or was preempted
+        since matches nothing: its new owner is still prefilling)."""
+        collect = getattr(self.runner, "decode_greedy_collect", None)
+        if collect is None:
+            return
+        while ready := collect():  # oldest step first, {} when none is left
+            waiting_for = {(s.slot, s.cached): s for s in self._running if s.is_decoding and s.finished is None}
+            for key, token in ready.items():
+                seq = waiting_for.get(key)
+                if seq is not None:
+                    seq.cached += 1
+                    self._accept_token(seq, token)
 
     def _drop_speculative(self) -> None:
         """Wait for and discard the steps launched ahead (before anything else uses the runner)."""
