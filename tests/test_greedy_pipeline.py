@@ -22,17 +22,14 @@ def engine_parts(model_dir, slots: int, max_context: int):
 
 def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
-    from app.engine import Engine, SamplingParams
+    from app.engine import SamplingParams
 
-    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=2, max_context=128) as reference:
-        prompt = reference.tokenizer.encode("The capital of France is")
-        loaded = reference.loaded
-        weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
-    runner = CudaRunner(weights, num_slots=2, max_context=128)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=2, max_context=128)
+    prompt = loaded.tokenizer.encode("The capital of France is")
     calls = []  # "host": ids uploaded from the host, "device": the next step chained on the device
     runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append("host") or _f(*a)
     runner.decode_greedy_launch_next = lambda _f=runner.decode_greedy_launch_next: calls.append("device") or _f()
-    engine = type(reference)(loaded, runner, 2)
+    engine = engine_type(loaded, runner, 2)
     with engine:
         out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)).result
         hits = engine.stats()["speculative_hits"]
@@ -50,15 +47,12 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir)
 def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
     """Requests that finish (subset of the step launched ahead) or arrive (prefill: the step in
     flight is settled first) mid-stream still give exactly the tokens they give alone."""
-    from app.engine import Engine, SamplingParams
+    from app.engine import SamplingParams
 
-    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=3, max_context=128) as reference:
-        loaded = reference.loaded
-        weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
-    runner = CudaRunner(weights, num_slots=3, max_context=128)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=3, max_context=128)
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
     lengths = [3, 14, 8]
-    with type(reference)(loaded, runner, 3) as engine:
+    with engine_type(loaded, runner, 3) as engine:
         def run(i):
             return engine.generate(prompts[i], SamplingParams(max_tokens=lengths[i], temperature=0, ignore_eos=True))
         alone = [list(run(i).result.token_ids) for i in range(3)]
@@ -71,21 +65,18 @@ def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
 def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir):
     """Steps of more than CHAIN_MAX_SEQUENCES sequences keep the one-step-ahead flow (ids from
     the host); smaller ones are chained; the tokens are the same either way."""
-    from app.engine import Engine, SamplingParams
+    from app.engine import SamplingParams
     from app.engine.scheduler import CHAIN_MAX_SEQUENCES
 
     n = CHAIN_MAX_SEQUENCES + 1
-    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=n, max_context=64) as reference:
-        loaded = reference.loaded
-        weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
-    runner = CudaRunner(weights, num_slots=n, max_context=64)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=n, max_context=64)
     chained_sizes = []
     runner.decode_greedy_launch_next = (
         lambda _f=runner.decode_greedy_launch_next: chained_sizes.append(len(runner.decode_greedy_in_flight()[0][0]))
         or _f())
     prompts = [[5 + i, 6 + i, 7 + i] for i in range(n)]
     lengths = [16] * (n - 1) + [24]  # n sequences together, then the last one alone
-    with type(reference)(loaded, runner, n) as engine:
+    with engine_type(loaded, runner, n) as engine:
         def run(i):
             return engine.generate(prompts[i], SamplingParams(max_tokens=lengths[i], temperature=0, ignore_eos=True))
         alone = [list(run(i).result.token_ids) for i in range(n)]
