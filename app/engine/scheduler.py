@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
 # Greedy steps of at most this many sequences are chained on the device (decode_greedy_launch_next).
-# Through the HTTP server (H200, 3B w4, docs/KERNELS.md phase 8) chaining gave +17 / +12 / +12 %
-# at 1 / 2 / 4 streams, but 8 streams measured 14 % slower than the one-step-ahead flow in the one
-# run there was time for (not understood), so 8-sequence steps keep that flow until re-measured.
+# Through the HTTP server (H200, 3B w4, docs/KERNELS.md phases 8-9) chaining gave +17 / +12 / +12 %
+# at 1 / 2 / 4 streams; at 8 streams it measured lower in 4 of 5 paired runs (9 % on average, not
+# significant, not understood), so 8-sequence steps keep the one-step-ahead flow.
 CHAIN_MAX_SEQUENCES = 4
 
 

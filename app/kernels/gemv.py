@@ -86,8 +86,8 @@ class GemvConfig:
 
     def name_expression(self, bits: int, gated: bool, cols: int = 1, stage_x: bool = False) -> str:
         threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
-        flag = {True: "true", False: "false"}
-        return f"gemv_kernel<{bits}, {self.tiles}, {flag[gated]}, {self.unroll}, {cols}, {threads}, {flag[stage_x]}>"
+        gated_s, stage_s = str(gated).lower(), str(stage_x).lower()
+        return f"gemv_kernel<{bits}, {self.tiles}, {gated_s}, {self.unroll}, {cols}, {threads}, {stage_s}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
