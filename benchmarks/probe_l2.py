@@ -169,17 +169,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/results/probe_l2_h200.json")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--parts", default="profile,hot_vs_cold,mlp_prefetch",
+                    help="comma-separated subset of profile,hot_vs_cold,mlp_prefetch")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     result = dict(gpu=props.name, sms=sms, l2_bytes=getattr(props, "L2_cache_size", None),
                   date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), commit=commit)
-    result["profile"] = [profile_step("3B", "w4"), profile_step("7B", "mixed")]
-    result["hot_vs_cold"] = hot_vs_cold()
-    kernel = prefetch_kernel()
-    result["mlp_prefetch"] = mlp_prefetch("3b_w4", kernel, sms) + mlp_prefetch("7b_mixed", kernel, sms)
+    if "profile" in parts:
+        result["profile"] = [profile_step("3B", "w4"), profile_step("7B", "mixed")]
+    if "hot_vs_cold" in parts:
+        result["hot_vs_cold"] = hot_vs_cold()
+    if "mlp_prefetch" in parts:
+        kernel = prefetch_kernel()
+        result["mlp_prefetch"] = mlp_prefetch("3b_w4", kernel, sms) + mlp_prefetch("7b_mixed", kernel, sms)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 

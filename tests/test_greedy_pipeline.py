@@ -1,30 +1,37 @@
-"""The scheduler's greedy pipeline on the CudaRunner (CPU, ReferenceOps): steps launched ahead
-of the host, chained on the device, settled at arrivals; the tokens always equal running each
-request alone, and no decode step is computed twice."""
+"""The scheduler's greedy pipeline on the CudaRunner: steps launched ahead of the host, chained
+on the device, settled at arrivals; the tokens always equal running each request alone, and no
+decode step is computed twice. Each test runs on the CPU (ReferenceOps) and, marked ``gpu``, on
+CUDA, where the steps in flight really are asynchronous (events, pinned buffers, graphs)."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
+
 from app.engine.cuda.runner import CudaRunner
 from app.engine.cuda.weights import weights_from_model
 
 
-def engine_parts(model_dir, slots: int, max_context: int):
-    """The loaded tiny model and a CPU CudaRunner over its fp16 weights."""
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def engine_parts(model_dir, slots: int, max_context: int, device: str):
+    """The loaded tiny model and a CudaRunner on ``device`` over its fp16 weights."""
     from app.engine import Engine
 
     with Engine.load(model_dir, device="cpu", max_batch_size=slots, max_context=max_context) as reference:
         loaded, engine_type = reference.loaded, type(reference)
-    weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half())
+    weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half().to(device))
     return loaded, engine_type, CudaRunner(weights, num_slots=slots, max_context=max_context)
 
 
-def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir, device):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=2, max_context=128)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=2, max_context=128, device=device)
     prompt = loaded.tokenizer.encode("The capital of France is")
     calls = []  # "host": ids uploaded from the host, "device": the next step chained on the device
     runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append("host") or _f(*a)
@@ -44,12 +51,13 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir)
     assert calls == ["host", "host"] + ["device"] * 10
 
 
-def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir, device):
     """Requests that finish (subset of the step launched ahead) or arrive (prefill: the step in
     flight is settled first) mid-stream still give exactly the tokens they give alone."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=3, max_context=128)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=3, max_context=128, device=device)
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
     lengths = [3, 14, 8]
     with engine_type(loaded, runner, 3) as engine:
@@ -62,14 +70,15 @@ def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir):
     assert together == alone and [len(t) for t in together] == lengths and hits > 0
 
 
-def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir, device):
     """Steps of more than CHAIN_MAX_SEQUENCES sequences keep the one-step-ahead flow (ids from
     the host); smaller ones are chained; the tokens are the same either way."""
     from app.engine import SamplingParams
     from app.engine.scheduler import CHAIN_MAX_SEQUENCES
 
     n = CHAIN_MAX_SEQUENCES + 1
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=n, max_context=64)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=n, max_context=64, device=device)
     chained_sizes = []
     runner.decode_greedy_launch_next = (
         lambda _f=runner.decode_greedy_launch_next: chained_sizes.append(len(runner.decode_greedy_in_flight()[0][0]))
@@ -87,14 +96,15 @@ def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir):
     assert chained_sizes and max(chained_sizes) <= CHAIN_MAX_SEQUENCES
 
 
-def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(tiny_qwen_dir):
+@pytest.mark.parametrize("device", DEVICES)
+def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(tiny_qwen_dir, device):
     """Eight clients send requests back to back, as the server benchmark does: every arrival
     prefills while other sequences have a greedy step in flight. Those steps' tokens are
     accepted, not thrown away and recomputed, so the decode rows run are the decode tokens
     plus at most two steps launched ahead of each request's end; the tokens equal alone."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=8, max_context=128)
+    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=8, max_context=128, device=device)
     rows = []
     runner._run_rows = lambda r, ids_on_device=False, _f=runner._run_rows: rows.append(len(r)) or _f(r, ids_on_device)
     jobs = [(c, r) for c in range(8) for r in range(3)]
