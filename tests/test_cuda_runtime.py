@@ -498,3 +498,28 @@ def test_engine_loads_a_quantized_checkpoint_on_cuda(tiny_checkpoint):
     assert result.usage.completion_tokens == 8
     assert info["weights_bytes"] < 40 * MiB and info["vram_budget_bytes"] == 512 * MiB
     assert info["cuda_reserved_bytes"] <= before + info["vram_budget_bytes"]  # the allocator cap held
+
+
+# -- shapes the kernels do not cover ------------------------------------------------------------
+
+def test_unsupported_head_dim_is_named_and_qwen_shapes_are_supported():
+    from app.engine.cuda.ops import unsupported_shape
+
+    assert unsupported_shape(QWEN3B) is None and unsupported_shape(QWEN7B) is None
+    assert unsupported_shape(tiny_spec("llama")) is None
+    odd = replace(tiny_spec(), head_dim=16)
+    assert unsupported_shape(odd) == "head_dim 16 has no decode-attention kernel (only 64 and 128)"
+
+
+@pytest.mark.gpu
+def test_a_model_the_kernels_do_not_cover_runs_on_the_reference_path(tiny_qwen_dir, caplog):
+    """tiny_qwen_dir has head_dim 16: Engine.load on CUDA warns and serves it with the PyTorch
+    runner on the GPU instead of failing while capturing the decode graphs."""
+    from app.engine import Engine, SamplingParams
+    from app.engine.runner import TorchRunner
+
+    with caplog.at_level("WARNING"), Engine.load(tiny_qwen_dir, device="cuda", max_batch_size=2) as engine:
+        out = engine.generate([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)).result
+        assert isinstance(engine.runner, TorchRunner) and engine.device == "cuda"
+    assert len(out.token_ids) == 4
+    assert "head_dim 16 has no decode-attention kernel" in caplog.text

@@ -16,6 +16,20 @@ from app.engine.cuda.weights import weights_from_model
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen_kernel_dir(tmp_path_factory, qwen_tokenizer_dir):
+    """tiny_qwen_dir's model with shapes the CUDA kernels take (head_dim 64, K a multiple of 128)."""
+    from conftest import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-hd64"), qwen_tokenizer_dir, "qwen2",
+                            hidden_size=256, intermediate_size=384)
+
+
+@pytest.fixture
+def model_dir(device, request):
+    return request.getfixturevalue("tiny_qwen_dir" if device == "cpu" else "tiny_qwen_kernel_dir")
+
+
 def engine_parts(model_dir, slots: int, max_context: int, device: str):
     """The loaded tiny model and a CudaRunner on ``device`` over its fp16 weights."""
     from app.engine import Engine
@@ -27,11 +41,11 @@ def engine_parts(model_dir, slots: int, max_context: int, device: str):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir, device):
+def test_engine_greedy_through_decode_greedy_equals_logits_argmax(model_dir, device):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=2, max_context=128, device=device)
+    loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=128, device=device)
     prompt = loaded.tokenizer.encode("The capital of France is")
     calls = []  # "host": ids uploaded from the host, "device": the next step chained on the device
     runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append("host") or _f(*a)
@@ -52,12 +66,12 @@ def test_engine_greedy_through_decode_greedy_equals_logits_argmax(tiny_qwen_dir,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir, device):
+def test_pipelined_greedy_decode_survives_finishes_and_arrivals(model_dir, device):
     """Requests that finish (subset of the step launched ahead) or arrive (prefill: the step in
     flight is settled first) mid-stream still give exactly the tokens they give alone."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=3, max_context=128, device=device)
+    loaded, engine_type, runner = engine_parts(model_dir, slots=3, max_context=128, device=device)
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
     lengths = [3, 14, 8]
     with engine_type(loaded, runner, 3) as engine:
@@ -71,14 +85,14 @@ def test_pipelined_greedy_decode_survives_finishes_and_arrivals(tiny_qwen_dir, d
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir, device):
+def test_only_small_greedy_batches_are_chained_on_the_device(model_dir, device):
     """Steps of more than CHAIN_MAX_SEQUENCES sequences keep the one-step-ahead flow (ids from
     the host); smaller ones are chained; the tokens are the same either way."""
     from app.engine import SamplingParams
     from app.engine.scheduler import CHAIN_MAX_SEQUENCES
 
     n = CHAIN_MAX_SEQUENCES + 1
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=n, max_context=64, device=device)
+    loaded, engine_type, runner = engine_parts(model_dir, slots=n, max_context=64, device=device)
     chained_sizes = []
     runner.decode_greedy_launch_next = (
         lambda _f=runner.decode_greedy_launch_next: chained_sizes.append(len(runner.decode_greedy_in_flight()[0][0]))
@@ -97,14 +111,14 @@ def test_only_small_greedy_batches_are_chained_on_the_device(tiny_qwen_dir, devi
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(tiny_qwen_dir, device):
+def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(model_dir, device):
     """Eight clients send requests back to back, as the server benchmark does: every arrival
     prefills while other sequences have a greedy step in flight. Those steps' tokens are
     accepted, not thrown away and recomputed, so the decode rows run are the decode tokens
     plus at most two steps launched ahead of each request's end; the tokens equal alone."""
     from app.engine import SamplingParams
 
-    loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=8, max_context=128, device=device)
+    loaded, engine_type, runner = engine_parts(model_dir, slots=8, max_context=128, device=device)
     rows = []
     runner._run_rows = lambda r, ids_on_device=False, _f=runner._run_rows: rows.append(len(r)) or _f(r, ids_on_device)
     jobs = [(c, r) for c in range(8) for r in range(3)]

@@ -60,7 +60,7 @@ class Engine:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
         dev = resolve_device(device)
         started = time.perf_counter()
-        reason = _cuda_runner_unavailable(dev, dtype)
+        reason = _cuda_runner_unavailable(dev, dtype, Path(path))
         if reason is None:
             loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget)
         else:
@@ -130,7 +130,7 @@ class Engine:
         self.close()
 
 
-def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None) -> str | None:
+def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path: Path) -> str | None:
     """None when the CUDA runner (own kernels, CUDA graphs) can serve this load, else why not."""
     if dev.type != "cuda":
         return "not a CUDA device"
@@ -138,7 +138,19 @@ def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None) -> st
         return f"the CUDA runner computes in float16, {dtype} was asked for"
     from app.kernels import unavailable_reason
 
-    return unavailable_reason()
+    reason = unavailable_reason()
+    if reason is None and path.is_dir():  # a missing folder: the loader below says so
+        from app.engine.cuda.ops import unsupported_shape
+
+        reason = unsupported_shape(_read_spec(path))
+    return reason
+
+
+def _read_spec(path: Path) -> ModelSpec:
+    """The model's shapes without loading weights (a quantized checkpoint keeps them in its manifest)."""
+    from app.quant import checkpoint
+
+    return checkpoint.read_manifest(path).spec if checkpoint.is_checkpoint(path) else ModelSpec.from_hf_folder(path)
 
 
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,

@@ -137,6 +137,16 @@ class ReferenceOps:
         return out.copy_(ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots))
 
 
+def unsupported_shape(spec) -> str | None:
+    """Why the CUDA kernels cannot run a model of this shape (the engine then runs the PyTorch
+    reference path on the GPU), or None."""
+    from app.kernels.attention import HEAD_DIMS
+
+    if spec.head_dim not in HEAD_DIMS:
+        return f"head_dim {spec.head_dim} has no decode-attention kernel (only {' and '.join(map(str, HEAD_DIMS))})"
+    return None
+
+
 def _check_fp16(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.dtype != torch.float16 or not t.is_contiguous():
