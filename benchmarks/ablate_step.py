@@ -7,7 +7,9 @@ kernels, and times the replayed graph at batch 1 (or ``--batch``) after 512-toke
 (bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels
 cost in place, their launch and dependency gaps included: the ceiling of what fusing them
 away could give. ``unstaged_x`` is not a skip: the full step with x never staged in shared
-memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0).
+memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm``: the full
+step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
+(app.engine.cuda.graphs.FUSE_NORMS = False).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -27,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
 
+import app.engine.cuda.graphs as graphs_module  # noqa: E402
 import app.engine.cuda.runner as runner_module  # noqa: E402
 import app.kernels.gemv as gemv_module  # noqa: E402
 from app.engine.cuda.ops import KernelOps  # noqa: E402
@@ -36,13 +39,14 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
-            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",)}
+            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",)}
+SETTINGS = ("x_staging", "norm_fusion")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     ops = KernelOps()
-    for name in (n for n in skipped if n != "x_staging"):
+    for name in (n for n in skipped if n not in SETTINGS):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     return ops
 
@@ -51,10 +55,12 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
-    original, staged = runner_module.default_ops, gemv_module.STAGE_X_BYTES
+    original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
     runner_module.default_ops = lambda device: ops_without(skipped)
     if "x_staging" in skipped:
         gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
+    if "norm_fusion" in skipped:
+        graphs_module.FUSE_NORMS = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -64,7 +70,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         return decode_tokens_per_s(runner, batch, spec.vocab_size)[1]
     finally:
         runner.close()
-        gemv_module.STAGE_X_BYTES = staged
+        gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
 
 
 def main() -> None:

@@ -105,3 +105,40 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// A row's sum of squares in one fixed order, shared by the RMSNorm kernel and the GEMVs that
+// produce (residual epilogue) and consume (staged x) it, so a norm fused into a GEMV is
+// bit-equal to the norm kernel (docs/KERNELS.md phase 10). Chunk c is elements 16c..16c+15:
+// p_e = x[16c+e]^2 + x[16c+e+8]^2 (e = 0..7), chunk = ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
+// The row total over the chunks: lane l of one warp adds chunks l, l+32, ... in that order,
+// then an xor tree over the lanes (16, 8, 4, 2, 1). Explicit _rn operations: no FMA contraction.
+constexpr int NORM_CHUNK = 16;
+
+__device__ __forceinline__ float sq_pair(float a, float b) { return __fadd_rn(__fmul_rn(a, a), __fmul_rn(b, b)); }
+
+// Every lane of the warp gets the total of chunks P[0..nc) (P in global or shared memory).
+__device__ __forceinline__ float chunk_total(const float* P, int nc, int lane) {
+    float s = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < nc; c += 32) s = __fadd_rn(s, P[c]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, off));
+    return s;
+}
+
+__device__ __forceinline__ float rms_inv(float total, int H, float eps) {
+    return 1.f / sqrtf(total / (float)H + eps);
+}
+
+// y = fp16(w * fp16(h * inv)) for 8 values (HF's Qwen2RMSNorm rounding).
+__device__ __forceinline__ uint4 normalize8(uint4 h, uint4 w, float inv) {
+    unsigned* ph = reinterpret_cast<unsigned*>(&h);
+    const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
+        const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
+        ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
+    }
+    return h;
+}

@@ -34,6 +34,12 @@
 // 12.0 -> 10.6 µs, benchmarks/probe_gemv_path.py). The values are the same: results are
 // bit-identical either way.
 //
+// Fused RMSNorm (batch 1, staged x; docs/KERNELS.md phase 10): a residual GEMV (o, down) can
+// leave the chunk sums of squares of the rows it writes in sums_out (common.cu's order), and
+// the next GEMV (qkv, gate/up, head) can then take that residual row h itself as x with
+// norm_w / norm_sums: it stages fp16(w * fp16(h * inv)), the norm kernel's exact output, with
+// 1/rms from a few loads and a shuffle tree instead of a norm kernel and its dependent launch.
+//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
@@ -262,6 +268,20 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 __device__ __forceinline__ int out_unit(int unit0, int j, int g, int c) { return unit0 + 16 * j + g + ((c & 2) ? 8 : 0); }
 __device__ __forceinline__ int out_row(int cb, int t, int c) { return 8 * cb + 2 * t + (c & 1); }
 
+// The fused RMSNorm of a staged batch-1 x (the row h, K values): every warp computes 1/rms
+// from the producer's chunk sums (no barrier), each thread stages its vectors normalized. w0:
+// this thread's first weight vector, loaded before the wait (the weight is constant).
+__device__ __forceinline__ void stage_normalized(const half_t* h, const half_t* w, uint4 w0, const float* sums,
+                                                 int K, float eps, int lane) {
+    const uint4* hv = reinterpret_cast<const uint4*>(h);
+    const uint4* wv = reinterpret_cast<const uint4*>(w);
+    const int nvec = K / 8, i0 = threadIdx.x;
+    const uint4 h0 = i0 < nvec ? hv[i0] : make_uint4(0, 0, 0, 0);  // in flight during the tree
+    const float inv = rms_inv(chunk_total(sums, K / NORM_CHUNK, lane), K, eps);
+    if (i0 < nvec) x_stage[i0] = normalize8(h0, w0, inv);
+    for (int i = i0 + blockDim.x; i < nvec; i += blockDim.x) x_stage[i] = normalize8(hv[i], wv[i], inv);
+}
+
 // COLS blocks of 8 batch rows (M <= 8 * COLS): each dequantized fragment feeds COLS mma, so
 // column block 0 is computed exactly as with COLS = 1 (rows 0..7 stay bit-equal).
 // THREADS: the launch bound, 512 or 1024 (64 registers: only the one-tile, one-column instances).
@@ -278,7 +298,11 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
             const half_t* residual,               // [M, N] or null (may alias y)
             half_t* y,                            // [M, N]
             int M, int N, int K,                  // R = N rows, or 2N when GATED (gate; up)
-            int ksplit) {                         // a multiple of the block's warps, <= KSLOTS
+            int ksplit,                           // a multiple of the block's warps, <= KSLOTS
+            const half_t* __restrict__ norm_w,    // [K] or null: x is h, normalized (STAGE_X, M = 1)
+            const float* __restrict__ norm_sums,  // [K / 16]: h's chunk sums (with norm_w)
+            float eps,
+            float* __restrict__ sums_out) {       // [M, N / 16] or null: chunk sums of y (not GATED)
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
@@ -317,6 +341,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     half_t res_in[OUT_TILES][COLS][4] = {};
     const bool epilogue_warp = EARLY_RESIDUAL && warp == 0;
 
+    uint4 norm_w0 = make_uint4(0, 0, 0, 0);  // constant: loaded before the wait
+    if (STAGE_X && norm_w != nullptr && threadIdx.x < K / 8) norm_w0 = reinterpret_cast<const uint4*>(norm_w)[threadIdx.x];
+
     float acc[TILES][COLS][4];
     __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
     // Once per warp (ksplit == nwarps), except for the 16-row instances of a 32-slice split.
@@ -347,8 +374,12 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
         if constexpr (STAGE_X)
             if (v == 0) {  // every warp (barrier)
-                const uint4* xv = reinterpret_cast<const uint4*>(x);
-                for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) x_stage[i] = xv[i];
+                if (norm_w != nullptr) {
+                    stage_normalized(x, norm_w, norm_w0, norm_sums, K, eps, lane);
+                } else {
+                    const uint4* xv = reinterpret_cast<const uint4*>(x);
+                    for (int i = threadIdx.x; i < M * (K / 8); i += blockDim.x) x_stage[i] = xv[i];
+                }
                 __syncthreads();
             }
         if (epilogue_warp && residual != nullptr && v == 0)
@@ -406,26 +437,54 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                 for (int c = 0; c < 4; ++c) res[j][cb][c] = acc[j < TILES ? j : 0][cb][c];  // (SPLIT needs ksplit >= 2)
     }
 
+    if constexpr (GATED) {
 #pragma unroll
-    for (int j = 0; j < OUT_TILES; ++j)
+        for (int j = 0; j < OUT_TILES; ++j)
 #pragma unroll
-        for (int cb = 0; cb < COLS; ++cb)
+            for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
-                if (unit >= N || m >= M) continue;
-                const long at = (long)m * N + unit;
-                if constexpr (GATED) {
+                for (int c = 0; c < 4; ++c) {
+                    const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
+                    if (unit >= N || m >= M) continue;
                     const float gate = h2f(f2h(res[j][cb][c]));
                     const float up = h2f(f2h(res[j + OUT_TILES][cb][c]));
                     const float act = h2f(f2h(gate / (1.f + expf(-gate))));
-                    y[at] = f2h(act * up);
-                } else {
+                    y[(long)m * N + unit] = f2h(act * up);
+                }
+    } else {
+        half_t out[OUT_TILES][COLS][4];
+#pragma unroll
+        for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+            for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
+                    out[j][cb][c] = 0;
+                    if (unit >= N || m >= M) continue;
+                    const long at = (long)m * N + unit;
                     float v = res[j][cb][c];
                     if (bias != nullptr) v += h2f(bias[unit]);
-                    half_t out = f2h(v);
-                    if (residual != nullptr) out = f2h(h2f(out) + h2f(EARLY_RESIDUAL ? res_in[j][cb][c] : residual[at]));
-                    y[at] = out;
+                    out[j][cb][c] = f2h(v);
+                    if (residual != nullptr)
+                        out[j][cb][c] = f2h(h2f(out[j][cb][c]) + h2f(EARLY_RESIDUAL ? res_in[j][cb][c] : residual[at]));
+                    y[at] = out[j][cb][c];
                 }
-            }
+        // Chunk sums for a fused norm in the next GEMV: lane (g, t) holds units g and g + 8 of
+        // rows 2t and 2t + 1 (per column block); the tree over g adds the pairs in common.cu's
+        // order. N is a multiple of 16 (the launcher checks), so every chunk is whole.
+        if (sums_out != nullptr)
+#pragma unroll
+            for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+                for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        float p = sq_pair(h2f(out[j][cb][r]), h2f(out[j][cb][2 + r]));
+#pragma unroll
+                        for (int off = 4; off < 32; off <<= 1) p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, off));
+                        const int chunk = unit0 / 16 + j, m = 8 * cb + 2 * t + r;
+                        if (g == 0 && m < M && chunk * 16 < N) sums_out[(long)m * (N / 16) + chunk] = p;
+                    }
+    }
 }

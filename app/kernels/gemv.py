@@ -15,6 +15,11 @@ Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma c
 reuses every dequantized weight fragment: twice the tokens per pass over the weights.
 When x is at most ``STAGE_X_BYTES`` each block first copies it into shared memory (same
 values, bit-identical results; the 3B step at batch 1 -1.7 %, docs/KERNELS.md phase 9).
+
+Fused RMSNorm (:func:`fuses_norm`: batch 1 with staged x): a residual GEMV given ``sums_out``
+also writes the chunk sums of squares of its output rows; the next GEMV given
+``norm=FusedNorm(weight, sums, eps)`` takes that output h itself as x and computes on
+RMSNorm(h), bit-equal to running the norm kernel first (docs/KERNELS.md phase 10).
 """
 
 from __future__ import annotations
@@ -42,6 +47,22 @@ SOURCE = "gemv.cu"
 # x is staged in shared memory (gemv.cu STAGE_X) when it is at most this many bytes (M * K * 2):
 # batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
 STAGE_X_BYTES = 4096
+NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
+
+
+@dataclass(frozen=True)
+class FusedNorm:
+    """x is the residual row h; the GEMV computes on RMSNorm(h) with this ``weight`` [K] fp16,
+    from ``sums`` [1, K/16] fp32, the chunk sums the GEMV that wrote h left (``sums_out``)."""
+
+    weight: torch.Tensor
+    sums: torch.Tensor
+    eps: float
+
+
+def fuses_norm(m: int, k: int) -> bool:
+    """Whether a GEMV with M = m rows of K = k inputs can take a :class:`FusedNorm`."""
+    return m == 1 and k % NORM_CHUNK == 0 and m * k * 2 <= STAGE_X_BYTES
 
 
 @dataclass(frozen=True)
@@ -160,7 +181,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
-         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None) -> torch.Tensor:
+         residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
+         norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None) -> torch.Tensor:
     dev = w.qa.device
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
@@ -173,6 +195,14 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     no_overlap("x", x, "out", y)
     if residual is not None and residual.data_ptr() != y.data_ptr():
         no_overlap("residual", residual, "out", y)  # in place (residual is out) is fine
+    norm_args = _norm_args(norm, m, w.k, dev)
+    sums_ptr = 0
+    if sums_out is not None:
+        if gated:
+            raise KernelArgumentError("sums_out: the gated kernel writes no chunk sums")
+        check_multiple("sums_out: output features", n_out, NORM_CHUNK)
+        check_tensor("sums_out", sums_out, torch.float32, (m, n_out // NORM_CHUNK), device=dev)
+        sums_ptr = sums_out.data_ptr()
     cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
     cols = -(-m // COLUMN_BLOCK)  # rows 0..7 are computed the same way whatever M is (batch invariance)
     if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
@@ -183,39 +213,59 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
-            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps))
+            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps), *norm_args, sums_ptr)
     loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args,
                   shared_mem=x_bytes if stage_x else 0)
     return y
 
 
+def _norm_args(norm: FusedNorm | None, m: int, k: int, dev: torch.device) -> tuple:
+    """(norm_w, norm_sums, eps) kernel arguments; null pointers without a fused norm."""
+    if norm is None:
+        return 0, 0, np.float32(0)
+    if not fuses_norm(m, k):
+        raise KernelArgumentError(f"a fused norm needs batch 1 and K a multiple of {NORM_CHUNK} with "
+                                  f"K * 2 <= {STAGE_X_BYTES} bytes (staged x), got M={m}, K={k}")
+    check_tensor("norm weight", norm.weight, torch.float16, (k,), device=dev)
+    check_tensor("norm sums", norm.sums, torch.float32, (None, k // NORM_CHUNK), device=dev)
+    return norm.weight.data_ptr(), norm.sums.data_ptr(), np.float32(norm.eps)
+
+
 def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-            config: GemvConfig | None = None) -> torch.Tensor:
+            config: GemvConfig | None = None, norm: FusedNorm | None = None,
+            sums_out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M<=16, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
     layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
-    ``out`` may be ``residual`` itself (in-place residual add).
+    ``out`` may be ``residual`` itself (in-place residual add). ``norm``: x is RMSNorm'd first
+    (batch 1, see :class:`FusedNorm`). ``sums_out`` [M, N/16] fp32: the chunk sums of squares
+    of the output rows, for a fused norm in the next GEMV.
     """
-    return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config)
+    return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,
+                norm=norm, sums_out=sums_out)
 
 
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-            out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, config: GemvConfig | None = None, norm: FusedNorm | None = None,
+            sums_out: torch.Tensor | None = None) -> torch.Tensor:
     """Like :func:`gemv_w4` for W3 in the tile layout (a [Np, K/16], b [Np, K/32], Np = padded_rows(N))."""
     return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
-                config=config)
+                config=config, norm=norm, sums_out=sums_out)
 
 
 def gate_up_silu_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
+                    norm: FusedNorm | None = None) -> torch.Tensor:
     """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
-    return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config)
+    return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config,
+                norm=norm)
 
 
 def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
-                    out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, config: GemvConfig | None = None,
+                    norm: FusedNorm | None = None) -> torch.Tensor:
     """Like :func:`gate_up_silu_w4` for W3 in the tile layout (I % 16 == 0)."""
     return _run(_check_w3(a, b, scales), x, gated=True, bias=None, residual=None, out=out,
-                config=config)
+                config=config, norm=norm)

@@ -2,21 +2,12 @@
 // Rounding matches HF's Qwen2RMSNorm exactly: y = fp16(w * fp16(h * rsqrt(mean(h^2) + eps))).
 // Optionally fused with the residual add before it: h = fp16(x + residual) is written to
 // residual_out (which may alias residual) and normalised. H must be a multiple of 8 (16-byte
-// vectors); one thread handles every blockDim-th vector, so the summation order depends on H
-// only and each row is independent of the others (batch-invariant).
+// vectors), at most 16,384. The sum of squares is taken in common.cu's chunk order, the one
+// the GEMVs use when they fuse this norm: it depends on H only and each row is independent of
+// the others (batch-invariant), and fused and unfused results are bit-equal.
 
 constexpr int NORM_MAX_THREADS = 1024;
-
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float warp_sums[NORM_MAX_THREADS / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) warp_sums[warp] = v;
-    __syncthreads();
-    float total = 0.f;
-    for (int w = 0; w < nwarps; ++w) total += warp_sums[w];  // same order in every thread
-    return total;
-}
+constexpr int NORM_MAX_CHUNKS = 1024;  // H <= 16,384 (norm_rope.py MAX_NORM_HIDDEN)
 
 __device__ __forceinline__ uint4 add_half8(uint4 a, uint4 b) {
     unsigned* pa = reinterpret_cast<unsigned*>(&a);
@@ -29,29 +20,22 @@ __device__ __forceinline__ uint4 add_half8(uint4 a, uint4 b) {
     return a;
 }
 
-__device__ __forceinline__ float sum_squares8(uint4 a) {
-    const unsigned* p = reinterpret_cast<const unsigned*>(&a);
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = half2_to_float2(p[i]);
-        s = fmaf(f.x, f.x, s);
-        s = fmaf(f.y, f.y, s);
-    }
-    return s;
-}
-
-// y = fp16(w * fp16(h * inv)) for 8 values.
-__device__ __forceinline__ uint4 normalize8(uint4 h, uint4 w, float inv) {
-    unsigned* ph = reinterpret_cast<unsigned*>(&h);
-    const unsigned* pw = reinterpret_cast<const unsigned*>(&w);
+// The sum of squares of chunk c (common.cu's order), whose 16 values this lane and lane ^ 1
+// hold as vectors 2c and 2c + 1; both lanes return it. A vector past the row is zeros (an odd
+// number of vectors: the last chunk is its first 8 values).
+__device__ __forceinline__ float chunk_sum_pair(uint4 v, int lane) {
+    const unsigned* p = reinterpret_cast<const unsigned*>(&v);
+    const bool first_half = (lane & 1) == 0;
+    float pe[8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const float2 fh = half2_to_float2(ph[k]), fw = half2_to_float2(pw[k]);
-        const float2 n = half2_to_float2(float2_to_half2(fh.x * inv, fh.y * inv));
-        ph[k] = float2_to_half2(n.x * fw.x, n.y * fw.y);
+        const float2 f = half2_to_float2(p[k]);
+        const float o0 = __shfl_xor_sync(FULL_MASK, f.x, 1), o1 = __shfl_xor_sync(FULL_MASK, f.y, 1);
+        pe[2 * k] = first_half ? sq_pair(f.x, o0) : sq_pair(o0, f.x);
+        pe[2 * k + 1] = first_half ? sq_pair(f.y, o1) : sq_pair(o1, f.y);
     }
-    return h;
+    return __fadd_rn(__fadd_rn(__fadd_rn(pe[0], pe[1]), __fadd_rn(pe[2], pe[3])),
+                     __fadd_rn(__fadd_rn(pe[4], pe[5]), __fadd_rn(pe[6], pe[7])));
 }
 
 // A thread's first vector stays in registers between the two passes (with the launcher's
@@ -76,18 +60,25 @@ rms_norm_kernel(const half_t* __restrict__ x,         // [rows, H]
     const uint4 w0 = i0 < nvec ? wv[i0] : make_uint4(0, 0, 0, 0);
     pdl_wait();
 
-    float ss = 0.f;
+    __shared__ float chunks[NORM_MAX_CHUNKS];
+    const int lane = threadIdx.x & 31;
     uint4 h0 = make_uint4(0, 0, 0, 0);
-    for (int i = i0; i < nvec; i += blockDim.x) {
-        uint4 h = xv[i];
-        if (fused) {
-            h = add_half8(h, rv[i]);
-            hv[i] = h;
+    for (int first = 0; first < nvec; first += blockDim.x) {  // every thread: the pairs shuffle
+        const int i = first + i0;
+        uint4 h = make_uint4(0, 0, 0, 0);
+        if (i < nvec) {
+            h = xv[i];
+            if (fused) {
+                h = add_half8(h, rv[i]);
+                hv[i] = h;
+            }
         }
-        if (i == i0) h0 = h;
-        ss += sum_squares8(h);
+        if (first == 0) h0 = h;
+        const float sum = chunk_sum_pair(h, lane);
+        if (i < nvec && (i & 1) == 0) chunks[i >> 1] = sum;
     }
-    const float inv = 1.f / sqrtf(block_sum(ss) / (float)H + eps);
+    __syncthreads();
+    const float inv = rms_inv(chunk_total(chunks, (nvec + 1) / 2, lane), H, eps);
 
     if (i0 < nvec) yv[i0] = normalize8(h0, w0, inv);
     for (int i = i0 + blockDim.x; i < nvec; i += blockDim.x)

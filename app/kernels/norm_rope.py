@@ -6,9 +6,10 @@ import numpy as np
 import torch
 
 from app.kernels import loader
-from app.kernels.checks import check_multiple, check_tensor, ensure_output, no_overlap
+from app.kernels.checks import check_multiple, check_range, check_tensor, ensure_output, no_overlap
 
 MAX_NORM_THREADS = 1024
+MAX_NORM_HIDDEN = 16384  # norm.cu NORM_MAX_CHUNKS chunks of 16
 
 
 def norm_block_size(hidden: int) -> int:
@@ -28,6 +29,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, residual: tor
     check_tensor("x", x, torch.float16, (None, None))
     rows, hidden = x.shape
     check_multiple("hidden size", hidden, 8)
+    check_range("hidden size", hidden, 8, MAX_NORM_HIDDEN)
     dev = x.device
     check_tensor("weight", weight, torch.float16, (hidden,), device=dev)
     y = ensure_output("out", out, (rows, hidden), torch.float16, dev)

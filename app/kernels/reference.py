@@ -62,6 +62,43 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
     return y if residual is None else (y, h)
 
 
+def norm_chunk_sums_ref(h: torch.Tensor) -> torch.Tensor:
+    """[M, H] fp16 (H % 16 == 0) -> [M, H/16] fp32: the chunk sums of squares in common.cu's
+    order, bit-exact (fp32 products and sums, no fused multiply-add; eager PyTorch rounds each)."""
+    m, hidden = h.shape
+    f = h.float().view(m, hidden // 16, 2, 8)  # [M, chunk, half, e]
+    p = f[:, :, 0] * f[:, :, 0] + f[:, :, 1] * f[:, :, 1]  # p_e = x[e]^2 + x[e+8]^2: [M, C, 8]
+    q = p[..., 0::2] + p[..., 1::2]  # (p0+p1), (p2+p3), ...: [M, C, 4]
+    r = q[..., 0::2] + q[..., 1::2]  # [M, C, 2]
+    return r[..., 0] + r[..., 1]  # [M, C]
+
+
+def norm_inv_ref(sums: torch.Tensor, hidden: int, eps: float) -> torch.Tensor:
+    """[M, C] chunk sums -> [M, 1] fp32 1/rms as the kernels compute it: lane l of a warp adds
+    chunks l, l+32, ... in order, then an xor tree over the 32 lanes; 1 / sqrt(total / H + eps)."""
+    m, c = sums.shape
+    lanes = torch.zeros(m, -(-c // 32) * 32, dtype=torch.float32)
+    lanes[:, :c] = sums.float().cpu()
+    lanes = lanes.view(m, -1, 32)  # [M, J, lane]
+    s = lanes[:, 0]
+    for j in range(1, lanes.shape[1]):
+        s = s + lanes[:, j]
+    while s.shape[1] > 1:  # off = 16, 8, 4, 2, 1: lane l < off gets s_l + s_(l + off)
+        half = s.shape[1] // 2
+        s = s[:, :half] + s[:, half:]
+    eps32 = torch.tensor(eps, dtype=torch.float32)
+    return (1.0 / torch.sqrt(s / float(hidden) + eps32)).to(sums.device)
+
+
+def rms_norm_chunked_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The norm kernel's output bit for bit: HF's rounding with the sum of squares in
+    common.cu's chunk order (:func:`rms_norm_ref` differs from it in the last bit at most
+    through 1/rms)."""
+    inv = norm_inv_ref(norm_chunk_sums_ref(x), x.shape[1], eps)
+    normed = (x.float() * inv).half()
+    return (normed.float() * weight.float()).half()
+
+
 def rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE of x [T, heads, D] with per-token angles cos/sin [T, D/2], fp32 math."""
     half = x.shape[-1] // 2

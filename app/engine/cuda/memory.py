@@ -103,9 +103,11 @@ def attention_splits(spec: ModelSpec, max_context: int, sm_count: int) -> int:
 
 
 def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
-    """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials."""
+    """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
+    the fused norms' chunk sums."""
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
+    per_row += 2 * -(-h // 16) * 4
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 

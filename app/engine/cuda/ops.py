@@ -9,6 +9,11 @@ buffer layout fails there, not on the GPU.
 Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
 PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
 the decode graphs capture static buffers, nothing is allocated per step.
+
+A quantized linear can fuse the RMSNorm before it (``norm=FusedNorm``: x is the residual row,
+batch 1; :meth:`fuses_norm` says where) with the chunk sums the residual linear before it left
+(``sums_out``). ReferenceOps normalizes with the reference norm instead (it needs no sums), so
+the CPU runner checks the same wiring.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
+from app.kernels.gemv import FusedNorm, fuses_norm
 
 
 def dense_linear(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -45,21 +51,23 @@ class KernelOps:
 
         self.k = kernels
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None):
-        if not w.quantized:
-            return dense_linear(x, w, residual, out)
-        if w.bits == 4:
-            return self.k.gemv_w4(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out)
-        return self.k.gemv_w3(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out)
+    @staticmethod
+    def fuses_norm(m: int, hidden: int) -> bool:
+        return fuses_norm(m, hidden)
 
-    def gate_up(self, x, w: LinearWeight, *, out):
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         if not w.quantized:
-            return dense_gate_up(x, w, out)
-        if w.bias is not None:  # the fused kernel has no bias epilogue
-            return _biased_gate_up(self, x, w, out)
-        if w.bits == 4:
-            return self.k.gate_up_silu_w4(x, *_tiles(w), w.scales, out=out)
-        return self.k.gate_up_silu_w3(x, *_tiles(w), w.scales, out=out)
+            _no_fusion(w, norm, sums_out)
+            return dense_linear(x, w, residual, out)
+        gemv = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
+        return gemv(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out)
+
+    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
+        if not w.quantized or w.bias is not None:  # the fused kernel has no bias epilogue
+            _no_fusion(w, norm, None)
+            return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(self, x, w, out)
+        gate_up = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
+        return gate_up(x, *_tiles(w), w.scales, out=out, norm=norm)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
@@ -94,22 +102,31 @@ class ReferenceOps:
 
     name = "reference"
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None):
+    @staticmethod
+    def fuses_norm(m: int, hidden: int) -> bool:
+        return fuses_norm(m, hidden)  # the kernels' rule: the CPU runner takes the same path
+
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         _check_fp16(x=x, out=out)
         if not w.quantized:
+            _no_fusion(w, norm, sums_out)
             return dense_linear(x, w, residual, out)
+        x = _normalized(x, norm)
         if w.bits == 4:
             y = ref.gemv_w4_ref(x, *w.checkpoint_words(), w.scales, w.bias, residual)
         else:
             y = ref.gemv_w3_ref(x, *w.checkpoint_words(), w.scales, w.bias, residual)
-        return out.copy_(y)
+        out.copy_(y)
+        if sums_out is not None:
+            sums_out.copy_(ref.norm_chunk_sums_ref(out))
+        return out
 
-    def gate_up(self, x, w: LinearWeight, *, out):
+    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         _check_fp16(x=x, out=out)
-        if not w.quantized:
-            return dense_gate_up(x, w, out)
-        if w.bias is not None:
-            return _biased_gate_up(self, x, w, out)
+        if not w.quantized or w.bias is not None:
+            _no_fusion(w, norm, None)
+            return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(self, x, w, out)
+        x = _normalized(x, norm)
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, *w.checkpoint_words(), w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, *w.checkpoint_words(), w.scales))
@@ -145,6 +162,20 @@ def unsupported_shape(spec) -> str | None:
     if spec.head_dim not in HEAD_DIMS:
         return f"head_dim {spec.head_dim} has no decode-attention kernel (only {' and '.join(map(str, HEAD_DIMS))})"
     return None
+
+
+def _no_fusion(w: LinearWeight, norm, sums_out) -> None:
+    if norm is not None or sums_out is not None:
+        raise ValueError(f"{w.name}: a fused norm needs a quantized linear without an MLP bias")
+
+
+def _normalized(x: torch.Tensor, norm: FusedNorm | None) -> torch.Tensor:
+    """The reference side of a fused norm: x (the residual row) through the reference RMSNorm."""
+    if norm is None:
+        return x
+    if not fuses_norm(x.shape[0], x.shape[1]) or norm.sums.shape[-1] != x.shape[1] // 16:
+        raise ValueError(f"fused norm: batch {x.shape[0]} with hidden size {x.shape[1]} is not fusable")
+    return ref.rms_norm_ref(x, norm.weight, norm.eps)
 
 
 def _check_fp16(**tensors: torch.Tensor) -> None:
