@@ -79,12 +79,13 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/ablate_step_h200.json")
     ap.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--models", default=",".join(m for m, _ in RUNS), help="comma-separated subset of 3B,7B")
     args = ap.parse_args()
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     capability = torch.cuda.get_device_capability(DEV)
     result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
                   programmatic_launch=programmatic.enabled(capability), batch=args.batch, context=512, models=[])
-    for model, recipe in RUNS:
+    for model, recipe in (r for r in RUNS if r[0] in args.models.split(",")):
         row = dict(model=f"Qwen2.5-{model}", recipe=recipe, layers=spec_of(model).num_layers,
                    step_us={name: step_us(model, recipe, skipped, args.batch) for name, skipped in variants.items()})
         result["models"].append(row)

@@ -16,7 +16,7 @@ reuses every dequantized weight fragment: twice the tokens per pass over the wei
 When x is at most ``STAGE_X_BYTES`` each block first copies it into shared memory (same
 values, bit-identical results; the 3B step at batch 1 -1.7 %, docs/KERNELS.md phase 9).
 
-Fused RMSNorm (:func:`fuses_norm`: batch 1 with staged x): a residual GEMV given ``sums_out``
+Fused RMSNorm (:func:`fuses_norm`: batch 1, x staged up to ``NORM_STAGE_BYTES``): a residual GEMV given ``sums_out``
 also writes the chunk sums of squares of its output rows; the next GEMV given
 ``norm=FusedNorm(weight, sums, eps)`` takes that output h itself as x and computes on
 RMSNorm(h), bit-equal to running the norm kernel first (docs/KERNELS.md phase 10).
@@ -48,6 +48,9 @@ SOURCE = "gemv.cu"
 # batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
 STAGE_X_BYTES = 4096
 NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
+# A fused norm stages its normalized x whatever STAGE_X_BYTES says, up to this size (the 7B's
+# 7 KB rows: staging alone costs the 7B gate/up ~2 %, the norm kernel it replaces more).
+NORM_STAGE_BYTES = 8192
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class FusedNorm:
 
 def fuses_norm(m: int, k: int) -> bool:
     """Whether a GEMV with M = m rows of K = k inputs can take a :class:`FusedNorm`."""
-    return m == 1 and k % NORM_CHUNK == 0 and m * k * 2 <= STAGE_X_BYTES
+    return m == 1 and k % NORM_CHUNK == 0 and m * k * 2 <= NORM_STAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
     x_bytes = m * w.k * 2
-    stage_x = x_bytes <= STAGE_X_BYTES
+    stage_x = x_bytes <= STAGE_X_BYTES or norm is not None
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
@@ -225,7 +228,7 @@ def _norm_args(norm: FusedNorm | None, m: int, k: int, dev: torch.device) -> tup
         return 0, 0, np.float32(0)
     if not fuses_norm(m, k):
         raise KernelArgumentError(f"a fused norm needs batch 1 and K a multiple of {NORM_CHUNK} with "
-                                  f"K * 2 <= {STAGE_X_BYTES} bytes (staged x), got M={m}, K={k}")
+                                  f"K * 2 <= {NORM_STAGE_BYTES} bytes (staged x), got M={m}, K={k}")
     check_tensor("norm weight", norm.weight, torch.float16, (k,), device=dev)
     check_tensor("norm sums", norm.sums, torch.float32, (None, k // NORM_CHUNK), device=dev)
     return norm.weight.data_ptr(), norm.sums.data_ptr(), np.float32(norm.eps)
