@@ -45,9 +45,9 @@ def test_chunk_ordered_norm_is_hf_rmsnorm_within_an_ulp():
 def test_fusion_applies_to_batch_one_staged_rows_only():
     from app.kernels.gemv import fuses_norm
 
-    assert fuses_norm(1, 2048) and fuses_norm(1, 576) and fuses_norm(1, 3584)  # the 7B's 7 KB: staged for it
+    assert fuses_norm(1, 2048) and fuses_norm(1, 576)
     assert not fuses_norm(2, 2048)  # batch 2: the norm kernel (same bits)
-    assert not fuses_norm(1, 8192)  # too large to stage
+    assert not fuses_norm(1, 3584)  # the 7B's x (7 KB) is not staged: the norm kernel there
     assert not fuses_norm(1, 200)  # not whole chunks of 16
 
 
@@ -121,10 +121,10 @@ def test_residual_gemv_writes_the_chunk_sums_of_its_output(bits, n, k, m):
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated,n,k,bias", [(False, 2560, 2048, True), (True, 2 * 11008, 2048, False),
                                             (False, 151936, 2048, False), (True, 2 * 96, 1152, False),
-                                            (False, 77, 384, True), (False, 4608, 3584, True),
-                                            (True, 2 * 18944, 3584, False), (False, 152064, 3584, False)])
+                                            (False, 77, 384, True)])
 def test_fused_norm_is_bit_equal_to_the_norm_kernel_then_the_gemv(bits, gated, n, k, bias):
-    """The 3B and 7B qkv (bias), gate/up and lm_head, and odd shapes."""
+    """The 3B qkv (bias), gate/up and lm_head, and odd shapes (the 7B shapes passed too while
+    the 7B fused: logs/gpu_tests_f477c0b.txt)."""
     from app.kernels import rms_norm
     from app.kernels.gemv import FusedNorm
 

@@ -48,9 +48,9 @@ SOURCE = "gemv.cu"
 # batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
 STAGE_X_BYTES = 4096
 NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
-# A fused norm stages its normalized x whatever STAGE_X_BYTES says, up to this size (the 7B's
-# 7 KB rows: staging alone costs the 7B gate/up ~2 %, the norm kernel it replaces more).
-NORM_STAGE_BYTES = 8192
+# A fused norm needs staged x, up to this size. Staging the 7B's 7 KB rows for it was measured
+# slower than the norm kernels it replaces (7B step 1,662 -> 1,700 µs, docs/KERNELS.md phase 10).
+NORM_STAGE_BYTES = 4096
 
 
 @dataclass(frozen=True)
