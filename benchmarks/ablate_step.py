@@ -9,7 +9,8 @@ cost in place, their launch and dependency gaps included: the ceiling of what fu
 away could give. ``unstaged_x`` is not a skip: the full step with x never staged in shared
 memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm``: the full
 step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
-(app.engine.cuda.graphs.FUSE_NORMS = False).
+(app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
+kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -39,8 +40,9 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
-            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",)}
-SETTINGS = ("x_staging", "norm_fusion")  # not ops: switches of the full step
+            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
+            "fused_norm_everywhere": ("norm_prologue_limit",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -56,11 +58,14 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
     original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
+    limit = gemv_module.NORM_PROLOGUE_BYTES
     runner_module.default_ops = lambda device: ops_without(skipped)
     if "x_staging" in skipped:
         gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
     if "norm_fusion" in skipped:
         graphs_module.FUSE_NORMS = False
+    if "norm_prologue_limit" in skipped:
+        gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -71,6 +76,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     finally:
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
+        gemv_module.NORM_PROLOGUE_BYTES = limit
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.engine.cuda.step_norms import SITES
 from app.kernels import reference as ref
 
 # -- the order (CPU) -----------------------------------------------------------------------------
@@ -45,9 +46,9 @@ def test_chunk_ordered_norm_is_hf_rmsnorm_within_an_ulp():
 def test_fusion_applies_to_batch_one_staged_rows_only():
     from app.kernels.gemv import fuses_norm
 
-    assert fuses_norm(1, 2048) and fuses_norm(1, 576)
+    assert fuses_norm(1, 2048) and fuses_norm(1, 576) and fuses_norm(1, 3584)  # the 7B's 7 KB: staged for it
     assert not fuses_norm(2, 2048)  # batch 2: the norm kernel (same bits)
-    assert not fuses_norm(1, 3584)  # the 7B's x (7 KB) is not staged: the norm kernel there
+    assert not fuses_norm(1, 8192)  # too large to stage
     assert not fuses_norm(1, 200)  # not whole chunks of 16
 
 
@@ -61,7 +62,9 @@ def decode_logits(fused: bool, device: str, steps: int = 6, monkeypatch=None) ->
     monkeypatch.setattr(graphs, "FUSE_NORMS", fused)
     weights = runtime_weights(random_model(tiny_spec(), seed=11), "mixed").map_tensors(lambda t: t.to(device))
     runner = CudaRunner(weights, num_slots=2, max_context=64, prefill_mode="gemm")
-    assert runner.step._norms(1).enabled == fused  # W4/W3 everywhere, hidden 256: fusable at batch 1
+    # W4/W3 everywhere, hidden 256: every site is fused at batch 1 (a tiny model's prologues are small)
+    assert runner.step.fused_norm_sites(1) == (frozenset(SITES) if fused else frozenset())
+    assert runner.step.fused_norm_sites(2) == frozenset()
     token, out = int(runner.prefill(0, [3, 14, 15, 92], 0).argmax()), []
     for pos in range(4, 4 + steps):
         logits = runner.decode([0], [token], [pos])
@@ -77,6 +80,29 @@ def test_decode_step_with_fused_norms_equals_the_norm_kernels(device, monkeypatc
     fused = decode_logits(True, device, monkeypatch=monkeypatch)
     unfused = decode_logits(False, device, monkeypatch=monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(fused, unfused))
+
+
+@pytest.mark.gpu
+def test_the_step_fuses_where_the_prologues_read_little():
+    """On the real shapes (H200 grid): the 3B fuses the qkv and gate/up norms, not the head's
+    (9,496 blocks would each read x, the weight and the sums); the 7B only the qkv's."""
+    from app.engine.cuda.ops import KernelOps
+    from app.engine.cuda.weights import LinearWeight
+    from app.kernels import gemv
+
+    def linear(n, k):  # shapes only: the rule never reads the values
+        return LinearWeight(4, n, k, qa=torch.empty(n, k // 8, dtype=torch.int32, device="cuda"),
+                            scales=torch.empty(n, k // 128, dtype=torch.float16, device="cuda"))
+
+    ops, sms = KernelOps(), torch.cuda.get_device_properties(0).multi_processor_count
+    assert ops.fuses_norm(1, linear(2560, 2048), False) and not ops.fuses_norm(2, linear(2560, 2048), False)
+    assert ops.fuses_norm(1, linear(4608, 3584), False)
+    heads = [linear(151936, 2048), linear(152064, 3584)]
+    assert not any(ops.fuses_norm(1, w, False) for w in heads)
+    if sms >= 100:  # the H200's grids (on a small GPU the gate/up's blocks hold more rows each)
+        assert ops.fuses_norm(1, linear(2 * 11008, 2048), True)
+        assert not ops.fuses_norm(1, linear(2 * 18944, 3584), True)
+    assert gemv.norm_prologue_bytes(2560, 2048, False, torch.device("cuda")) <= gemv.NORM_PROLOGUE_BYTES
 
 
 # -- the kernels (GPU) ---------------------------------------------------------------------------
@@ -121,10 +147,10 @@ def test_residual_gemv_writes_the_chunk_sums_of_its_output(bits, n, k, m):
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated,n,k,bias", [(False, 2560, 2048, True), (True, 2 * 11008, 2048, False),
                                             (False, 151936, 2048, False), (True, 2 * 96, 1152, False),
-                                            (False, 77, 384, True)])
+                                            (False, 77, 384, True), (False, 4608, 3584, True),
+                                            (True, 2 * 18944, 3584, False), (False, 152064, 3584, False)])
 def test_fused_norm_is_bit_equal_to_the_norm_kernel_then_the_gemv(bits, gated, n, k, bias):
-    """The 3B qkv (bias), gate/up and lm_head, and odd shapes (the 7B shapes passed too while
-    the 7B fused: logs/gpu_tests_f477c0b.txt)."""
+    """The 3B and 7B qkv (bias), gate/up and lm_head, and odd shapes."""
     from app.kernels import rms_norm
     from app.kernels.gemv import FusedNorm
 

@@ -48,9 +48,13 @@ SOURCE = "gemv.cu"
 # batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
 STAGE_X_BYTES = 4096
 NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
-# A fused norm needs staged x, up to this size. Staging the 7B's 7 KB rows for it was measured
-# slower than the norm kernels it replaces (7B step 1,662 -> 1,700 µs, docs/KERNELS.md phase 10).
-NORM_STAGE_BYTES = 4096
+# A fused norm stages its normalized x whatever STAGE_X_BYTES says, up to this size (the 7B's
+# 7 KB rows). Whether a norm is worth fusing into a GEMV is norm_prologue_bytes's question.
+NORM_STAGE_BYTES = 8192
+# The decode step fuses a norm only where the fused prologues read at most this much in all
+# (x, norm weight and chunk sums, once per block): fusing into the many-block heads and the 7B
+# gate/up measured slower than the norm kernel (docs/KERNELS.md phase 10).
+NORM_PROLOGUE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,13 @@ def _check_w3(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> _Weight
     check_tensor("tiles a", a, torch.int32, (padded_rows(rows), k // 16), device=scales.device)
     check_tensor("tiles b", b, torch.int32, (padded_rows(rows), k // 32), device=scales.device)
     return _Weights(3, a, b, scales, rows, k)
+
+
+def norm_prologue_bytes(n_out: int, k: int, gated: bool, device: torch.device) -> int:
+    """What the blocks of a GEMV with a fused norm read in their prologues (batch 1): x, the
+    norm weight and the chunk sums, once per block of the default config."""
+    blocks = default_gemv_config(n_out, k, gated, _sm_count(device)).grid(n_out, gated)[0]
+    return blocks * (2 * k * 2 + k // NORM_CHUNK * 4)
 
 
 def _sm_count(device: torch.device) -> int:

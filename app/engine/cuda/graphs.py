@@ -19,13 +19,13 @@ import torch
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import DecodeAttentionWorkspace
-from app.kernels.gemv import FusedNorm
+from app.engine.cuda.step_norms import StepNorms
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
 BUCKETS = (1, 2, 4, 8)
-# RMSNorms fused into the GEMVs at batch 1 (bit-equal either way); False runs the norm kernels
-# (benchmarks/ablate_step.py compares; read when a step runs or is captured).
+# RMSNorms fused into the GEMVs at batch 1 where it pays (step_norms.py; bit-equal either way);
+# False runs the norm kernels (benchmarks/ablate_step.py compares; read when a step is captured).
 FUSE_NORMS = True
 ALIGN = 256
 
@@ -126,59 +126,32 @@ class DecodeStep:
         ids, positions, slots, seq_lens = (bf.inputs[r, :b] for r in range(len(INPUT_ROWS)))
         h, qkv, q, attn, act = bf.hidden[:b], bf.qkv[:b], bf.q[:b], bf.attn[:b], bf.act[:b]
         workspace = bf.workspace
-        norm = self._norms(b)
+        norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
         lookup_rows(w.embed, ids, self.tables, out=h)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
-            x, fused = norm.before(layer.input_norm, first=i == 0)
+            x, fused = norm.before("input", layer.input_norm, first=i == 0)
             ops.linear(x, layer.qkv, out=qkv, norm=fused)
             ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
                               num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
             ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
             # h += o_proj(attn), leaving h's chunk sums for the fused norm of the gate/up
-            ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h, sums_out=norm.sums_out())
-            x, fused = norm.before(layer.post_norm)
+            ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h, sums_out=norm.sums_after_o())
+            x, fused = norm.before("post", layer.post_norm)
             ops.gate_up(x, layer.gate_up, out=act, norm=fused)
-            ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_out())  # h += down(act)
-        x, fused = norm.before(w.final_norm)
+            last = i == len(w.layers) - 1
+            ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_after_down(last))  # h += down(act)
+        x, fused = norm.before("final", w.final_norm)
         ops.linear(x, w.lm_head, out=bf.logits[:b], norm=fused)
         bf.tokens[:b].copy_(torch.argmax(bf.logits[:b], dim=-1))
 
-    def _norms(self, b: int) -> _StepNorms:
-        fused = FUSE_NORMS and self.norms_fusable and self.ops.fuses_norm(b, self.spec.hidden_size)
-        return _StepNorms(self, b, fused)
-
-
-class _StepNorms:
-    """The RMSNorms of one step at batch b: either the norm kernel into ``normed``, or (batch 1,
-    quantized linears) fused into the GEMV that reads the residual row h, with the chunk sums
-    the GEMV that wrote h left in ``norm_sums`` (layer 0's input norm follows the embedding
-    lookup, which leaves none: it always runs the kernel)."""
-
-    def __init__(self, step: DecodeStep, b: int, fused: bool):
-        self.step, self.b, self.enabled = step, b, fused
-        self._next_sums = 0
-
-    def before(self, weight: torch.Tensor, first: bool = False) -> tuple[torch.Tensor, FusedNorm | None]:
-        """(x, norm) for the linear after this norm: (h, its FusedNorm), or the norm kernel's
-        output and None."""
-        st = self.step
-        h = st.buffers.hidden[:self.b]
-        if self.enabled and not first:
-            return h, FusedNorm(weight, self._sums(1 - self._next_sums), st.spec.rms_norm_eps)
-        y = st.buffers.normed[:self.b]
-        st.ops.rms_norm(h, weight, st.spec.rms_norm_eps, out=y)
-        return y, None
-
-    def sums_out(self) -> torch.Tensor | None:
-        """Where the residual linear writing h leaves its chunk sums (the two buffers alternate)."""
-        if not self.enabled:
-            return None
-        sums, self._next_sums = self._sums(self._next_sums), 1 - self._next_sums
-        return sums
-
-    def _sums(self, which: int) -> torch.Tensor:
-        return self.step.buffers.norm_sums[which, :self.b]
+    def fused_norm_sites(self, b: int) -> frozenset[str]:
+        """The norms fused into their GEMV at batch b (app.engine.cuda.step_norms)."""
+        if not (FUSE_NORMS and self.norms_fusable):
+            return frozenset()
+        layer = self.w.layers[0]  # every layer has the same shapes
+        consumers = {"input": (layer.qkv, False), "post": (layer.gate_up, True), "final": (self.w.lm_head, False)}
+        return frozenset(site for site, (lw, gated) in consumers.items() if self.ops.fuses_norm(b, lw, gated))
 
 
 def decode_buckets(num_slots: int, rows: int, batch_invariant_linears: bool) -> list[int]:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
+from app.kernels import gemv
 from app.kernels.gemv import FusedNorm, fuses_norm
 
 
@@ -52,8 +53,11 @@ class KernelOps:
         self.k = kernels
 
     @staticmethod
-    def fuses_norm(m: int, hidden: int) -> bool:
-        return fuses_norm(m, hidden)
+    def fuses_norm(m: int, w: LinearWeight, gated: bool) -> bool:
+        """Whether to fuse the norm before ``w`` at batch m (the kernels can, and it pays)."""
+        n_out = w.out_features // 2 if gated else w.out_features
+        return (fuses_norm(m, w.in_features)
+                and gemv.norm_prologue_bytes(n_out, w.in_features, gated, w.scales.device) <= gemv.NORM_PROLOGUE_BYTES)
 
     def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         if not w.quantized:
@@ -103,8 +107,8 @@ class ReferenceOps:
     name = "reference"
 
     @staticmethod
-    def fuses_norm(m: int, hidden: int) -> bool:
-        return fuses_norm(m, hidden)  # the kernels' rule: the CPU runner takes the same path
+    def fuses_norm(m: int, w: LinearWeight, gated: bool) -> bool:
+        return fuses_norm(m, w.in_features)  # wherever the kernels can: the CPU checks the wiring
 
     def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         _check_fp16(x=x, out=out)
