@@ -17,9 +17,9 @@ from dataclasses import dataclass, fields
 import torch
 
 from app.engine.kv_cache import StaticKVCache
+from app.engine.cuda.step_norms import StepNorms
 from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import DecodeAttentionWorkspace
-from app.engine.cuda.step_norms import StepNorms
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
@@ -117,9 +117,11 @@ class DecodeStep:
         self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
         self.cos, self.sin = rope
         self.spec = weights.spec
+        # A fused norm needs quantized GEMVs on both sides (and the gate/up without an MLP bias).
         linears = [lw for layer in weights.layers for lw in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.norms_fusable = (weights.spec.hidden_size % 16 == 0 and weights.lm_head.quantized
-                              and all(lw.quantized for lw in linears) and all(l.gate_up.bias is None for l in weights.layers))
+                              and all(lw.quantized for lw in linears)
+                              and all(layer.gate_up.bias is None for layer in weights.layers))
 
     def run(self, b: int) -> None:
         s, w, ops, bf = self.spec, self.w, self.ops, self.buffers

@@ -63,15 +63,15 @@ class KernelOps:
         if not w.quantized:
             _no_fusion(w, norm, sums_out)
             return dense_linear(x, w, residual, out)
-        gemv = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
-        return gemv(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out)
+        kernel = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
+        return kernel(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out)
 
     def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         if not w.quantized or w.bias is not None:  # the fused kernel has no bias epilogue
             _no_fusion(w, norm, None)
             return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(self, x, w, out)
-        gate_up = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
-        return gate_up(x, *_tiles(w), w.scales, out=out, norm=norm)
+        kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
+        return kernel(x, *_tiles(w), w.scales, out=out, norm=norm)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
