@@ -11,6 +11,8 @@ memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm`
 step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
+``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
+the heads', and the 7B's before the gate/up); compare it with ``unfused_norm`` for all of them.
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
