@@ -12,7 +12,8 @@ step with the batch-1 RMSNorms run by the norm kernel instead of fused into the 
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
-the heads', and the 7B's before the gate/up); compare it with ``unfused_norm`` for all of them.
+the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
+norm kernels with the fusion off).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -43,7 +44,7 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
             "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
-            "fused_norm_everywhere": ("norm_prologue_limit",)}
+            "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion")}
 SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
