@@ -25,7 +25,7 @@ INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
 BUCKETS = (1, 2, 4, 8)
 # RMSNorms fused into the GEMVs at batch 1 where it pays (step_norms.py; bit-equal either way);
-# False runs the norm kernels (benchmarks/ablate_step.py compares; read when a step is captured).
+# False runs the norm kernels (benchmarks/ablate_step.py compares; read once per runner and batch size).
 FUSE_NORMS = True
 ALIGN = 256
 
@@ -122,6 +122,7 @@ class DecodeStep:
         self.norms_fusable = (weights.spec.hidden_size % 16 == 0 and weights.lm_head.quantized
                               and all(lw.quantized for lw in linears)
                               and all(layer.gate_up.bias is None for layer in weights.layers))
+        self._norm_sites: dict[int, frozenset[str]] = {}  # per batch size: decided once, not per step
 
     def run(self, b: int) -> None:
         s, w, ops, bf = self.spec, self.w, self.ops, self.buffers
@@ -149,6 +150,11 @@ class DecodeStep:
 
     def fused_norm_sites(self, b: int) -> frozenset[str]:
         """The norms fused into their GEMV at batch b (app.engine.cuda.step_norms)."""
+        if b not in self._norm_sites:
+            self._norm_sites[b] = self._decide_norm_sites(b)
+        return self._norm_sites[b]
+
+    def _decide_norm_sites(self, b: int) -> frozenset[str]:
         if not (FUSE_NORMS and self.norms_fusable):
             return frozenset()
         layer = self.w.layers[0]  # every layer has the same shapes
