@@ -268,6 +268,18 @@ __device__ __forceinline__ void compute_stage(const Stage<BITS, TILES, UNROLL>& 
 __device__ __forceinline__ int out_unit(int unit0, int j, int g, int c) { return unit0 + 16 * j + g + ((c & 2) ? 8 : 0); }
 __device__ __forceinline__ int out_row(int cb, int t, int c) { return 8 * cb + 2 * t + (c & 1); }
 
+// f(j, cb, c, unit, m) for every output accumulator of this lane (result tiles j < OUT_TILES,
+// column blocks cb, c0..c3), fully unrolled so the arrays it indexes stay in registers.
+template <int OUT_TILES, int COLS, class F>
+__device__ __forceinline__ void each_output(int unit0, int g, int t, F f) {
+#pragma unroll
+    for (int j = 0; j < OUT_TILES; ++j)
+#pragma unroll
+        for (int cb = 0; cb < COLS; ++cb)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) f(j, cb, c, out_unit(unit0, j, g, c), out_row(cb, t, c));
+}
+
 // The fused RMSNorm of a staged batch-1 x (the row h, K values): every warp computes 1/rms
 // from the producer's chunk sums (no barrier), each thread stages its vectors normalized. w0:
 // this thread's first weight vector, loaded before the wait (the weight is constant).
@@ -383,15 +395,9 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                 __syncthreads();
             }
         if (epilogue_warp && residual != nullptr && v == 0)
-#pragma unroll
-            for (int j = 0; j < OUT_TILES; ++j)
-#pragma unroll
-                for (int cb = 0; cb < COLS; ++cb)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
-                        if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
-                    }
+            each_output<OUT_TILES, COLS>(unit0, g, t, [&](int j, int cb, int c, int unit, int m) {
+                if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
+            });
         for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
             if (g0 + step < groups) load_stage(b, ptr, g0 + step, kwarps, groups);
             compute_stage(a, acc, xrow, xoff, g0, kwarps, groups);
@@ -438,38 +444,26 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     }
 
     if constexpr (GATED) {
-#pragma unroll
-        for (int j = 0; j < OUT_TILES; ++j)
-#pragma unroll
-            for (int cb = 0; cb < COLS; ++cb)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
-                    if (unit >= N || m >= M) continue;
-                    const float gate = h2f(f2h(res[j][cb][c]));
-                    const float up = h2f(f2h(res[j + OUT_TILES][cb][c]));
-                    const float act = h2f(f2h(gate / (1.f + expf(-gate))));
-                    y[(long)m * N + unit] = f2h(act * up);
-                }
+        each_output<OUT_TILES, COLS>(unit0, g, t, [&](int j, int cb, int c, int unit, int m) {
+            if (unit >= N || m >= M) return;
+            const float gate = h2f(f2h(res[j][cb][c]));
+            const float up = h2f(f2h(res[j + OUT_TILES][cb][c]));
+            const float act = h2f(f2h(gate / (1.f + expf(-gate))));
+            y[(long)m * N + unit] = f2h(act * up);
+        });
     } else {
         half_t out[OUT_TILES][COLS][4];
-#pragma unroll
-        for (int j = 0; j < OUT_TILES; ++j)
-#pragma unroll
-            for (int cb = 0; cb < COLS; ++cb)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int unit = out_unit(unit0, j, g, c), m = out_row(cb, t, c);
-                    out[j][cb][c] = 0;
-                    if (unit >= N || m >= M) continue;
-                    const long at = (long)m * N + unit;
-                    float v = res[j][cb][c];
-                    if (bias != nullptr) v += h2f(bias[unit]);
-                    out[j][cb][c] = f2h(v);
-                    if (residual != nullptr)
-                        out[j][cb][c] = f2h(h2f(out[j][cb][c]) + h2f(EARLY_RESIDUAL ? res_in[j][cb][c] : residual[at]));
-                    y[at] = out[j][cb][c];
-                }
+        each_output<OUT_TILES, COLS>(unit0, g, t, [&](int j, int cb, int c, int unit, int m) {
+            out[j][cb][c] = 0;
+            if (unit >= N || m >= M) return;
+            const long at = (long)m * N + unit;
+            float v = res[j][cb][c];
+            if (bias != nullptr) v += h2f(bias[unit]);
+            out[j][cb][c] = f2h(v);
+            if (residual != nullptr)
+                out[j][cb][c] = f2h(h2f(out[j][cb][c]) + h2f(EARLY_RESIDUAL ? res_in[j][cb][c] : residual[at]));
+            y[at] = out[j][cb][c];
+        });
         // Chunk sums for a fused norm in the next GEMV: lane (g, t) holds units g and g + 8 of
         // rows 2t and 2t + 1 (per column block); the tree over g adds the pairs in common.cu's
         // order. N is a multiple of 16 (the launcher checks), so every chunk is whole.
