@@ -148,7 +148,7 @@ class DecodeStep:
             ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_after_down(last))  # h += down(act)
         x, fused = norm.before("final", w.final_norm)
         ops.linear(x, w.lm_head, out=bf.logits[:b], norm=fused)
-        bf.tokens[:b].copy_(torch.argmax(bf.logits[:b], dim=-1))
+        torch.argmax(bf.logits[:b], dim=-1, out=bf.tokens[:b])  # (no copy kernel)
 
     def fused_norm_sites(self, b: int) -> frozenset[str]:
         """The norms fused into their GEMV at batch b (app.engine.cuda.step_norms)."""
