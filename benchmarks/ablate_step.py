@@ -13,10 +13,7 @@ step with the batch-1 RMSNorms run by the norm kernel instead of fused into the 
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
-norm kernels with the fusion off). ``two_pass_attention`` runs the attention as the split
-kernel + combine kernel of phases 1-10 instead of the single pass (app.kernels.attention);
-``attention_AxB_cC`` runs the single pass with A heads and B warps per block, C positions per
-split at least.
+norm kernels with the fusion off).
 
     python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
 """
@@ -38,7 +35,6 @@ from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
 
 import app.engine.cuda.graphs as graphs_module  # noqa: E402
 import app.engine.cuda.runner as runner_module  # noqa: E402
-import app.kernels.attention as attention_module  # noqa: E402
 import app.kernels.gemv as gemv_module  # noqa: E402
 from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
@@ -48,11 +44,8 @@ from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
             "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
-            "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
-            "two_pass_attention": ("single_pass",), "attention_2x4_c16": ("attention_2x4_c16",),
-            "attention_1x8_c32": ("attention_1x8_c32",), "attention_4x8_c32": ("attention_4x8_c32",)}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "single_pass",  # not ops: switches of the full step
-            "attention_2x4_c16", "attention_1x8_c32", "attention_4x8_c32")
+            "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion")}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -69,7 +62,6 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     fresh()
     original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
     limit = gemv_module.NORM_PROLOGUE_BYTES
-    single, single_config = attention_module.SINGLE_PASS, attention_module.SINGLE_PASS_CONFIG
     runner_module.default_ops = lambda device: ops_without(skipped)
     if "x_staging" in skipped:
         gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
@@ -77,12 +69,6 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         graphs_module.FUSE_NORMS = False
     if "norm_prologue_limit" in skipped:
         gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
-    if "single_pass" in skipped:
-        attention_module.SINGLE_PASS = False  # the splits and the launches (decided at capture)
-    for name in (n for n in skipped if n.startswith("attention_")):
-        heads, warps = (int(v) for v in name.split("_")[1].split("x"))
-        attention_module.SINGLE_PASS_CONFIG = attention_module.AttentionConfig(
-            heads_per_block=heads, warps=warps, single_pass=True, min_chunk=int(name.split("_c")[1]))
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -94,7 +80,6 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
         gemv_module.NORM_PROLOGUE_BYTES = limit
-        attention_module.SINGLE_PASS, attention_module.SINGLE_PASS_CONFIG = single, single_config
 
 
 def main() -> None:

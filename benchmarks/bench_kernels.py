@@ -215,7 +215,7 @@ def bench_small_ops(copy_gbps: float, sms: int) -> list:
                 q = torch.randn(batch, hq, d, device=DEV).half()
                 lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
                 slots = torch.arange(batch, dtype=torch.int32, device=DEV)
-                ws = DecodeAttentionWorkspace.allocate(batch, hq, d, default_num_splits(hq, hkv, ctx, sms), DEV)
+                ws = DecodeAttentionWorkspace.allocate(batch, hq, d, default_num_splits(hkv, ctx, sms), DEV)
                 us = time_us(lambda i: decode_attention(q, kc, vc, lens, slots, workspace=ws), graph=True)
                 nbytes = 2 * kc.numel() * 2
                 rows.append(dict(op="decode_attention", model=model, ctx=ctx, batch=batch, splits=ws.num_splits,

@@ -41,7 +41,7 @@ def attention_launch(hq: int, hkv: int, d: int = 128, max_context: int = 4096):
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(1, hq, d, device=DEV).half()
     lens, slots = (torch.tensor([v], dtype=torch.int32, device=DEV) for v in (CONTEXT, 0))
-    ws = DecodeAttentionWorkspace.allocate(1, hq, d, default_num_splits(hq, hkv, max_context, sms), DEV)
+    ws = DecodeAttentionWorkspace.allocate(1, hq, d, default_num_splits(hkv, max_context, sms), DEV)
     out = torch.empty_like(q)
     return lambda _i: decode_attention(q, k_cache, v_cache, lens, slots, workspace=ws, out=out)
 

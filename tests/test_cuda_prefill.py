@@ -179,8 +179,8 @@ def test_graph_prefill_takes_16_rows_when_the_budget_has_room():
     laptop = plan(QWEN7B, "mixed", 4096)  # 3.2 GiB on the 16-SM card: 8 attention splits, room for 16 rows
     assert laptop.prefill_mode == "graph" and laptop.decode_rows == laptop.prefill_chunk == 16
     assert laptop.total_bytes <= parse_size("3.2GiB") and "16 tokens a replay" in laptop.describe()
-    h200 = GpuInfo("H200", 140 * GiB, 139 * GiB, 132, (9, 0))  # 17 splits: bigger partials than the laptop's 2
-    tight = plan(QWEN7B, "mixed", 4096, budget="3.19GiB", gpu=h200)  # no room left for 16 rows
+    h200 = GpuInfo("H200", 140 * GiB, 139 * GiB, 132, (9, 0))  # 66 splits: bigger partials, no room left
+    tight = plan(QWEN7B, "mixed", 4096, gpu=h200)
     assert tight.prefill_mode == "graph" and tight.decode_rows == tight.prefill_chunk == 8
     roomy = plan(QWEN7B, "mixed", 4096, budget="3.4GiB", gpu=h200, prefill_mode="graph")
     assert roomy.decode_rows == 16

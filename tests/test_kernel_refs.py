@@ -11,8 +11,7 @@ import torch
 
 from app.engine.layers import RMSNorm, apply_rope, causal_gqa_attention
 from app.kernels import reference as ref
-from app.kernels.attention import (MIN_CHUNK, SINGLE_PASS_CONFIG, TWO_PASS_CONFIG, AttentionConfig,
-                                   default_num_splits)
+from app.kernels.attention import MIN_CHUNK, default_num_splits
 from app.kernels.checks import check_tensor, no_overlap
 from app.kernels.gemv import GemvConfig, default_gemv_config
 from app.kernels.loader import KERNEL_DIR, KernelArgumentError, KernelUnavailableError, kernel_source
@@ -279,30 +278,9 @@ def test_default_gemv_config_follows_the_h200_sweep():
 
 
 def test_default_num_splits_bounds():
-    two = TWO_PASS_CONFIG
-    assert default_num_splits(16, 2, 4096, 16, two) == 16
-    assert default_num_splits(28, 4, 100, 132, two) == math.ceil(100 / MIN_CHUNK)
-    assert 1 <= default_num_splits(64, 8, 1_000_000, 1000, two) <= 256
-
-
-def test_single_pass_splits_count_the_head_groups():
-    single = SINGLE_PASS_CONFIG
-    assert single.head_groups(8) == 4  # 3B: 16 / 2 heads, two per block
-    assert single.head_groups(7) == 4  # 7B: 28 / 4, the last block of a group has one head
-    assert single.head_groups(1) == 1
-    # two blocks per SM from one sequence: 132 SMs, 2 kv heads x 4 groups per split
-    assert default_num_splits(16, 2, 32768, 132, single) == 33
-    assert default_num_splits(28, 4, 32768, 16, single) == 2  # RTX 3050: 16 SMs
-    assert default_num_splits(16, 2, 100, 132, single) == math.ceil(100 / single.min_chunk)
-
-
-def test_attention_config_rejects_what_the_kernel_cannot_run():
-    with pytest.raises(KernelArgumentError, match="heads_per_block=9"):
-        AttentionConfig(heads_per_block=9, warps=8, single_pass=True, min_chunk=32)
-    with pytest.raises(KernelArgumentError, match="warps=3"):
-        AttentionConfig(heads_per_block=2, warps=3, single_pass=True, min_chunk=32)
-    with pytest.raises(KernelArgumentError, match="more than 32"):
-        AttentionConfig(heads_per_block=8, warps=8, single_pass=True, min_chunk=32)
+    assert default_num_splits(2, 4096, 16) == 16
+    assert default_num_splits(4, 100, 132) == math.ceil(100 / MIN_CHUNK)
+    assert 1 <= default_num_splits(8, 1_000_000, 1000) <= 256
 
 
 def test_check_tensor_messages_name_the_argument():

@@ -15,9 +15,7 @@ from app.kernels import (
     DecodeAttentionWorkspace, GemvConfig, decode_attention, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
     rms_norm, rope_kv_write,
 )
-from app.kernels import default_num_splits
 from app.kernels import reference as ref
-from app.kernels.attention import SINGLE_PASS_CONFIG, TWO_PASS_CONFIG, AttentionConfig
 from app.kernels.loader import KernelArgumentError
 from app.kernels.tiles import padded_rows
 from app.kernels.w3_tiles import unpack_w3_tiles
@@ -242,19 +240,8 @@ def test_rope_kv_write_matches_reference(hq, hkv, d):
 ATTN_SHAPES = [(16, 2, 128), (28, 4, 128), (32, 8, 128), (9, 3, 64), (14, 2, 64)]
 
 
-# The default (one pass, 2 heads x 8 warps), the two-pass kernel and other cuts of the work.
-ATTN_CONFIGS = {
-    "single": SINGLE_PASS_CONFIG, "two_pass": TWO_PASS_CONFIG,
-    "single_1x8": AttentionConfig(heads_per_block=1, warps=8, single_pass=True, min_chunk=32),
-    "single_4x4": AttentionConfig(heads_per_block=4, warps=4, single_pass=True, min_chunk=16),
-    "single_8x4": AttentionConfig(heads_per_block=8, warps=4, single_pass=True, min_chunk=16),
-    "single_2x16": AttentionConfig(heads_per_block=2, warps=16, single_pass=True, min_chunk=32),
-}
-
-
-@pytest.mark.parametrize("config", ATTN_CONFIGS.values(), ids=ATTN_CONFIGS.keys())
 @pytest.mark.parametrize("hq,hkv,d", ATTN_SHAPES)
-def test_decode_attention_matches_reference(hq, hkv, d, config):
+def test_decode_attention_matches_reference(hq, hkv, d):
     lens = [1, 7, 300, 4096, 32768]
     max_len, batch = 32768, len(lens)
     slots_n = batch + 1
@@ -264,39 +251,18 @@ def test_decode_attention_matches_reference(hq, hkv, d, config):
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     slots = torch.tensor([5, 0, 3, 1, 2], dtype=torch.int32, device=DEV)  # not in batch order
     out = poisoned(batch, hq, d)
-    decode_attention(q, k_cache, v_cache, seq_lens, slots, out=out, config=config)
+    decode_attention(q, k_cache, v_cache, seq_lens, slots, out=out)
     want = ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots)
     for b in range(batch):
         assert rel_err(out[b], want[b]) < REL_TOL, lens[b]
     # Each sequence alone (batch 1) gives bit-equal results: nsplit does not depend on the batch.
     for b in range(batch):
-        alone = decode_attention(q[b:b + 1], k_cache, v_cache, seq_lens[b:b + 1], slots[b:b + 1], config=config)
+        alone = decode_attention(q[b:b + 1], k_cache, v_cache, seq_lens[b:b + 1], slots[b:b + 1])
         assert torch.equal(alone[0], out[b]), lens[b]
 
 
-def test_single_pass_counters_are_reset_for_the_next_launch():
-    """One workspace over many launches of changing lengths (as in a graph): each launch's last
-    block resets its counter, so every result still matches, and the counters end at zero."""
-    hq, hkv, d, batch = 16, 2, 128, 3
-    k_cache = activations(batch * hkv, 2048 * d, seed=91).view(batch, hkv, 2048, d)
-    v_cache = activations(batch * hkv, 2048 * d, seed=92).view(batch, hkv, 2048, d)
-    q = activations(batch, hq * d, seed=93).view(batch, hq, d)
-    slots = torch.tensor([2, 0, 1], dtype=torch.int32, device=DEV)
-    ws = DecodeAttentionWorkspace.allocate(batch, hq, d, default_num_splits(hq, hkv, 2048, 132), DEV)
-    for lens in ([2048, 33, 700], [1, 2048, 64], [0, 1500, 2047], [512, 512, 512]):
-        seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-        out = decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=ws, out=poisoned(batch, hq, d))
-        want = ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots)
-        for b in range(batch):
-            if lens[b] == 0:
-                assert torch.equal(out[b], torch.zeros_like(out[b]))
-            else:
-                assert rel_err(out[b], want[b]) < REL_TOL, lens
-        assert int(ws.counters.abs().sum()) == 0, lens
-
-
 @pytest.mark.parametrize("min_chunk", [32, 128])
-def test_decode_attention_other_split_lengths_match_reference(min_chunk):  # (the default config)
+def test_decode_attention_other_split_lengths_match_reference(min_chunk):
     hq, hkv, d, lens = 28, 4, 128, [1, 100, 520, 3000]
     k_cache = activations(4 * hkv, 3072 * d, seed=81).view(4, hkv, 3072, d)
     v_cache = activations(4 * hkv, 3072 * d, seed=82).view(4, hkv, 3072, d)

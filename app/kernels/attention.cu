@@ -5,27 +5,20 @@
 // slots[b] = the cache slot of sequence b. Hq = Hkv * G. A sequence with length 0 or a slot
 // out of range gets zeros (memory safety; the engine checks ranges).
 //
-// attn_split_kernel<D, G, GS, NW, SINGLE>, grid (nsplit * NG, Hkv, B) with NG = ceil(G / GS):
-// block (split x head group, kv head, b) covers positions [split * chunk, (split + 1) * chunk)
-// with chunk = max(min_chunk, ceil(len / nsplit)), for GS query heads of the kv head at once
-// (each K/V row is read once per head group). Inside a block, D/8 lanes share one key
-// (16 bytes each; the NG blocks of a split are adjacent in the grid, so they run together and
-// all but the first find the rows in L2) and a warp handles 32/(D/8) keys per step with an online softmax in fp32
-// (base-2 exponent, the scale * log2(e) folded into q). The NW warps are merged in shared
-// memory into one unnormalised partial (o, m, l) per head.
-// - Two passes (SINGLE = false): the block writes its partial; attn_combine_kernel merges the
-//   partials of the splits that had work, four threads per output element.
-// - One pass (SINGLE = true): a sequence whose length fits one split writes its output
-//   directly; otherwise each block writes its partial, and the last of the n blocks of its
-//   (sequence, head group) to finish (a counter, reset by that block) merges all n partials.
-//   With few heads per block the partials to merge stay small (n x GS x D floats), which is
-//   what made a last-block merge over all G heads slower than the combine kernel (phase 4).
+// Pass 1 (attn_split_kernel), grid (nsplit, Hkv, B): block (split, kv head, b) covers
+// positions [split * chunk, (split + 1) * chunk) with chunk = max(min_chunk,
+// ceil(len / nsplit)), for all G query heads of the kv head at once, so each K/V row is
+// read once per group. Inside a block, D/8 lanes share one key (16 bytes each) and a warp
+// handles 32/(D/8) keys per step with an online softmax in fp32 (base-2 exponent, the
+// scale * log2(e) folded into q). The block writes an unnormalised partial (o, m, l).
+// Pass 2 (attn_combine_kernel) merges the partials of the splits that had work, four
+// threads per output element.
 //
 // nsplit is a launch constant chosen by the host from the model and the device, never from
-// the batch, and every merge runs in a fixed order whichever block finishes last: a
-// sequence's result does not depend on what else is in the batch, and the grid does not
-// depend on the lengths (graph-safe).
+// the batch, and every merge runs in a fixed order: a sequence's result does not depend on
+// what else is in the batch, and the grid does not depend on the lengths (graph-safe).
 
+constexpr int ATTN_WARPS = 4;
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -57,7 +50,7 @@ __device__ __forceinline__ float rescale(float a, float b) {
 template <int D>
 __device__ __forceinline__ void prefetch_chunk(const half_t* k_cache, const half_t* v_cache, const int* seq_lens,
                                                const int* slots, int b, int hkv, int split, int Hkv, int L,
-                                               int num_slots, int nsplit, int min_chunk, int part, int parts) {
+                                               int num_slots, int nsplit, int min_chunk) {
     const int slot = min(max(slots[b], 0), num_slots - 1);
     const int len = min(max(seq_lens[b], 0), L);
     const int chunk = split_chunk(len, nsplit, min_chunk);
@@ -65,111 +58,42 @@ __device__ __forceinline__ void prefetch_chunk(const half_t* k_cache, const half
     if (p0 >= p1) return;
     const long first = (((long)slot * Hkv + hkv) * L + p0) * D;  // rows p0 .. p1 - 1 are contiguous
     const int lines = ((p1 - p0) * D * 2 + 127) / 128;
-    for (int i = part + parts * threadIdx.x; i < 2 * lines; i += parts * blockDim.x) {  // this block's share
+    for (int i = threadIdx.x; i < 2 * lines; i += blockDim.x) {
         const half_t* base = i < lines ? k_cache : v_cache;
         prefetch_l2(reinterpret_cast<const char*>(base + first) + (long)(i < lines ? i : i - lines) * 128);
     }
 }
 
-// The last block of a (sequence, head group): merge the n partials of its GS heads in a fixed
-// order. Warp h finds head h's largest m, each split's weight 2^(m_i - max) and the sum of
-// l_i times it; then P threads per output element each sum every P-th split's o_i times its
-// weight, and the P sums are added in order. Partials are read through L2 (__ldcg): other
-// blocks wrote them, and their __threadfence() before the counter makes them visible there.
-template <int D, int GS, int NW>
-__device__ __forceinline__ void merge_splits(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                             half_t* __restrict__ out, long head0, int heads, int n, int nsplit) {
-    constexpr int T = NW * 32, O = GS * D;
-    constexpr int P = T >= O ? T / O : 1;  // threads per output element
-    __shared__ float s_w[GS][MAX_SPLITS], s_l[GS][MAX_SPLITS];
-    __shared__ float s_lsum[GS];
-    __shared__ float s_sum[P > 1 ? T : 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int h = warp; h < heads; h += NW) {
-        const float2* ml = reinterpret_cast<const float2*>(part_ml) + (head0 + h) * nsplit;  // (m, l) per split
-        float mx = NEG_INF;  // every split with work saw at least one key: m is finite
-        for (int i = lane; i < n; i += 32) {
-            const float2 v = __ldcg(ml + i);
-            s_w[h][i] = v.x;  // (each lane reads back only what it wrote: no barrier)
-            s_l[h][i] = v.y;
-            mx = fmaxf(mx, v.x);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
-        float lsum = 0.f;
-        for (int i = lane; i < n; i += 32) {
-            const float w = exp2f(s_w[h][i] - mx);
-            s_w[h][i] = w;
-            lsum += s_l[h][i] * w;
-        }
-        lsum = warp_sum(lsum);
-        if (lane == 0) s_lsum[h] = lsum;
-    }
-    __syncthreads();
-    const int part = threadIdx.x / O;
-    for (int e = threadIdx.x % O; e < O; e += T) {
-        const int h = e / D, d = e % D;
-        float sum = 0.f;
-        if (h < heads) {
-            const float* po = part_o + (head0 + h) * nsplit * D + d;
-#pragma unroll 8
-            for (int i = part; i < n; i += P) sum = fmaf(__ldcg(po + (long)i * D), s_w[h][i], sum);
-        }
-        if constexpr (P > 1) {  // then T >= 2 O: one element per thread, so every thread gets here
-            s_sum[threadIdx.x] = sum;
-            __syncthreads();
-            if (part != 0) return;
-            sum = s_sum[e];
-#pragma unroll
-            for (int p = 1; p < P; ++p) sum += s_sum[p * O + e];
-        }
-        if (h < heads) out[(head0 + h) * D + d] = f2h(sum / s_lsum[h]);
-    }
-}
-
-template <int D, int G, int GS, int NW, bool SINGLE>
-__global__ void __launch_bounds__(NW * 32)
+template <int D, int G>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cache,
                   const half_t* __restrict__ v_cache, const int* __restrict__ seq_lens,
                   const int* __restrict__ slots,
                   float* __restrict__ part_o,    // [B, Hq, nsplit, D]
                   float* __restrict__ part_ml,   // [B, Hq, nsplit, 2]
-                  int* __restrict__ counters,    // [B, Hkv, NG], zero between launches (one pass)
-                  half_t* __restrict__ out,      // [B, Hq, D] (one pass)
                   int Hkv, int L, int num_slots, int nsplit, int min_chunk, float scale_log2) {
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
-    constexpr int NG = (G + GS - 1) / GS;  // head groups per kv head
     pdl_launch_dependents();
-    const int split = blockIdx.x / NG, grp = blockIdx.x % NG, hkv = blockIdx.y, b = blockIdx.z;
+    const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    prefetch_chunk<D>(k_cache, v_cache, seq_lens, slots, b, hkv, split, Hkv, L, num_slots, nsplit, min_chunk,
-                      grp, NG);
+    prefetch_chunk<D>(k_cache, v_cache, seq_lens, slots, b, hkv, split, Hkv, L, num_slots, nsplit, min_chunk);
 #endif
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / KL, kl = lane % KL;
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
-    const int Hq = Hkv * G;
-    const int heads = min(GS, G - grp * GS);  // real heads of this group (the last may be short)
-    const long head0 = (long)b * Hq + hkv * G + grp * GS;  // its first head
-    if (SINGLE && len <= 0) {
-        if (split == 0)
-            for (int i = threadIdx.x; i < heads * D; i += blockDim.x) out[head0 * D + i] = 0;
-        return;
-    }
     const int chunk = split_chunk(len, nsplit, min_chunk);
     const int s0 = split * chunk;
     if (s0 >= len) return;
     const int s1 = min(len, s0 + chunk);
-    const int n = (len + chunk - 1) / chunk;  // splits with work
+    const int Hq = Hkv * G;
 
-    float qf[GS][8], o[GS][8], m[GS], l[GS];
+    float qf[G][8], o[G][8], m[G], l[G];
 #pragma unroll
-    for (int h = 0; h < GS; ++h) {
-        const long hq = head0 + min(h, heads - 1);  // a missing head repeats the last (never stored)
-        unpack_half8(*reinterpret_cast<const uint4*>(q + hq * D + kl * 8), qf[h]);
+    for (int h = 0; h < G; ++h) {
+        unpack_half8(*reinterpret_cast<const uint4*>(q + ((long)b * Hq + hkv * G + h) * D + kl * 8), qf[h]);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             qf[h][e] *= scale_log2;
@@ -180,7 +104,7 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
     }
 
     const long row0 = ((long)slot * Hkv + hkv) * L;
-    const int step = NW * KPW;
+    const int step = ATTN_WARPS * KPW;
     // Rows past s1 read row s0 (valid memory) and are masked out below.
     auto row_at = [&](int b0) { const int p = b0 + sub; return (row0 + (p < s1 ? p : s0)) * D + kl * 8; };
     int base = s0 + warp * KPW;
@@ -198,11 +122,11 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
             k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base + step));
             v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base + step));
         }
-        // Scores of the GS heads, then the lane reduction one level at a time for all of them
-        // (GS independent shuffles in flight instead of one head's chain after another).
-        float sc[GS];
+        // Scores of the G heads, then the lane reduction one level at a time for all of them
+        // (G independent shuffles in flight instead of one head's chain after another).
+        float sc[G];
 #pragma unroll
-        for (int h = 0; h < GS; ++h) {
+        for (int h = 0; h < G; ++h) {
             sc[h] = 0.f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc[h] = fmaf(qf[h][e], kf[e], sc[h]);
@@ -210,10 +134,10 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
 #pragma unroll
         for (int off = KL / 2; off > 0; off >>= 1)
 #pragma unroll
-            for (int h = 0; h < GS; ++h) sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], off);
+            for (int h = 0; h < G; ++h) sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], off);
         // Branch-free: a masked key scores -inf (corr = 1, p = 0: nothing changes).
 #pragma unroll
-        for (int h = 0; h < GS; ++h) {
+        for (int h = 0; h < G; ++h) {
             const float s = valid ? sc[h] : NEG_INF;
             const float mn = fmaxf(m[h], s);
             const float corr = rescale(m[h], mn), p = rescale(s, mn);
@@ -228,7 +152,7 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
 #pragma unroll
     for (int off = KL; off < 32; off <<= 1) {
 #pragma unroll
-        for (int h = 0; h < GS; ++h) {
+        for (int h = 0; h < G; ++h) {
             const float m2 = __shfl_xor_sync(FULL_MASK, m[h], off);
             const float l2 = __shfl_xor_sync(FULL_MASK, l[h], off);
             const float mn = fmaxf(m[h], m2);
@@ -242,11 +166,11 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
             m[h] = mn;
         }
     }
-    __shared__ float sm_o[NW][GS][D];
-    __shared__ float sm_m[NW][GS], sm_l[NW][GS];
+    __shared__ float sm_o[ATTN_WARPS][G][D];
+    __shared__ float sm_m[ATTN_WARPS][G], sm_l[ATTN_WARPS][G];
     if (sub == 0) {
 #pragma unroll
-        for (int h = 0; h < GS; ++h) {
+        for (int h = 0; h < G; ++h) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) sm_o[warp][h][kl * 8 + e] = o[h][e];
             if (kl == 0) {
@@ -256,39 +180,23 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int h = i / D, d = i % D;
         float mx = NEG_INF;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        for (int w = 0; w < ATTN_WARPS; ++w) mx = fmaxf(mx, sm_m[w][h]);
         float lsum = 0.f, osum = 0.f;
-        for (int w = 0; w < NW; ++w) {
+        for (int w = 0; w < ATTN_WARPS; ++w) {
             const float f = rescale(sm_m[w][h], mx);
             lsum += sm_l[w][h] * f;
             osum += sm_o[w][h][d] * f;
         }
-        const long head = head0 + h;
-        if (SINGLE && n == 1) {  // the whole sequence was this block's: no partial to merge
-            out[head * D + d] = f2h(osum / lsum);
-            continue;
-        }
+        const long head = (long)b * Hq + hkv * G + h;
         part_o[(head * nsplit + split) * D + d] = osum;
         if (d == 0) {
             part_ml[(head * nsplit + split) * 2] = mx;
             part_ml[(head * nsplit + split) * 2 + 1] = lsum;
         }
     }
-    if (!SINGLE || n == 1) return;
-    // Count this block's partial in; the n-th to arrive merges (and resets the counter).
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* counter = counters + ((long)b * Hkv + hkv) * NG + grp;
-        s_last = atomicAdd(counter, 1) == n - 1;
-        if (s_last) *counter = 0;  // every other block of this group has counted already
-    }
-    __syncthreads();
-    if (s_last) merge_splits<D, GS, NW>(part_o, part_ml, out, head0, heads, n, nsplit);
 }
 
 // Pass 2: grid (Hq, B), COMBINE_PARTS * D threads. Thread (part, d) sums the splits

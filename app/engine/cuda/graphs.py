@@ -43,7 +43,6 @@ class DecodeBuffers:
     tokens: torch.Tensor  # int64 [R]: argmax of logits
     part_o: torch.Tensor  # fp32 [R, Hq, splits, D]: attention partials
     part_ml: torch.Tensor  # fp32 [R, Hq, splits, 2]
-    attn_counters: torch.Tensor  # int32 [R, Hq]: the single-pass attention's (zeroed here, reset by the kernel)
     norm_sums: torch.Tensor  # fp32 [2, R, H/16]: chunk sums of h for the fused norms (after o, after down)
     arena: torch.Tensor | None = None
 
@@ -62,7 +61,6 @@ class DecodeBuffers:
             "tokens": ((rows,), torch.int64),
             "part_o": ((rows, hq, splits, d), torch.float32),
             "part_ml": ((rows, hq, splits, 2), torch.float32),
-            "attn_counters": ((rows, hq), torch.int32),
             "norm_sums": ((2, rows, -(-spec.hidden_size // 16)), torch.float32),
         }
         arena, views = carve(layout, device)
@@ -80,7 +78,7 @@ class DecodeBuffers:
 
     @property
     def workspace(self) -> DecodeAttentionWorkspace:
-        return DecodeAttentionWorkspace(self.part_o, self.part_ml, self.attn_counters)
+        return DecodeAttentionWorkspace(self.part_o, self.part_ml)
 
     def views(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arena"}

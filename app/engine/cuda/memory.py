@@ -99,7 +99,7 @@ def kv_bytes_per_token(spec: ModelSpec) -> int:
 def attention_splits(spec: ModelSpec, max_context: int, sm_count: int) -> int:
     from app.kernels.attention import default_num_splits
 
-    return default_num_splits(spec.num_heads, spec.num_kv_heads, max_context, sm_count)
+    return default_num_splits(spec.num_kv_heads, max_context, sm_count)
 
 
 def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
@@ -108,7 +108,7 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
     per_row += 2 * -(-h // 16) * 4
-    attention = spec.num_heads * (splits * (spec.head_dim + 2) + 1) * 4  # partials and counters
+    attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 
 
