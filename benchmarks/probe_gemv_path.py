@@ -16,7 +16,10 @@ GEMV is timed (default config, batch 1, rotating DRAM copies):
   through L1 as the product does above 4 KB;
 - ``scales_shared``: a candidate fix, the block's scales copied into shared memory before the
   programmatic wait (they are constant), so the loop's only global loads are the weights;
-- ``both_shared``: both.
+- ``both_shared``: both;
+- ``min_blocks_5`` / ``min_blocks_6``: the product's text with ``__launch_bounds__(THREADS, 5 / 6)``,
+  so ptxas fits 5 / 6 blocks per SM in the registers (spilling if it must): more resident warps,
+  fewer waves for the many-block shapes (the 7B gate/up: 1,184 blocks, 4 per SM, 2.24 waves).
 
 The ablations compute wrong numbers on purpose; ``base``, the shared-memory candidates and
 ``stamps`` are checked bit-equal to the product GEMV of the same config. ``--sweep`` also times
@@ -122,6 +125,15 @@ def _scales_shared(src):
 X_STAGED = ("x_shared", "both_shared")  # compiled and launched as the STAGE_X instance
 
 
+LAUNCH_BOUNDS = "__global__ void __launch_bounds__(THREADS)\n"
+
+
+def _min_blocks(n: int):
+    def edit(src):
+        return _sub(src, LAUNCH_BOUNDS, f"__global__ void __launch_bounds__(THREADS, {n})\n")
+    return edit
+
+
 def _stamps(src):
     src = _sub(src, KERNEL_ENTRY, KERNEL_ENTRY +
                "    const unsigned long long _t0 = gtime(); const long long _c0 = clock64();\n"
@@ -140,9 +152,9 @@ def _stamps(src):
 VARIANTS = {
     "base": [], "no_x": [_no_x], "no_scale": [_no_scale], "no_dequant": [_no_dequant], "no_mma": [_no_mma],
     "x_shared": [], "scales_shared": [_scales_shared], "both_shared": [_scales_shared],
-    "stamps": [_stamps],
+    "stamps": [_stamps], "min_blocks_5": [_min_blocks(5)], "min_blocks_6": [_min_blocks(6)],
 }
-CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps")  # variants that must still compute the product's result
+CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps", "min_blocks_5", "min_blocks_6")  # variants that must still compute the product's result
 
 
 def compile_variant(name: str, expression: str):
@@ -164,7 +176,8 @@ def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
         w = ws[i % len(ws)]
         qa, qb, scales = (w[0], w[1], w[2]) if bits == 3 else (w[0], None, w[1])
         args = (qa.data_ptr(), qb.data_ptr() if qb is not None else 0, scales.data_ptr(), x.data_ptr(), 0, 0,
-                out.data_ptr(), np.int32(x.shape[0]), np.int32(n_out), np.int32(x.shape[1]), np.int32(cfg.warps))
+                out.data_ptr(), np.int32(x.shape[0]), np.int32(n_out), np.int32(x.shape[1]), np.int32(cfg.warps),
+                0, 0, np.float32(0), 0)  # no fused norm, no chunk sums
         loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args,
                       shared_mem=x.numel() * 2 if variant in X_STAGED else 0)
     return fn
@@ -188,7 +201,7 @@ def stamp_summary(module, cfg, n_out: int, gated: bool) -> dict:
         epilogue_ns=pct(t3 - t2.reshape(blocks, cfg.warps).max(axis=1)), span_ns=float(t3.max() - origin))
 
 
-def probe_shape(name, bits, n, k, gated, sms, sweep: bool) -> dict:
+def probe_shape(name, bits, n, k, gated, sms, sweep: bool, variants=tuple(VARIANTS)) -> dict:
     nbytes = weight_bytes(bits, n, k)
     ws = rand_weights(bits, n, k, n_copies(nbytes))
     x = torch.randn(1, k, device=DEV).half()
@@ -196,7 +209,7 @@ def probe_shape(name, bits, n, k, gated, sms, sweep: bool) -> dict:
     cfg = default_gemv_config(n_out, k, gated, sms)
     row = dict(shape=name, bits=bits, n=n, k=k, config=dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll),
                bytes=nbytes, product_us=time_us(gemv_fn(bits, gated, ws, x), graph=True), variants={}, sweep=[])
-    for variant in VARIANTS:
+    for variant in variants:
         if variant in X_STAGED and k > 4096:
             continue
         row["variants"][variant] = measure(variant, cfg, bits, gated, ws, x, nbytes)
@@ -240,6 +253,7 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/probe_gemv_path_h200.json")
     ap.add_argument("--sweep", action="store_true", help="also time base and the shared-memory fixes over configs")
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help="subset of " + ", ".join(VARIANTS))
     ap.add_argument("--only", nargs="*", default=["3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down",
                                                   "3b_w4.lm_head"])
     args = ap.parse_args()
@@ -248,7 +262,7 @@ def main() -> None:
     for model in MODELS:
         for case in gemv_cases(model):
             if case[0] in args.only:
-                rows.append(probe_shape(*case, props.multi_processor_count, args.sweep))
+                rows.append(probe_shape(*case, props.multi_processor_count, args.sweep, args.variants))
                 print_row(rows[-1])
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, date=dt.date.today().isoformat(),
                   commit=args.commit, rows=rows)
