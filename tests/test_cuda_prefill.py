@@ -147,6 +147,23 @@ def test_gathered_attention_equals_slot_attention(monkeypatch, gqa):
     assert rel(grouped_attention(q, keys, values), want) < CPU_BOUND
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,d", [(16, 2, 128), (28, 4, 128), (14, 2, 64)])
+def test_gpu_later_chunk_in_one_flash_call_matches_the_masked_group_loop(hq, hkv, d, monkeypatch):
+    """A chunk at start > 0: one flash-attention call (causal from the bottom right, GQA) against
+    the per-group loop with an explicit mask. fp16 on both sides: < 2e-3 relative."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    start, t, length = 300, 200, 640
+    k, v = (torch.randn(hkv, length, d, generator=g, device="cuda").half() for _ in range(2))
+    q = torch.randn(t, hq, d, generator=g, device="cuda").half()
+    heads, keys = q.transpose(0, 1)[None], k[None, :, :start + t]
+    assert prefill_mod.SDPA_GQA and prefill_mod.flash_takes_gqa(heads, keys, keys)  # (else nothing is compared)
+    got = causal_attention(q, k, v, start)
+    monkeypatch.setattr(prefill_mod, "flash_takes_gqa", lambda *a: False)
+    want = causal_attention(q, k, v, start)
+    assert torch.isfinite(got).all() and rel(got, want) < CPU_BOUND
+
+
 # -- the VRAM plan counts the graphs' pool -----------------------------------------------------
 
 def test_plan_counts_the_prefill_graph_pool():

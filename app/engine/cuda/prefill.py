@@ -5,8 +5,9 @@ reuses each weight T times, so here each quantized weight is dequantized tile by
 one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda.dequant
 when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Attention is
 PyTorch's scaled_dot_product_attention over the slot's cached keys: one call with
-``enable_gqa`` (torch >= 2.5) when the chunk starts at position 0, else one call per query
-group (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
+``enable_gqa`` (torch >= 2.5) when the chunk starts at position 0, or later where flash
+attention takes it (causal from the bottom-right corner: the chunk sees every earlier key),
+else one call per query group with a mask (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
 
 The KV cache is written by the same RoPE + KV kernel as decode, and every rounding point
 is the reference model's, so prefill and decode agree to fp16 summation order.
@@ -21,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from torch.nn.attention.bias import causal_lower_right
 
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
@@ -67,13 +70,28 @@ def causal_attention(q: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor
 
     k_slot, v_slot: [Hkv, L, D] (the slot's cache, already holding this chunk's keys).
     """
-    t = q.shape[0]
+    t, hq, d = q.shape
     end = start + t
     keys, values = k_slot[None, :, :end], v_slot[None, :, :end]  # [1, Hkv, S, D]
-    mask = None
-    if start:  # query i sees keys 0..start+i (the chunk's own keys causally)
-        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
+    if not start:
+        return grouped_attention(q, keys, values)
+    heads = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+    if flash_takes_gqa(heads, keys, values):  # query i sees keys 0..start+i: causal from the bottom right
+        out = F.scaled_dot_product_attention(heads, keys, values, attn_mask=causal_lower_right(t, end),
+                                             enable_gqa=True)
+        return out[0].transpose(0, 1).reshape(t, hq * d)  # [Hq, T, D] -> [T, Hq*D]
+    mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
     return grouped_attention(q, keys, values, mask)
+
+
+def flash_takes_gqa(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether flash attention runs these [1, H, T|S, D] inputs with Hq != Hkv as they are. Only
+    then is one call over all groups safe: the other backends would repeat K/V or materialize
+    [Hq, T, S] scores, which the prefill's planned workspace has no room for."""
+    if not SDPA_GQA or heads.device.type != "cuda":
+        return False
+    params = torch.backends.cuda.SDPAParams(heads, keys, values, None, 0.0, False, True)
+    return torch.backends.cuda.can_use_flash_attention(params)
 
 
 def gathered_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor,
