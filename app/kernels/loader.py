@@ -175,10 +175,24 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
 
     if any(d < 1 for d in grid) or any(d < 1 for d in block):
         raise KernelArgumentError(f"empty launch grid={grid} block={block}")
-    torch_stream = torch.cuda.current_stream()
-    if _programmatic(torch_stream.device.index):
-        programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, torch_stream.cuda_stream)
+    device, handle = _current_stream()
+    if _programmatic(device):
+        programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, handle)
         return
-    stream = _cupy_stream(torch_stream)
+    stream = _streams.get(handle) or _cupy_stream(torch.cuda.current_stream())
     with stream:
         kernel(grid, block, args, shared_mem=shared_mem)
+
+
+def _current_stream() -> tuple[int, int]:
+    """(device index, cudaStream_t) of PyTorch's current stream. Two C calls where torch has
+    them: ``torch.cuda.current_stream()`` builds a Stream object (device-index checks, an
+    environment lookup), which an eager prefill chunk paid ~300 times (probe_prefill_host)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        stream = torch.cuda.current_stream()
+        return stream.device.index, stream.cuda_stream
+    device = torch.cuda.current_device()
+    return device, raw(device)
