@@ -147,6 +147,21 @@ def test_gathered_attention_equals_slot_attention(monkeypatch, gqa):
     assert rel(grouped_attention(q, keys, values), want) < CPU_BOUND
 
 
+def test_later_chunk_one_call_wiring_matches_the_masked_group_loop(monkeypatch):
+    """The one-call path (taken where flash attention runs it) forced on the CPU, where SDPA's
+    math backend computes the same bottom-right causal mask: shapes and head order."""
+    if not prefill_mod.SDPA_GQA:
+        pytest.skip("torch < 2.5: no enable_gqa")
+    g = torch.Generator().manual_seed(4)
+    hq, hkv, d, start, t, length = 8, 2, 64, 30, 12, 64
+    k, v = (torch.randn(hkv, length, d, generator=g) for _ in range(2))
+    q = torch.randn(t, hq, d, generator=g)
+    want = causal_attention(q, k, v, start)  # the CPU never takes flash: the masked loop
+    monkeypatch.setattr(prefill_mod, "flash_takes_gqa", lambda *a: True)
+    got = causal_attention(q, k, v, start)
+    assert got.shape == (t, hq * d) and rel(got, want) < 1e-5
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv,d", [(16, 2, 128), (28, 4, 128), (14, 2, 64)])
 def test_gpu_later_chunk_in_one_flash_call_matches_the_masked_group_loop(hq, hkv, d, monkeypatch):

@@ -179,7 +179,9 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
     if _programmatic(device):
         programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, handle)
         return
-    stream = _streams.get(handle) or _cupy_stream(torch.cuda.current_stream())
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _cupy_stream(torch.cuda.current_stream())
     with stream:
         kernel(grid, block, args, shared_mem=shared_mem)
 

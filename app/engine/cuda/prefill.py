@@ -7,7 +7,8 @@ when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Atte
 PyTorch's scaled_dot_product_attention over the slot's cached keys: one call with
 ``enable_gqa`` (torch >= 2.5) when the chunk starts at position 0, or later where flash
 attention takes it (causal from the bottom-right corner: the chunk sees every earlier key),
-else one call per query group with a mask (no K/V repeat for GQA). Only the last token goes through the final norm and lm_head.
+else one call per query group with a mask (no K/V repeat for GQA). Only the last token goes
+through the final norm and lm_head.
 
 The KV cache is written by the same RoPE + KV kernel as decode, and every rounding point
 is the reference model's, so prefill and decode agree to fp16 summation order.
@@ -22,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
 from torch.nn.attention.bias import causal_lower_right
 
 from app.engine.kv_cache import StaticKVCache
