@@ -90,7 +90,10 @@ def flash_takes_gqa(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     [Hq, T, S] scores, which the prefill's planned workspace has no room for."""
     if not SDPA_GQA or heads.device.type != "cuda":
         return False
-    params = torch.backends.cuda.SDPAParams(heads, keys, values, None, 0.0, False, True)
+    try:
+        params = torch.backends.cuda.SDPAParams(heads, keys, values, None, 0.0, False, True)  # (.., enable_gqa)
+    except TypeError:  # SDPAParams without enable_gqa (private API): keep the group loop
+        return False
     return torch.backends.cuda.can_use_flash_attention(params)
 
 
