@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -160,6 +161,17 @@ def test_later_chunk_one_call_wiring_matches_the_masked_group_loop(monkeypatch):
     monkeypatch.setattr(prefill_mod, "flash_takes_gqa", lambda *a: True)
     got = causal_attention(q, k, v, start)
     assert got.shape == (t, hq * d) and rel(got, want) < 1e-5
+
+
+def test_a_torch_without_enable_gqa_in_sdpa_params_keeps_the_group_loop(monkeypatch):
+    """SDPAParams is private API: one whose constructor predates enable_gqa means no one-call path."""
+    def old_params(query, key, value, attn_mask, dropout, is_causal):  # the six-argument form
+        raise AssertionError("not reached: seven arguments are passed")
+
+    monkeypatch.setattr(prefill_mod, "SDPA_GQA", True)
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", old_params)
+    on_gpu = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    assert prefill_mod.flash_takes_gqa(on_gpu, on_gpu, on_gpu) is False
 
 
 @pytest.mark.gpu
