@@ -68,8 +68,7 @@ class KernelOps:
 
     def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         if not w.quantized or w.bias is not None:  # the fused kernel has no bias epilogue
-            _no_fusion(w, norm, None)
-            return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(self, x, w, out)
+            return _unfused_gate_up(self, x, w, out, norm)
         kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
         return kernel(x, *_tiles(w), w.scales, out=out, norm=norm)
 
@@ -91,6 +90,12 @@ def _tiles(w: LinearWeight) -> tuple[torch.Tensor, ...]:
     if w.layout != "tiles":
         raise ValueError(f"{w.name}: packed weights must be in the tile layout for the GEMV kernels")
     return (w.qa,) if w.bits == 4 else (w.qa, w.qb)
+
+
+def _unfused_gate_up(ops, x, w: LinearWeight, out, norm):
+    """A dense gate/up (cuBLAS) or one with an MLP bias: neither takes a fused norm."""
+    _no_fusion(w, norm, None)
+    return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(ops, x, w, out)
 
 
 def _biased_gate_up(ops, x, w: LinearWeight, out):
@@ -128,8 +133,7 @@ class ReferenceOps:
     def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         _check_fp16(x=x, out=out)
         if not w.quantized or w.bias is not None:
-            _no_fusion(w, norm, None)
-            return dense_gate_up(x, w, out) if not w.quantized else _biased_gate_up(self, x, w, out)
+            return _unfused_gate_up(self, x, w, out, norm)
         x = _normalized(x, norm)
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, *w.checkpoint_words(), w.scales))
