@@ -11,7 +11,9 @@ memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm`
 step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
-``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
+``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
+(app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
+unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
 norm kernels with the fusion off).
 
@@ -41,11 +43,13 @@ from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
 from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
-SKIPPABLE = ("rms_norm", "rope_kv_write", "attention")
-VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write",), "no_attention": ("attention",),
-            "linears_only": SKIPPABLE, "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
-            "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion")}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit")  # not ops: switches of the full step
+SKIPPABLE = ("rms_norm", "rope_kv_write", "attention", "rope_attention")
+VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "rope_fusion"),
+            "no_attention": ("attention", "rope_fusion"), "linears_only": SKIPPABLE + ("rope_fusion",),
+            "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
+            "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
+            "unfused_rope": ("rope_fusion",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -61,6 +65,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
     original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
+    fuse_rope = graphs_module.FUSE_ROPE
     limit = gemv_module.NORM_PROLOGUE_BYTES
     runner_module.default_ops = lambda device: ops_without(skipped)
     if "x_staging" in skipped:
@@ -69,6 +74,8 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         graphs_module.FUSE_NORMS = False
     if "norm_prologue_limit" in skipped:
         gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
+    if "rope_fusion" in skipped:
+        graphs_module.FUSE_ROPE = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -79,7 +86,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     finally:
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
-        gemv_module.NORM_PROLOGUE_BYTES = limit
+        gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
 
 
 def main() -> None:

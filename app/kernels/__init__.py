@@ -1,12 +1,13 @@
 """Qwen Tray's own CUDA kernels (NVRTC through CuPy) and their plain-PyTorch references.
 
 GPU ops (need :func:`available`): :func:`gemv_w4`, :func:`gemv_w3`, :func:`gate_up_silu_w4`,
-:func:`gate_up_silu_w3`, :func:`rms_norm`, :func:`rope_kv_write`, :func:`decode_attention`.
+:func:`gate_up_silu_w3`, :func:`rms_norm`, :func:`rope_kv_write`, :func:`decode_attention`,
+:func:`rope_decode_attention` (the last two in one).
 The references in :mod:`app.kernels.reference` are the CPU path. docs/KERNELS.md explains
 the design and the measurements. Importing this package never needs a GPU.
 """
 
-from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits
+from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits, rope_decode_attention
 from app.kernels.gemv import GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
 from app.kernels.loader import (
     KernelArgumentError,
@@ -21,6 +22,6 @@ from app.kernels.norm_rope import rms_norm, rope_kv_write
 __all__ = [
     "DecodeAttentionWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError", "KernelError",
     "KernelUnavailableError", "available", "decode_attention", "default_gemv_config", "default_num_splits",
-    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_kv_write",
-    "unavailable_reason",
+    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_decode_attention",
+    "rope_kv_write", "unavailable_reason",
 ]

@@ -17,9 +17,29 @@
 // nsplit is a launch constant chosen by the host from the model and the device, never from
 // the batch, and every merge runs in a fixed order: a sequence's result does not depend on
 // what else is in the batch, and the grid does not depend on the lengths (graph-safe).
+//
+// ROPE = true (the decode step): RoPE + KV write (rope.cu) fused into pass 1, one dependent
+// launch fewer per layer. q then points at the fused qkv rows [B, (Hq + 2 Hkv) D], not at
+// rotated q rows. Each block rotates its G query heads itself (the partner half of an
+// element is in lane kl ^ KL/2: one shuffle). A row new in this launch is (positions[r],
+// slots[r]) of a row r: every block whose positions include one of its own slot's new rows
+// rotates that row's k, writes k and v into the cache, and keeps both in shared memory, where
+// its loop reads them. So no block reads a cache row that this launch writes, and no block
+// waits for another. In a decode step that is the last split of each sequence; when the graph
+// prefill runs up to 16 consecutive tokens of one sequence as its rows, the blocks of row j
+// stage the new rows start..start+j of their range. Precondition (the engine's steps meet
+// it, the launcher says so): B <= 32, and the new positions of one slot lie within
+// ROPE_WINDOW consecutive positions (a new row outside the window would be read from the
+// cache: memory-safe, but stale). Same bits as rope.cu followed by the ROPE = false kernel:
+// the same fp32 rotation (common.cu rope_first / rope_second), rounded to fp16 once.
+// The step's inputs (positions, slots, seq_lens) are written before the step's first kernel,
+// by a copy that is no programmatic launch, so they are read before pdl_wait(); only qkv
+// comes from the previous kernel.
 
 constexpr int ATTN_WARPS = 4;
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
+constexpr int ROPE_WINDOW = 16;  // new positions of one slot per launch, at most (attention.py)
+constexpr int ROPE_MAX_ROWS = 32;  // rows per launch with ROPE: one lane each (attention.py)
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ int split_chunk(int len, int nsplit, int min_chunk) {
@@ -64,14 +84,64 @@ __device__ __forceinline__ void prefetch_chunk(const half_t* k_cache, const half
     }
 }
 
-template <int D, int G>
+// The rows new in this launch that fall in [s0, s1) of this block's slot and kv head (ROPE):
+// rotated k and v written to the cache and staged in sm_k / sm_v at (position - first_new).
+// Every warp computes the same window from its lanes (lane r = row r); warp w stages the new
+// rows whose window index is w mod ATTN_WARPS. Returns the window's bit mask (0: no new row).
+template <int D>
+__device__ __forceinline__ unsigned stage_new_rows(const half_t* qkv, half_t* k_cache, half_t* v_cache,
+                                                   const float* cos_t, const float* sin_t, int row_pos,
+                                                   bool row_mine, int s0, int s1, int& first_new,
+                                                   half_t (*sm_k)[D], half_t (*sm_v)[D], int qkv_stride,
+                                                   int k_col, int v_col, long cache_row0, int table_rows,
+                                                   int table_stride) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool in_range = row_mine && row_pos >= s0 && row_pos < s1;
+    const int lo = __reduce_min_sync(FULL_MASK, in_range ? row_pos : 0x7fffffff);
+    if (lo == 0x7fffffff) return 0u;
+    first_new = lo;
+    const int w = row_pos - lo;
+    const bool staged = in_range && w < ROPE_WINDOW;
+    unsigned todo = __ballot_sync(FULL_MASK, staged && w % ATTN_WARPS == warp);
+    while (todo) {
+        const int r = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const int p = __shfl_sync(FULL_MASK, row_pos, r), wr = p - lo;
+        const half_t* src = qkv + (long)r * qkv_stride;
+        half_t* k_dst = k_cache + (cache_row0 + p) * D;
+        if (p < table_rows) {  // rope.cu writes no k for a position past the table either
+            for (int i = lane; i < D / 2; i += 32) {
+                const float x1 = h2f(src[k_col + i]), x2 = h2f(src[k_col + i + D / 2]);
+                const float c = cos_t[(long)p * table_stride + i], sn = sin_t[(long)p * table_stride + i];
+                const half_t a = f2h(rope_first(x1, x2, c, sn)), b = f2h(rope_second(x1, x2, c, sn));
+                k_dst[i] = a;
+                k_dst[i + D / 2] = b;
+                sm_k[wr][i] = a;
+                sm_k[wr][i + D / 2] = b;
+            }
+        } else {
+            for (int i = lane; i < D; i += 32) sm_k[wr][i] = k_dst[i];
+        }
+        for (int i = lane; i < D / 8; i += 32) {
+            const uint4 v = reinterpret_cast<const uint4*>(src + v_col)[i];
+            reinterpret_cast<uint4*>(v_cache + (cache_row0 + p) * D)[i] = v;
+            reinterpret_cast<uint4*>(sm_v[wr])[i] = v;
+        }
+    }
+    return __reduce_or_sync(FULL_MASK, staged ? 1u << w : 0u);
+}
+
+template <int D, int G, bool ROPE>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cache,
+attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q [B, Hq, D] (q_stride = Hq D)
+                  const half_t* __restrict__ k_cache,
                   const half_t* __restrict__ v_cache, const int* __restrict__ seq_lens,
                   const int* __restrict__ slots,
                   float* __restrict__ part_o,    // [B, Hq, nsplit, D]
                   float* __restrict__ part_ml,   // [B, Hq, nsplit, 2]
-                  int Hkv, int L, int num_slots, int nsplit, int min_chunk, float scale_log2) {
+                  int Hkv, int L, int num_slots, int nsplit, int min_chunk, float scale_log2, int q_stride,
+                  const int* __restrict__ positions, const float* __restrict__ cos_t,  // ROPE only
+                  const float* __restrict__ sin_t, int table_rows, int table_stride) {
     constexpr int KL = D / 8;     // lanes per key
     constexpr int KPW = 32 / KL;  // keys per warp step
     pdl_launch_dependents();
@@ -79,21 +149,65 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     prefetch_chunk<D>(k_cache, v_cache, seq_lens, slots, b, hkv, split, Hkv, L, num_slots, nsplit, min_chunk);
 #endif
-    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / KL, kl = lane % KL;
+    const int Hq = Hkv * G;
+    // ROPE: this lane's angles (element kl * 8 + e of a head) and the rows new in this launch,
+    // all from the step's inputs, before the wait.
+    float rc[8], rs[8];
+    int row_pos = -1, row_slot = -1;
+    if constexpr (ROPE) {
+        const int pos = positions[b];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int i = (kl * 8 + e) % (D / 2);
+            const bool ok = pos >= 0 && pos < table_rows;
+            rc[e] = ok ? cos_t[(long)pos * table_stride + i] : 1.f;  // past the table: not rotated
+            rs[e] = ok ? sin_t[(long)pos * table_stride + i] : 0.f;
+        }
+        if (lane < gridDim.z) {
+            row_pos = positions[lane];
+            row_slot = slots[lane];
+        }
+    }
+    pdl_wait();
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
     const int chunk = split_chunk(len, nsplit, min_chunk);
     const int s0 = split * chunk;
     if (s0 >= len) return;
     const int s1 = min(len, s0 + chunk);
-    const int Hq = Hkv * G;
+    const long row0 = ((long)slot * Hkv + hkv) * L;
+
+    int first_new = 0;
+    unsigned new_mask = 0;
+    __shared__ __align__(16) half_t sm_k[ROPE ? ROPE_WINDOW : 1][D], sm_v[ROPE ? ROPE_WINDOW : 1][D];
+    if constexpr (ROPE) {
+        new_mask = stage_new_rows<D>(q, const_cast<half_t*>(k_cache), const_cast<half_t*>(v_cache), cos_t, sin_t,
+                                     row_pos, row_slot == slot, s0, s1, first_new, sm_k, sm_v, q_stride,
+                                     (Hq + hkv) * D, (Hq + Hkv + hkv) * D, row0, table_rows, table_stride);
+        if (new_mask) __syncthreads();  // uniform: every warp computed the same mask
+    }
 
     float qf[G][8], o[G][8], m[G], l[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-        unpack_half8(*reinterpret_cast<const uint4*>(q + ((long)b * Hq + hkv * G + h) * D + kl * 8), qf[h]);
+        const uint4 raw = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + h) * D + kl * 8);
+        unpack_half8(raw, qf[h]);
+        if constexpr (ROPE) {  // the other half's element, from lane kl ^ KL/2; fp16 rounding as rope.cu's q
+            uint4 other;
+            other.x = __shfl_xor_sync(FULL_MASK, raw.x, KL / 2);
+            other.y = __shfl_xor_sync(FULL_MASK, raw.y, KL / 2);
+            other.z = __shfl_xor_sync(FULL_MASK, raw.z, KL / 2);
+            other.w = __shfl_xor_sync(FULL_MASK, raw.w, KL / 2);
+            float of[8];
+            unpack_half8(other, of);
+            const bool first_half = kl < KL / 2;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                qf[h][e] = h2f(f2h(first_half ? rope_first(qf[h][e], of[e], rc[e], rs[e])
+                                              : rope_second(of[e], qf[h][e], rc[e], rs[e])));
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             qf[h][e] *= scale_log2;
@@ -103,25 +217,32 @@ attn_split_kernel(const half_t* __restrict__ q, const half_t* __restrict__ k_cac
         l[h] = 0.f;
     }
 
-    const long row0 = ((long)slot * Hkv + hkv) * L;
     const int step = ATTN_WARPS * KPW;
-    // Rows past s1 read row s0 (valid memory) and are masked out below.
-    auto row_at = [&](int b0) { const int p = b0 + sub; return (row0 + (p < s1 ? p : s0)) * D + kl * 8; };
+    // Rows past s1 read row s0 (valid memory) and are masked out below. ROPE: a row new in this
+    // launch comes from shared memory (staged above), never from the cache being written.
+    auto load_kv = [&](int b0, uint4& k, uint4& v) {
+        const int p = b0 + sub;
+        if constexpr (ROPE) {
+            const unsigned w = (unsigned)(p - first_new);
+            if (p < s1 && w < ROPE_WINDOW && ((new_mask >> w) & 1u)) {
+                k = *reinterpret_cast<const uint4*>(&sm_k[w][kl * 8]);
+                v = *reinterpret_cast<const uint4*>(&sm_v[w][kl * 8]);
+                return;
+            }
+        }
+        const long at = (row0 + (p < s1 ? p : s0)) * D + kl * 8;
+        k = *reinterpret_cast<const uint4*>(k_cache + at);
+        v = *reinterpret_cast<const uint4*>(v_cache + at);
+    };
     int base = s0 + warp * KPW;
     uint4 k_next = make_uint4(0, 0, 0, 0), v_next = k_next;
-    if (base < s1) {
-        k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base));
-        v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base));
-    }
+    if (base < s1) load_kv(base, k_next, v_next);
     for (; base < s1; base += step) {
         const bool valid = base + sub < s1;
         float kf[8], vf[8];
         unpack_half8(k_next, kf);
         unpack_half8(v_next, vf);
-        if (base + step < s1) {  // prefetch the next keys while this step computes
-            k_next = *reinterpret_cast<const uint4*>(k_cache + row_at(base + step));
-            v_next = *reinterpret_cast<const uint4*>(v_cache + row_at(base + step));
-        }
+        if (base + step < s1) load_kv(base + step, k_next, v_next);  // the next keys, while this step computes
         // Scores of the G heads, then the lane reduction one level at a time for all of them
         // (G independent shuffles in flight instead of one head's chain after another).
         float sc[G];

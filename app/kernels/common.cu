@@ -31,6 +31,17 @@ __device__ __forceinline__ half2_t float2_to_half2(float lo, float hi) {
     return (half2_t)f2h(lo) | ((half2_t)f2h(hi) << 16);
 }
 
+// Rotate-half RoPE of one element pair (x1 = x[i], x2 = x[i + D/2], angle i): the first and
+// the second half's value. Explicit _rn operations: nothing contracts into an FMA, so rope.cu
+// and the fused attention (attention.cu) give the same bits, and both match the fp32 reference.
+__device__ __forceinline__ float rope_first(float x1, float x2, float c, float s) {
+    return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+}
+
+__device__ __forceinline__ float rope_second(float x1, float x2, float c, float s) {
+    return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
 // a - b on both halves, exact for the small integers the dequantizers produce.
 __device__ __forceinline__ half2_t hsub2(half2_t a, half2_t b) {
     half2_t d;

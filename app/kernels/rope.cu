@@ -6,8 +6,9 @@
 //   v heads: copied to v_cache[slot, head, pos, :].
 // cos/sin tables are fp32 [P, row_stride] with cos(pos * inv_freq[i]) in column i < D/2
 // (the engine's [P, D] tables, whose second half repeats the first, fit as they are).
-// Math in fp32, one rounding to fp16. A token whose position or slot is out of range writes
-// nothing (memory safety; the engine checks ranges before it launches).
+// Math in fp32 (common.cu rope_first / rope_second), one rounding to fp16. A token whose
+// position or slot is out of range writes nothing (memory safety; the engine checks ranges
+// before it launches). The decode step fuses all of this into the attention (attention.cu).
 
 extern "C" __global__ void
 rope_kv_kernel(const half_t* __restrict__ qkv, half_t* __restrict__ q_out,
@@ -49,7 +50,9 @@ rope_kv_kernel(const half_t* __restrict__ qkv, half_t* __restrict__ q_out,
         const float2 a = half2_to_float2(reinterpret_cast<const half2_t*>(src)[j]);
         const float2 b = half2_to_float2(reinterpret_cast<const half2_t*>(src + half)[j]);
         const float c0 = cs[2 * j], c1 = cs[2 * j + 1], s0 = sn[2 * j], s1 = sn[2 * j + 1];
-        reinterpret_cast<half2_t*>(dst)[j] = float2_to_half2(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
-        reinterpret_cast<half2_t*>(dst + half)[j] = float2_to_half2(b.x * c0 + a.x * s0, b.y * c1 + a.y * s1);
+        reinterpret_cast<half2_t*>(dst)[j] =
+            float2_to_half2(rope_first(a.x, b.x, c0, s0), rope_first(a.y, b.y, c1, s1));
+        reinterpret_cast<half2_t*>(dst + half)[j] =
+            float2_to_half2(rope_second(a.x, b.x, c0, s0), rope_second(a.y, b.y, c1, s1));
     }
 }

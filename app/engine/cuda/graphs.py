@@ -8,6 +8,7 @@ per bucket and replayed; the host only uploads 16 bytes per row and reads back t
 
 A batch is padded to its bucket with rows whose slot is -1 and length 0: RoPE + KV write
 skips them (slot out of range) and attention returns zeros, so a pad row touches no cache.
+The attention's split kernel does RoPE + KV write itself (``FUSE_ROPE``, attention.cu).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.step_norms import StepNorms
 from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
-from app.kernels.attention import DecodeAttentionWorkspace
+from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
@@ -27,6 +28,9 @@ BUCKETS = (1, 2, 4, 8)
 # RMSNorms fused into the GEMVs at batch 1 where it pays (step_norms.py; bit-equal either way);
 # False runs the norm kernels (benchmarks/ablate_step.py compares; read once per runner and batch size).
 FUSE_NORMS = True
+# RoPE + KV write inside the attention's split kernel (bit-equal either way; False runs rope.cu
+# first: benchmarks/ablate_step.py compares). The fused kernel takes at most ROPE_MAX_ROWS rows.
+FUSE_ROPE = True
 ALIGN = 256
 
 
@@ -36,7 +40,7 @@ class DecodeBuffers:
     hidden: torch.Tensor  # fp16 [R, H]: the residual stream
     normed: torch.Tensor  # fp16 [R, H]
     qkv: torch.Tensor  # fp16 [R, (Hq + 2 Hkv) D]
-    q: torch.Tensor  # fp16 [R, Hq, D] (rotated)
+    q: torch.Tensor  # fp16 [R, Hq, D] (rotated; only the unfused RoPE writes it)
     attn: torch.Tensor  # fp16 [R, Hq, D]
     act: torch.Tensor  # fp16 [R, I]: silu(gate) * up
     logits: torch.Tensor  # fp16 [R, V]
@@ -130,14 +134,19 @@ class DecodeStep:
         h, qkv, q, attn, act = bf.hidden[:b], bf.qkv[:b], bf.q[:b], bf.attn[:b], bf.act[:b]
         workspace = bf.workspace
         norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
+        fuse_rope = FUSE_ROPE and b <= ROPE_MAX_ROWS
         lookup_rows(w.embed, ids, self.tables, out=h)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
             ops.linear(x, layer.qkv, out=qkv, norm=fused)
-            ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
-                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
-            ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
+            if fuse_rope:
+                ops.rope_attention(qkv, self.cos, self.sin, positions, seq_lens, slots, k_cache, v_cache,
+                                   num_q_heads=s.num_heads, workspace=workspace, out=attn)
+            else:
+                ops.rope_kv_write(qkv, self.cos, self.sin, positions, slots, k_cache, v_cache,
+                                  num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads, q_out=q)
+                ops.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=attn)
             # h += o_proj(attn), leaving h's chunk sums for the fused norm of the gate/up
             ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h, sums_out=norm.sums_after_o())
             x, fused = norm.before("post", layer.post_norm)

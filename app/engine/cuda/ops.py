@@ -1,8 +1,8 @@
 """The operations one decode step is made of, on the GPU kernels or on their references.
 
 :class:`KernelOps` launches app.kernels (W4/W3 GEMV with fused epilogues, RMSNorm, RoPE +
-KV write, flash-decoding attention). :class:`ReferenceOps` computes the same thing with
-``app.kernels.reference`` on any device, with the kernels' preconditions (fp16, contiguous,
+KV write, flash-decoding attention, or the last two in one: ``rope_attention``).
+:class:`ReferenceOps` computes the same thing with ``app.kernels.reference`` on any device, with the kernels' preconditions (fp16, contiguous,
 int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
 buffer layout fails there, not on the GPU.
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from app.engine.cuda.weights import LinearWeight
 from app.kernels import reference as ref
 from app.kernels import gemv
+from app.kernels.attention import ROPE_MAX_ROWS
 from app.kernels.gemv import FusedNorm, fuses_norm
 
 
@@ -83,6 +84,12 @@ class KernelOps:
 
     def attention(self, q, k_cache, v_cache, seq_lens, slots, *, workspace, out):
         return self.k.decode_attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
+
+    def rope_attention(self, qkv, cos, sin, positions, seq_lens, slots, k_cache, v_cache, *, num_q_heads,
+                       workspace, out):
+        """rope_kv_write + attention in the attention's launches (bit-equal, one launch fewer)."""
+        return self.k.rope_decode_attention(qkv, cos, sin, positions, seq_lens, slots, k_cache, v_cache,
+                                            num_q_heads=num_q_heads, workspace=workspace, out=out)
 
 
 def _tiles(w: LinearWeight) -> tuple[torch.Tensor, ...]:
@@ -160,6 +167,15 @@ class ReferenceOps:
         _check_fp16(q=q, k_cache=k_cache, v_cache=v_cache, out=out)
         _check_index(seq_lens=seq_lens, slots=slots)
         return out.copy_(ref.decode_attention_ref(q, k_cache, v_cache, seq_lens, slots))
+
+    def rope_attention(self, qkv, cos, sin, positions, seq_lens, slots, k_cache, v_cache, *, num_q_heads,
+                       workspace, out):
+        if qkv.shape[0] > ROPE_MAX_ROWS:
+            raise ValueError(f"a fused RoPE attention takes at most {ROPE_MAX_ROWS} rows, got {qkv.shape[0]}")
+        q = torch.empty_like(out)
+        self.rope_kv_write(qkv, cos, sin, positions, slots, k_cache, v_cache, num_q_heads=num_q_heads,
+                           num_kv_heads=k_cache.shape[1], q_out=q)
+        return self.attention(q, k_cache, v_cache, seq_lens, slots, workspace=workspace, out=out)
 
 
 def unsupported_shape(spec) -> str | None:
