@@ -25,9 +25,10 @@
 // slots[r]) of a row r: every block whose positions include one of its own slot's new rows
 // rotates that row's k, writes k and v into the cache, and keeps both in shared memory, where
 // its loop reads them. So no block reads a cache row that this launch writes, and no block
-// waits for another. In a decode step that is the last split of each sequence; when the graph
-// prefill runs up to 16 consecutive tokens of one sequence as its rows, the blocks of row j
-// stage the new rows start..start+j of their range. Precondition (the engine's steps meet
+// waits for another. In a decode step that is the last split of each sequence, and its own
+// row's k and v are loaded beside q and rotated with q's angles (no extra round trip); when
+// the graph prefill runs up to 16 consecutive tokens of one sequence as its rows, the blocks
+// of row j also stage the new rows start..start+j-1 of their range (stage_new_rows). Precondition (the engine's steps meet
 // it, the launcher says so): B <= 32, and the new positions of one slot lie within
 // ROPE_WINDOW consecutive positions (a new row outside the window would be read from the
 // cache: memory-safe, but stale). Same bits as rope.cu followed by the ROPE = false kernel:
@@ -62,36 +63,68 @@ __device__ __forceinline__ float rescale(float a, float b) {
     return a == NEG_INF ? 0.f : exp2f(a - b);
 }
 
-// SM90 (programmatic launches): while the previous kernel (RoPE + KV write) finishes, ask L2
-// for the K and V rows this block will read. Runs before pdl_wait(), so slots / seq_lens may
-// in principle still be changing (they are the step's inputs, set before the graph runs): a
-// stale value only misdirects a prefetch, and the addresses are clamped into the cache. The
-// rows themselves are loaded after the wait, when the new token's K/V are in place.
+// SM90 (programmatic launches): while the previous kernel (the qkv GEMV, or RoPE + KV write)
+// finishes, ask L2 for the K and V rows [s0, s1) this block will read (contiguous from row0 +
+// s0). The rows are loaded after pdl_wait(), when the new token's K/V are in place.
 template <int D>
-__device__ __forceinline__ void prefetch_chunk(const half_t* k_cache, const half_t* v_cache, const int* seq_lens,
-                                               const int* slots, int b, int hkv, int split, int Hkv, int L,
-                                               int num_slots, int nsplit, int min_chunk) {
-    const int slot = min(max(slots[b], 0), num_slots - 1);
-    const int len = min(max(seq_lens[b], 0), L);
-    const int chunk = split_chunk(len, nsplit, min_chunk);
-    const int p0 = split * chunk, p1 = min(len, p0 + chunk);
-    if (p0 >= p1) return;
-    const long first = (((long)slot * Hkv + hkv) * L + p0) * D;  // rows p0 .. p1 - 1 are contiguous
-    const int lines = ((p1 - p0) * D * 2 + 127) / 128;
+__device__ __forceinline__ void prefetch_rows(const half_t* k_cache, const half_t* v_cache, long row0, int s0,
+                                              int s1) {
+    const long first = (row0 + s0) * D;
+    const int lines = ((s1 - s0) * D * 2 + 127) / 128;
     for (int i = threadIdx.x; i < 2 * lines; i += blockDim.x) {
         const half_t* base = i < lines ? k_cache : v_cache;
         prefetch_l2(reinterpret_cast<const char*>(base + first) + (long)(i < lines ? i : i - lines) * 128);
     }
 }
 
+// ROPE: the angles of elements kl * 8 .. kl * 8 + 7 of a head (pair index mod D/2) at ``pos``,
+// two 16-byte loads each (the launcher checks the tables' alignment); pos < 0: no rotation.
+template <int D>
+__device__ __forceinline__ void load_angles(const float* cos_t, const float* sin_t, int pos, int stride, int kl,
+                                            float (&c)[8], float (&s)[8]) {
+    if (pos < 0) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            c[e] = 1.f;
+            s[e] = 0.f;
+        }
+        return;
+    }
+    const long at = (long)pos * stride + (kl * 8) % (D / 2);
+    const float4 c0 = *reinterpret_cast<const float4*>(cos_t + at), c1 = *reinterpret_cast<const float4*>(cos_t + at + 4);
+    const float4 s0 = *reinterpret_cast<const float4*>(sin_t + at), s1 = *reinterpret_cast<const float4*>(sin_t + at + 4);
+    c[0] = c0.x; c[1] = c0.y; c[2] = c0.z; c[3] = c0.w; c[4] = c1.x; c[5] = c1.y; c[6] = c1.z; c[7] = c1.w;
+    s[0] = s0.x; s[1] = s0.y; s[2] = s0.z; s[3] = s0.w; s[4] = s1.x; s[5] = s1.y; s[6] = s1.z; s[7] = s1.w;
+}
+
+// ROPE: rotate-half of one head held 8 elements per lane (lane kl: elements kl * 8 ..); the other
+// half's elements are in lane kl ^ KL/2 of the same key group. fp32, not rounded.
+template <int KL>
+__device__ __forceinline__ void rotate_half8(uint4 raw, const float (&c)[8], const float (&s)[8], int kl,
+                                             float (&out)[8]) {
+    uint4 other;
+    other.x = __shfl_xor_sync(FULL_MASK, raw.x, KL / 2);
+    other.y = __shfl_xor_sync(FULL_MASK, raw.y, KL / 2);
+    other.z = __shfl_xor_sync(FULL_MASK, raw.z, KL / 2);
+    other.w = __shfl_xor_sync(FULL_MASK, raw.w, KL / 2);
+    float own[8], oth[8];
+    unpack_half8(raw, own);
+    unpack_half8(other, oth);
+    const bool first_half = kl < KL / 2;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        out[e] = first_half ? rope_first(own[e], oth[e], c[e], s[e]) : rope_second(oth[e], own[e], c[e], s[e]);
+}
+
 // The rows new in this launch that fall in [s0, s1) of this block's slot and kv head (ROPE):
 // rotated k and v written to the cache and staged in sm_k / sm_v at (position - first_new).
 // Every warp computes the same window from its lanes (lane r = row r); warp w stages the new
-// rows whose window index is w mod ATTN_WARPS. Returns the window's bit mask (0: no new row).
+// rows whose window index is w mod ATTN_WARPS, except row ``own`` (the block's own row, staged
+// by the caller from registers). Returns the window's bit mask (0: no new row).
 template <int D>
 __device__ __forceinline__ unsigned stage_new_rows(const half_t* qkv, half_t* k_cache, half_t* v_cache,
                                                    const float* cos_t, const float* sin_t, int row_pos,
-                                                   bool row_mine, int s0, int s1, int& first_new,
+                                                   bool row_mine, int own, int s0, int s1, int& first_new,
                                                    half_t (*sm_k)[D], half_t (*sm_v)[D], int qkv_stride,
                                                    int k_col, int v_col, long cache_row0, int table_rows,
                                                    int table_stride) {
@@ -102,7 +135,7 @@ __device__ __forceinline__ unsigned stage_new_rows(const half_t* qkv, half_t* k_
     first_new = lo;
     const int w = row_pos - lo;
     const bool staged = in_range && w < ROPE_WINDOW;
-    unsigned todo = __ballot_sync(FULL_MASK, staged && w % ATTN_WARPS == warp);
+    unsigned todo = __ballot_sync(FULL_MASK, staged && lane != own && w % ATTN_WARPS == warp);
     while (todo) {
         const int r = __ffs(todo) - 1;
         todo &= todo - 1;
@@ -146,31 +179,11 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
     constexpr int KPW = 32 / KL;  // keys per warp step
     pdl_launch_dependents();
     const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    prefetch_chunk<D>(k_cache, v_cache, seq_lens, slots, b, hkv, split, Hkv, L, num_slots, nsplit, min_chunk);
-#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / KL, kl = lane % KL;
     const int Hq = Hkv * G;
-    // ROPE: this lane's angles (element kl * 8 + e of a head) and the rows new in this launch,
-    // all from the step's inputs, before the wait.
-    float rc[8], rs[8];
-    int row_pos = -1, row_slot = -1;
-    if constexpr (ROPE) {
-        const int pos = positions[b];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int i = (kl * 8 + e) % (D / 2);
-            const bool ok = pos >= 0 && pos < table_rows;
-            rc[e] = ok ? cos_t[(long)pos * table_stride + i] : 1.f;  // past the table: not rotated
-            rs[e] = ok ? sin_t[(long)pos * table_stride + i] : 0.f;
-        }
-        if (lane < gridDim.z) {
-            row_pos = positions[lane];
-            row_slot = slots[lane];
-        }
-    }
-    pdl_wait();
+    // The range of positions comes from the step's inputs only (see the header): known before
+    // the wait, so is which block holds this row's new position.
     const int slot = slots[b];
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
     const int chunk = split_chunk(len, nsplit, min_chunk);
@@ -178,35 +191,52 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
     if (s0 >= len) return;
     const int s1 = min(len, s0 + chunk);
     const long row0 = ((long)slot * Hkv + hkv) * L;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    prefetch_rows<D>(k_cache, v_cache, row0, s0, s1);
+#endif
+    // ROPE: this lane's angles (elements kl * 8 .. kl * 8 + 7 of a head at this row's position),
+    // whether this block holds the row's own new position (then its k and v stay in registers),
+    // and the other rows' positions and slots (lane r: row r).
+    float rc[8], rs[8];
+    int pos = -1, row_pos = -1, row_slot = -1;
+    bool own_new = false;
+    if constexpr (ROPE) {
+        pos = positions[b];
+        const bool in_table = pos >= 0 && pos < table_rows;
+        own_new = in_table && pos >= s0 && pos < s1;
+        load_angles<D>(cos_t, sin_t, in_table ? pos : -1, table_stride, kl, rc, rs);
+        if (lane < gridDim.z) {
+            row_pos = positions[lane];
+            row_slot = slots[lane];
+        }
+    }
+    pdl_wait();
 
+    uint4 k_own = make_uint4(0, 0, 0, 0), v_own = k_own;
+    if (ROPE && own_new) {
+        k_own = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (Hq + hkv) * D + kl * 8);
+        v_own = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (Hq + Hkv + hkv) * D + kl * 8);
+    }
     int first_new = 0;
     unsigned new_mask = 0;
     __shared__ __align__(16) half_t sm_k[ROPE ? ROPE_WINDOW : 1][D], sm_v[ROPE ? ROPE_WINDOW : 1][D];
-    if constexpr (ROPE) {
+    if constexpr (ROPE) {  // the window of new rows; other rows of this slot (graph prefill) staged here
         new_mask = stage_new_rows<D>(q, const_cast<half_t*>(k_cache), const_cast<half_t*>(v_cache), cos_t, sin_t,
-                                     row_pos, row_slot == slot, s0, s1, first_new, sm_k, sm_v, q_stride,
-                                     (Hq + hkv) * D, (Hq + Hkv + hkv) * D, row0, table_rows, table_stride);
-        if (new_mask) __syncthreads();  // uniform: every warp computed the same mask
+                                     row_pos, row_slot == slot, own_new ? b : -1, s0, s1, first_new, sm_k, sm_v,
+                                     q_stride, (Hq + hkv) * D, (Hq + Hkv + hkv) * D, row0, table_rows,
+                                     table_stride);
     }
 
     float qf[G][8], o[G][8], m[G], l[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
         const uint4 raw = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + h) * D + kl * 8);
-        unpack_half8(raw, qf[h]);
-        if constexpr (ROPE) {  // the other half's element, from lane kl ^ KL/2; fp16 rounding as rope.cu's q
-            uint4 other;
-            other.x = __shfl_xor_sync(FULL_MASK, raw.x, KL / 2);
-            other.y = __shfl_xor_sync(FULL_MASK, raw.y, KL / 2);
-            other.z = __shfl_xor_sync(FULL_MASK, raw.z, KL / 2);
-            other.w = __shfl_xor_sync(FULL_MASK, raw.w, KL / 2);
-            float of[8];
-            unpack_half8(other, of);
-            const bool first_half = kl < KL / 2;
+        if constexpr (ROPE) {  // rounded to fp16 like rope.cu's q
+            rotate_half8<KL>(raw, rc, rs, kl, qf[h]);
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                qf[h][e] = h2f(f2h(first_half ? rope_first(qf[h][e], of[e], rc[e], rs[e])
-                                              : rope_second(of[e], qf[h][e], rc[e], rs[e])));
+            for (int e = 0; e < 8; ++e) qf[h][e] = h2f(f2h(qf[h][e]));
+        } else {
+            unpack_half8(raw, qf[h]);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -216,10 +246,26 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
         m[h] = NEG_INF;
         l[h] = 0.f;
     }
+    if (ROPE && own_new) {  // this row's k, rotated with the angles of its q; one group of lanes stores
+        float kr[8];
+        rotate_half8<KL>(k_own, rc, rs, kl, kr);
+        k_own = make_uint4(float2_to_half2(kr[0], kr[1]), float2_to_half2(kr[2], kr[3]),
+                           float2_to_half2(kr[4], kr[5]), float2_to_half2(kr[6], kr[7]));
+        if (warp == 0 && sub == 0) {
+            *reinterpret_cast<uint4*>(const_cast<half_t*>(k_cache) + (row0 + pos) * D + kl * 8) = k_own;
+            *reinterpret_cast<uint4*>(const_cast<half_t*>(v_cache) + (row0 + pos) * D + kl * 8) = v_own;
+            const unsigned w = (unsigned)(pos - first_new);
+            if (w < ROPE_WINDOW) {
+                *reinterpret_cast<uint4*>(&sm_k[w][kl * 8]) = k_own;
+                *reinterpret_cast<uint4*>(&sm_v[w][kl * 8]) = v_own;
+            }
+        }
+    }
+    if (ROPE && new_mask) __syncthreads();  // uniform: every warp computed the same mask
 
     const int step = ATTN_WARPS * KPW;
     // Rows past s1 read row s0 (valid memory) and are masked out below. ROPE: a row new in this
-    // launch comes from shared memory (staged above), never from the cache being written.
+    // launch comes from shared memory, never from the cache being written.
     auto load_kv = [&](int b0, uint4& k, uint4& v) {
         const int p = b0 + sub;
         if constexpr (ROPE) {

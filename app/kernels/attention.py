@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from app.kernels import loader
-from app.kernels.checks import check_range, check_tensor, ensure_output
+from app.kernels.checks import check_multiple, check_range, check_tensor, ensure_output
 from app.kernels.loader import KernelArgumentError
 
 HEAD_DIMS = (64, 128)
@@ -114,7 +114,8 @@ def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     for name, t in (("cos", cos), ("sin", sin)):
         if t.dim() != 2 or t.shape[1] < head_dim // 2:
             raise KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
-        check_tensor(name, t, torch.float32, tuple(cos.shape), device=qkv.device, aligned=False)
+        check_tensor(name, t, torch.float32, tuple(cos.shape), device=qkv.device)  # 16-byte loads
+    check_multiple("rope table row length", cos.shape[1], 4)
     check_tensor("positions", positions, torch.int32, (batch,), device=qkv.device, aligned=False)
     if batch:
         launch.run(qkv, width, rope=(positions, cos, sin))
