@@ -20,8 +20,8 @@
 //
 // ROPE = true (the decode step): RoPE + KV write (rope.cu) fused into pass 1, one dependent
 // launch fewer per layer. q then points at the fused qkv rows [B, (Hq + 2 Hkv) D], not at
-// rotated q rows. Each block rotates its G query heads itself (the partner half of an
-// element is in lane kl ^ KL/2: one shuffle). A row new in this launch is (positions[r],
+// rotated q rows. Each block rotates its G query heads itself, each element once, into shared
+// memory (the partner half of an element is in lane kl ^ KL/2: one shuffle). A row new in this launch is (positions[r],
 // slots[r]) of a row r: every block whose positions include one of its own slot's new rows
 // rotates that row's k, writes k and v into the cache, and keeps both in shared memory, where
 // its loop reads them. So no block reads a cache row that this launch writes, and no block
@@ -228,16 +228,45 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
     }
 
     float qf[G][8], o[G][8], m[G], l[G];
+    if constexpr (ROPE) {
+        // Each query element is rotated once per block, not once per key group: thread t rotates
+        // elements kl * 8 .. kl * 8 + 7 of head t / KL (its own kl, so its angles) into sm_q,
+        // rounded to fp16 like rope.cu's q; after the barrier every lane reads its slice of all G.
+        __shared__ __align__(16) half_t sm_q[G][D];
+        const int head = threadIdx.x / KL;
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (head < G) raw = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + head) * D + kl * 8);
+        float qr[8];
+        rotate_half8<KL>(raw, rc, rs, kl, qr);  // every lane: the shuffles need the whole warp
+        if (head < G)
+            *reinterpret_cast<uint4*>(&sm_q[head][kl * 8]) =
+                make_uint4(float2_to_half2(qr[0], qr[1]), float2_to_half2(qr[2], qr[3]),
+                           float2_to_half2(qr[4], qr[5]), float2_to_half2(qr[6], qr[7]));
+        if (own_new) {  // this row's k, rotated with the same angles; one group of lanes stores
+            float kr[8];
+            rotate_half8<KL>(k_own, rc, rs, kl, kr);
+            k_own = make_uint4(float2_to_half2(kr[0], kr[1]), float2_to_half2(kr[2], kr[3]),
+                               float2_to_half2(kr[4], kr[5]), float2_to_half2(kr[6], kr[7]));
+            if (warp == 0 && sub == 0) {
+                *reinterpret_cast<uint4*>(const_cast<half_t*>(k_cache) + (row0 + pos) * D + kl * 8) = k_own;
+                *reinterpret_cast<uint4*>(const_cast<half_t*>(v_cache) + (row0 + pos) * D + kl * 8) = v_own;
+                const unsigned w = (unsigned)(pos - first_new);
+                if (w < ROPE_WINDOW) {
+                    *reinterpret_cast<uint4*>(&sm_k[w][kl * 8]) = k_own;
+                    *reinterpret_cast<uint4*>(&sm_v[w][kl * 8]) = v_own;
+                }
+            }
+        }
+        __syncthreads();  // sm_q, and the staged rows
+#pragma unroll
+        for (int h = 0; h < G; ++h) unpack_half8(*reinterpret_cast<const uint4*>(&sm_q[h][kl * 8]), qf[h]);
+    } else {
+#pragma unroll
+        for (int h = 0; h < G; ++h)
+            unpack_half8(*reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + h) * D + kl * 8), qf[h]);
+    }
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + h) * D + kl * 8);
-        if constexpr (ROPE) {  // rounded to fp16 like rope.cu's q
-            rotate_half8<KL>(raw, rc, rs, kl, qf[h]);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) qf[h][e] = h2f(f2h(qf[h][e]));
-        } else {
-            unpack_half8(raw, qf[h]);
-        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             qf[h][e] *= scale_log2;
@@ -246,22 +275,6 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
         m[h] = NEG_INF;
         l[h] = 0.f;
     }
-    if (ROPE && own_new) {  // this row's k, rotated with the angles of its q; one group of lanes stores
-        float kr[8];
-        rotate_half8<KL>(k_own, rc, rs, kl, kr);
-        k_own = make_uint4(float2_to_half2(kr[0], kr[1]), float2_to_half2(kr[2], kr[3]),
-                           float2_to_half2(kr[4], kr[5]), float2_to_half2(kr[6], kr[7]));
-        if (warp == 0 && sub == 0) {
-            *reinterpret_cast<uint4*>(const_cast<half_t*>(k_cache) + (row0 + pos) * D + kl * 8) = k_own;
-            *reinterpret_cast<uint4*>(const_cast<half_t*>(v_cache) + (row0 + pos) * D + kl * 8) = v_own;
-            const unsigned w = (unsigned)(pos - first_new);
-            if (w < ROPE_WINDOW) {
-                *reinterpret_cast<uint4*>(&sm_k[w][kl * 8]) = k_own;
-                *reinterpret_cast<uint4*>(&sm_v[w][kl * 8]) = v_own;
-            }
-        }
-    }
-    if (ROPE && new_mask) __syncthreads();  // uniform: every warp computed the same mask
 
     const int step = ATTN_WARPS * KPW;
     // Rows past s1 read row s0 (valid memory) and are masked out below. ROPE: a row new in this
