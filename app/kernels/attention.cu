@@ -393,12 +393,12 @@ attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ 
                     half_t* __restrict__ out,  // [B, Hq, D]
                     int Hq, int L, int num_slots, int nsplit, int min_chunk) {
     pdl_launch_dependents();
-    pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x % D, part = threadIdx.x / D;
     const int lane = threadIdx.x & 31;
     const long head = (long)b * Hq + h;
-    const int slot = slots[b];
+    const int slot = slots[b];  // the step's inputs: read before the wait, like pass 1
     const int len = (slot >= 0 && slot < num_slots) ? min(seq_lens[b], L) : 0;
+    pdl_wait();  // (out is written after it: a kernel before the previous one may still read it)
     if (len <= 0) {
         if (part == 0) out[head * D + d] = 0;
         return;
