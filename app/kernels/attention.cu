@@ -20,22 +20,25 @@
 //
 // ROPE = true (the decode step): RoPE + KV write (rope.cu) fused into pass 1, one dependent
 // launch fewer per layer. q then points at the fused qkv rows [B, (Hq + 2 Hkv) D], not at
-// rotated q rows. Each block rotates its G query heads itself, each element once, into shared
-// memory (the partner half of an element is in lane kl ^ KL/2: one shuffle). A row new in this launch is (positions[r],
-// slots[r]) of a row r: every block whose positions include one of its own slot's new rows
-// rotates that row's k, writes k and v into the cache, and keeps both in shared memory, where
-// its loop reads them. So no block reads a cache row that this launch writes, and no block
-// waits for another. In a decode step that is the last split of each sequence, and its own
-// row's k and v are loaded beside q and rotated with q's angles (no extra round trip); when
-// the graph prefill runs up to 16 consecutive tokens of one sequence as its rows, the blocks
-// of row j also stage the new rows start..start+j-1 of their range (stage_new_rows). Precondition (the engine's steps meet
-// it, the launcher says so): B <= 32, and the new positions of one slot lie within
-// ROPE_WINDOW consecutive positions (a new row outside the window would be read from the
-// cache: memory-safe, but stale). Same bits as rope.cu followed by the ROPE = false kernel:
-// the same fp32 rotation (common.cu rope_first / rope_second), rounded to fp16 once.
-// The step's inputs (positions, slots, seq_lens) are written before the step's first kernel,
-// by a copy that is no programmatic launch, so they are read before pdl_wait(); only qkv
-// comes from the previous kernel.
+// rotated q rows. Each block rotates its G query heads itself, each element once, into
+// shared memory (the other half of an element is in lane kl ^ KL/2: one shuffle). A row new
+// in this launch is (positions[r], slots[r]) of a row r: every block whose positions include
+// one of its own slot's new rows rotates that row's k, writes k and v into the cache, and
+// keeps both in shared memory, where its loop reads them. So no block reads a cache row that
+// this launch writes, and no block waits for another. In a decode step that is the last split
+// of each sequence, which loads its row's k and v beside q and rotates k with q's angles (no
+// extra round trip). When the graph prefill runs up to 16 consecutive tokens of one sequence
+// as its rows, the blocks of row j also stage the new rows start..start+j-1 of their range
+// (stage_new_rows). Precondition (the engine's steps meet it, the launcher says so): B <= 32,
+// and the new positions of one slot lie within ROPE_WINDOW consecutive positions (a new row
+// outside the window would be read from the cache: memory-safe, but stale). Same bits as
+// rope.cu followed by the ROPE = false kernel: the same fp32 rotation (common.cu rope_first /
+// rope_second), rounded to fp16 once.
+//
+// Both passes read the step's inputs (positions, slots, seq_lens) before pdl_wait(): the
+// engine writes them with a copy before the step's first kernel, and a programmatic launch
+// cannot start before the kernel ahead of it has started. Only q / qkv (pass 1) and the
+// partials (pass 2) come from the previous kernel.
 
 constexpr int ATTN_WARPS = 4;
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
@@ -195,8 +198,8 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
     prefetch_rows<D>(k_cache, v_cache, row0, s0, s1);
 #endif
     // ROPE: this lane's angles (elements kl * 8 .. kl * 8 + 7 of a head at this row's position),
-    // whether this block holds the row's own new position (then its k and v stay in registers),
-    // and the other rows' positions and slots (lane r: row r).
+    // whether this block holds the row's own new position (then it loads that k and v beside
+    // q), and every row's position and slot (lane r: row r).
     float rc[8], rs[8];
     int pos = -1, row_pos = -1, row_slot = -1;
     bool own_new = false;

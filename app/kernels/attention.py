@@ -75,7 +75,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (sequence b attends to positions 0..seq_lens[b]-1 of slot slots[b]; lengths past L are
     clamped, a length of 0 or a slot out of range gives zeros). ``workspace`` (required for graph capture) fixes
     the number of splits; without it one is allocated for this call. ``min_chunk``: positions per
-    split at least (benchmarks sweep it; results depend on it).
+    split at least (benchmarks sweep it; results depend on it). seq_lens and slots are read
+    before the programmatic wait (docs/KERNELS.md phase 12): the kernel launched just before
+    must not write them (a copy or a PyTorch op may).
     """
     loader.require()
     check_tensor("q", q, torch.float16, (None, None, None))
@@ -98,7 +100,9 @@ def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     slots as for ``rope_kv_write``; seq_lens as for ``decode_attention``. Row b's k and v are written at
     (slots[b], positions[b]), and row b attends to positions 0..seq_lens[b]-1 of its slot. Meant
     for decode steps: B <= 32, seq_lens[b] = positions[b] + 1, and the rows of one slot (the
-    graph prefill's consecutive tokens) within 16 consecutive positions. Returns [B, Hq, D].
+    graph prefill's consecutive tokens) within 16 consecutive positions; positions, seq_lens
+    and slots not written by the kernel launched just before (see ``decode_attention``).
+    Returns [B, Hq, D].
     """
     loader.require()
     check_tensor("qkv", qkv, torch.float16, (None, None))
