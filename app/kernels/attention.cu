@@ -44,6 +44,7 @@ constexpr int ATTN_WARPS = 4;
 constexpr int MAX_SPLITS = 256;  // keep in sync with attention.py
 constexpr int ROPE_WINDOW = 16;  // new positions of one slot per launch, at most (attention.py)
 constexpr int ROPE_MAX_ROWS = 32;  // rows per launch with ROPE: one lane each (attention.py)
+static_assert(ROPE_MAX_ROWS == 32, "stage_new_rows gives each row one lane of a warp");
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ int split_chunk(int len, int nsplit, int min_chunk) {
@@ -100,23 +101,38 @@ __device__ __forceinline__ void load_angles(const float* cos_t, const float* sin
     s[0] = s0.x; s[1] = s0.y; s[2] = s0.z; s[3] = s0.w; s[4] = s1.x; s[5] = s1.y; s[6] = s1.z; s[7] = s1.w;
 }
 
-// ROPE: rotate-half of one head held 8 elements per lane (lane kl: elements kl * 8 ..); the other
-// half's elements are in lane kl ^ KL/2 of the same key group. fp32, not rounded.
+// ROPE: rotate-half of one head held 8 elements per lane (lane kl: elements kl * 8 ..), rounded
+// to fp16 once, like rope.cu; the other half's elements are in lane kl ^ KL/2 of the same key
+// group. Every lane of the warp must call it (shuffles).
 template <int KL>
-__device__ __forceinline__ void rotate_half8(uint4 raw, const float (&c)[8], const float (&s)[8], int kl,
-                                             float (&out)[8]) {
+__device__ __forceinline__ uint4 rotated_half8(uint4 raw, const float (&c)[8], const float (&s)[8], int kl) {
     uint4 other;
     other.x = __shfl_xor_sync(FULL_MASK, raw.x, KL / 2);
     other.y = __shfl_xor_sync(FULL_MASK, raw.y, KL / 2);
     other.z = __shfl_xor_sync(FULL_MASK, raw.z, KL / 2);
     other.w = __shfl_xor_sync(FULL_MASK, raw.w, KL / 2);
-    float own[8], oth[8];
+    float own[8], oth[8], out[8];
     unpack_half8(raw, own);
     unpack_half8(other, oth);
     const bool first_half = kl < KL / 2;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
         out[e] = first_half ? rope_first(own[e], oth[e], c[e], s[e]) : rope_second(oth[e], own[e], c[e], s[e]);
+    return make_uint4(float2_to_half2(out[0], out[1]), float2_to_half2(out[2], out[3]),
+                      float2_to_half2(out[4], out[5]), float2_to_half2(out[6], out[7]));
+}
+
+// ROPE: the block's own new row (k rotated, v as it came) into the cache rows and into the
+// window at index w (when it is inside); called by one group of KL lanes, 8 elements each.
+template <int D>
+__device__ __forceinline__ void store_own_row(uint4 k, uint4 v, half_t* k_row, half_t* v_row,
+                                              half_t (*sm_k)[D], half_t (*sm_v)[D], int w, int kl) {
+    reinterpret_cast<uint4*>(k_row)[kl] = k;
+    reinterpret_cast<uint4*>(v_row)[kl] = v;
+    if ((unsigned)w < ROPE_WINDOW) {
+        reinterpret_cast<uint4*>(sm_k[w])[kl] = k;
+        reinterpret_cast<uint4*>(sm_v[w])[kl] = v;
+    }
 }
 
 // The rows new in this launch that fall in [s0, s1) of this block's slot and kv head (ROPE):
@@ -239,26 +255,13 @@ attn_split_kernel(const half_t* __restrict__ q,  // ROPE ? qkv [B, q_stride] : q
         const int head = threadIdx.x / KL;
         uint4 raw = make_uint4(0, 0, 0, 0);
         if (head < G) raw = *reinterpret_cast<const uint4*>(q + (long)b * q_stride + (hkv * G + head) * D + kl * 8);
-        float qr[8];
-        rotate_half8<KL>(raw, rc, rs, kl, qr);  // every lane: the shuffles need the whole warp
-        if (head < G)
-            *reinterpret_cast<uint4*>(&sm_q[head][kl * 8]) =
-                make_uint4(float2_to_half2(qr[0], qr[1]), float2_to_half2(qr[2], qr[3]),
-                           float2_to_half2(qr[4], qr[5]), float2_to_half2(qr[6], qr[7]));
-        if (own_new) {  // this row's k, rotated with the same angles; one group of lanes stores
-            float kr[8];
-            rotate_half8<KL>(k_own, rc, rs, kl, kr);
-            k_own = make_uint4(float2_to_half2(kr[0], kr[1]), float2_to_half2(kr[2], kr[3]),
-                               float2_to_half2(kr[4], kr[5]), float2_to_half2(kr[6], kr[7]));
-            if (warp == 0 && sub == 0) {
-                *reinterpret_cast<uint4*>(const_cast<half_t*>(k_cache) + (row0 + pos) * D + kl * 8) = k_own;
-                *reinterpret_cast<uint4*>(const_cast<half_t*>(v_cache) + (row0 + pos) * D + kl * 8) = v_own;
-                const unsigned w = (unsigned)(pos - first_new);
-                if (w < ROPE_WINDOW) {
-                    *reinterpret_cast<uint4*>(&sm_k[w][kl * 8]) = k_own;
-                    *reinterpret_cast<uint4*>(&sm_v[w][kl * 8]) = v_own;
-                }
-            }
+        const uint4 q_rot = rotated_half8<KL>(raw, rc, rs, kl);  // every lane: the shuffles need the whole warp
+        if (head < G) *reinterpret_cast<uint4*>(&sm_q[head][kl * 8]) = q_rot;
+        if (own_new) {  // this row's k, rotated with the same angles
+            const uint4 k_rot = rotated_half8<KL>(k_own, rc, rs, kl);
+            if (warp == 0 && sub == 0)
+                store_own_row<D>(k_rot, v_own, const_cast<half_t*>(k_cache) + (row0 + pos) * D,
+                                 const_cast<half_t*>(v_cache) + (row0 + pos) * D, sm_k, sm_v, pos - first_new, kl);
         }
         __syncthreads();  // sm_q, and the staged rows
 #pragma unroll
