@@ -133,14 +133,24 @@ def test_fused_rope_rows_of_one_slot_see_each_other(hq, hkv, d, min_chunk):
 
 
 @pytest.mark.gpu
-def test_fused_rope_refuses_more_rows_than_lanes():
+def test_fused_rope_refuses_what_it_does_not_cover():
     from test_kernels_gpu import activations, rope_tables
 
     from app.kernels import rope_decode_attention
     from app.kernels.loader import KernelArgumentError
 
-    rows, (k, v) = 33, setup_caches(1, 2, 64, 128, 7)
+    k, v = setup_caches(1, 2, 64, 128, 7)
     cos, sin = rope_tables(128, 64)
-    index = torch.zeros(rows, dtype=torch.int32, device="cuda")
+
+    def call(rows, cache=k, table=cos):
+        index = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        return rope_decode_attention(activations(rows, 20 * 128, 8), table, sin, index, index + 1, index, cache, v,
+                                     num_q_heads=16)
+
     with pytest.raises(KernelArgumentError, match="rows of a fused RoPE attention=33"):
-        rope_decode_attention(activations(rows, 20 * 128, 8), cos, sin, index, index + 1, index, k, v, num_q_heads=16)
+        call(33)
+    with pytest.raises(KernelArgumentError, match="k_cache"):
+        call(2, cache=k[0])
+    with pytest.raises(KernelArgumentError, match="cos"):
+        call(2, table=cos[:, :63])  # the kernel reads the angles 16 bytes at a time
+    assert torch.isfinite(call(2)).all()

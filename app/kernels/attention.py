@@ -109,7 +109,7 @@ def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     batch, width = qkv.shape
     check_range("rows of a fused RoPE attention", batch, 0, ROPE_MAX_ROWS)
     hq = check_range("num_q_heads", num_q_heads, 1, 1 << 16)
-    hkv = k_cache.shape[1] if k_cache.dim() == 4 else 0
+    hkv = check_tensor("k_cache", k_cache, torch.float16, (None, None, None, None), device=qkv.device).shape[1]
     if hkv < 1 or width % (hq + 2 * hkv):
         raise KernelArgumentError(f"qkv width {width} is not (num_q_heads={hq} + 2*num_kv_heads={hkv}) * head_dim")
     head_dim = width // (hq + 2 * hkv)
