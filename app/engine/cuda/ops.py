@@ -2,9 +2,9 @@
 
 :class:`KernelOps` launches app.kernels (W4/W3 GEMV with fused epilogues, RMSNorm, RoPE +
 KV write, flash-decoding attention, or the last two in one: ``rope_attention``).
-:class:`ReferenceOps` computes the same thing with ``app.kernels.reference`` on any device, with the kernels' preconditions (fp16, contiguous,
-int32 indices) checked, so the whole runner runs on the CPU in the test suite and a wrong
-buffer layout fails there, not on the GPU.
+:class:`ReferenceOps` computes the same thing with ``app.kernels.reference`` on any device,
+with the kernels' preconditions (fp16, contiguous, int32 indices) checked, so the whole runner
+runs on the CPU in the test suite and a wrong buffer layout fails there, not on the GPU.
 
 Dense linears (an fp16 model, or a weight whose K is not a multiple of 128) go through
 PyTorch (cuBLAS on the GPU) in both. Every op writes into a caller-owned ``out`` buffer:
