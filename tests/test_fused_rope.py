@@ -119,6 +119,8 @@ def test_fused_rope_rows_of_one_slot_see_each_other(hq, hkv, d, min_chunk):
     """The graph prefill's launch: 16 consecutive tokens of one slot as the rows (row j attends to
     0..start+j, the new rows of the rows before it included) and two other sequences' rows.
     min_chunk 4 spreads the new rows over several splits of each row."""
+    from test_kernels_gpu import REL_TOL, rel_err
+
     start = 200
     positions = [start + j for j in range(16)] + [40, 7]
     slots = [1] * 16 + [0, 2]
@@ -127,8 +129,6 @@ def test_fused_rope_rows_of_one_slot_see_each_other(hq, hkv, d, min_chunk):
                                                        min_chunk=min_chunk)
     assert torch.equal(fused, plain)
     assert torch.equal(fk, uk) and torch.equal(fv, uv)
-    from test_kernels_gpu import REL_TOL, rel_err
-
     assert rel_err(fused, want) < REL_TOL
 
 

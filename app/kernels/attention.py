@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from app.kernels import loader
-from app.kernels.checks import check_multiple, check_range, check_tensor, ensure_output
+from app.kernels.checks import check_range, check_tensor, ensure_output
 from app.kernels.loader import KernelArgumentError
+from app.kernels.norm_rope import check_rope_tables
 
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8  # query heads per kv head
@@ -115,11 +116,7 @@ def rope_decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     head_dim = width // (hq + 2 * hkv)
     launch = _AttentionLaunch.checked(qkv.device, batch, hq, head_dim, k_cache, v_cache, seq_lens, slots,
                                       scale, workspace, out, min_chunk)
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.dim() != 2 or t.shape[1] < head_dim // 2:
-            raise KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
-        check_tensor(name, t, torch.float32, tuple(cos.shape), device=qkv.device)  # 16-byte loads
-    check_multiple("rope table row length", cos.shape[1], 4)
+    check_rope_tables(cos, sin, head_dim, qkv.device, vector_loads=True)
     check_tensor("positions", positions, torch.int32, (batch,), device=qkv.device, aligned=False)
     if batch:
         launch.run(qkv, width, rope=(positions, cos, sin))

@@ -73,10 +73,7 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
     check_tensor("k_cache", k_cache, torch.float16, (None, num_kv_heads, None, head_dim), device=dev)
     slots_n, _, max_len, _ = k_cache.shape
     check_tensor("v_cache", v_cache, torch.float16, tuple(k_cache.shape), device=dev)
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.dim() != 2 or t.shape[1] < head_dim // 2:
-            raise loader.KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
-        check_tensor(name, t, torch.float32, tuple(cos.shape), device=dev, aligned=False)
+    check_rope_tables(cos, sin, head_dim, dev)
     check_tensor("positions", positions, torch.int32, (tokens,), device=dev, aligned=False)
     check_tensor("slots", slots, torch.int32, (tokens,), device=dev, aligned=False)
     q = ensure_output("q_out", q_out, (tokens, num_q_heads, head_dim), torch.float16, dev)
@@ -92,3 +89,15 @@ def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, posit
             np.int32(max_len), np.int32(slots_n))
     loader.launch(kernel, (blocks,), (32 * warps,), args)
     return q
+
+
+def check_rope_tables(cos: torch.Tensor, sin: torch.Tensor, head_dim: int, device, *,
+                      vector_loads: bool = False) -> None:
+    """cos/sin: fp32 [P, >= D/2], the same shape, on ``device``. ``vector_loads``: the kernel
+    reads a row's angles 16 bytes at a time (aligned rows of a multiple of 4 floats)."""
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 2 or t.shape[1] < head_dim // 2:
+            raise loader.KernelArgumentError(f"{name}: shape must be [positions, >= {head_dim // 2}], got {list(t.shape)}")
+        check_tensor(name, t, torch.float32, tuple(cos.shape), device=device, aligned=vector_loads)
+    if vector_loads:
+        check_multiple("rope table row length", cos.shape[1], 4)
