@@ -122,7 +122,40 @@ def _scales_shared(src):
 """)
 
 
-X_STAGED = ("x_shared", "both_shared")  # compiled and launched as the STAGE_X instance
+SCALE_PTR = "scales + row0 * (K / GROUP), (int)(row1 - row0) * (K / GROUP)}"
+SCALE_LOADS = ("            st.sc[u][j][0] = load_scale(ptr[j].s + grp);\n"
+               "            st.sc[u][j][1] = load_scale(ptr[j].s + ptr[j].ds + grp);\n")
+
+
+def _scales_tiled(src):
+    """Scales in tile order, [R/16 tiles][K/128 groups][8 g][rows g, g + 8] (tiled_scales()):
+    each lane's two scales of a group are one aligned 32-bit load, and a warp's 16 rows one
+    32-byte sector, instead of two 16-bit loads from 8 + 8 rows K/64 bytes apart."""
+    if src.count(SCALE_PTR) != 2:
+        raise SystemExit("probe_gemv_path: scale pointer anchor changed (gemv.cu)")
+    src = src.replace(SCALE_PTR, "scales + (first_row / 16) * (K / GROUP) * 16 + (row0 - first_row) * 2, 0}")
+    src = _sub(src, SCALE_LOADS, "            { const unsigned sv = load_scale2(ptr[j].s + grp * 16);\n"
+                                 "              st.sc[u][j][0] = (half_t)(sv & 0xffffu); st.sc[u][j][1] = (half_t)(sv >> 16); }\n")
+    src = _sub(src, "// One stage: the weights and scales", """__device__ __forceinline__ unsigned load_scale2(const half_t* p) {
+    unsigned v;
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// One stage: the weights and scales""")
+    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);", "if (t == 0) prefetch_l2(ptr[j].s + kwarp * 16);")
+    return src
+
+
+def tiled_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[R, G] (R a multiple of 16) -> the same values in tile order (see _scales_tiled)."""
+    r, g = scales.shape
+    v = scales.view(r // 16, 2, 8, g)  # [tile, h, g8, group]
+    return v.permute(0, 3, 2, 1).contiguous()  # [tile, group, g8, h]
+
+
+X_STAGED = ("x_shared", "both_shared", "no_scale_x", "scales_tiled_x")  # launched as the STAGE_X instance
+TILED = ("scales_tiled", "scales_tiled_x")  # given tiled_scales()
 
 
 LAUNCH_BOUNDS = "__global__ void __launch_bounds__(THREADS)\n"
@@ -153,8 +186,10 @@ VARIANTS = {
     "base": [], "no_x": [_no_x], "no_scale": [_no_scale], "no_dequant": [_no_dequant], "no_mma": [_no_mma],
     "x_shared": [], "scales_shared": [_scales_shared], "both_shared": [_scales_shared],
     "stamps": [_stamps], "min_blocks_5": [_min_blocks(5)], "min_blocks_6": [_min_blocks(6)],
+    "no_scale_x": [_no_scale], "scales_tiled": [_scales_tiled], "scales_tiled_x": [_scales_tiled],
 }
-CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps", "min_blocks_5", "min_blocks_6")  # variants that must still compute the product's result
+CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps", "min_blocks_5", "min_blocks_6",
+           "scales_tiled", "scales_tiled_x")  # variants that must still compute the product's result
 
 
 def compile_variant(name: str, expression: str):
@@ -171,6 +206,8 @@ def compile_variant(name: str, expression: str):
 
 def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
     n_out = out.shape[1]
+    if variant in TILED:
+        ws = [(*w[:-1], tiled_scales(w[-1])) for w in ws]
 
     def fn(i):
         w = ws[i % len(ws)]
