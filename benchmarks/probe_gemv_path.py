@@ -143,8 +143,10 @@ def _scales_tiled(src):
 }
 
 // One stage: the weights and scales""")
-    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);", "if (t == 0) prefetch_l2(ptr[j].s + kwarp * 16);")
-    return src
+    # SM90: the tile's scales are one span of groups x 32 bytes; every lane asks L2 for a line of it.
+    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);",
+               "for (int i = lane; i * 64 < groups * 16; i += 32) prefetch_l2(ptr[j].s - ((ptr[j].s - scales) & 15) + i * 64);")
+    return _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);", "")
 
 
 def tiled_scales(scales: torch.Tensor) -> torch.Tensor:
