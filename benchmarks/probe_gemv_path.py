@@ -149,6 +149,32 @@ def _scales_tiled(src):
     return _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);", "")
 
 
+def _scales_paired(src):
+    """Scales with rows g and g + 8 of a tile interleaved, [R/16 tiles][8 g][K/128 groups][2]
+    (paired_scales()): one aligned 32-bit load per lane and group, each lane's scales of all
+    groups contiguous (as a row's are now, so L1 keeps serving the groups after the first)."""
+    if src.count(SCALE_PTR) != 2:
+        raise SystemExit("probe_gemv_path: scale pointer anchor changed (gemv.cu)")
+    src = src.replace(SCALE_PTR, "scales + ((first_row / 16) * 8 + (row0 - first_row)) * (K / GROUP) * 2, 0}")
+    src = _sub(src, SCALE_LOADS, "            { const unsigned sv = load_scale2(ptr[j].s + grp * 2);\n"
+                                 "              st.sc[u][j][0] = (half_t)(sv & 0xffffu); st.sc[u][j][1] = (half_t)(sv >> 16); }\n")
+    src = _sub(src, "// One stage: the weights and scales", """__device__ __forceinline__ unsigned load_scale2(const half_t* p) {
+    unsigned v;
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// One stage: the weights and scales""")
+    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);", "if (t == 0) prefetch_l2(ptr[j].s + kwarp * 2);")
+    return _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);", "")
+
+
+def paired_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[R, G] (R a multiple of 16) -> the same values in _scales_paired's order."""
+    r, g = scales.shape
+    return scales.view(r // 16, 2, 8, g).permute(0, 2, 3, 1).contiguous()  # [tile, g8, group, h]
+
+
 def tiled_scales(scales: torch.Tensor) -> torch.Tensor:
     """[R, G] (R a multiple of 16) -> the same values in tile order (see _scales_tiled)."""
     r, g = scales.shape
@@ -156,7 +182,7 @@ def tiled_scales(scales: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 3, 2, 1).contiguous()  # [tile, group, g8, h]
 
 
-X_STAGED = ("x_shared", "both_shared", "no_scale_x", "scales_tiled_x")  # launched as the STAGE_X instance
+X_STAGED = ("x_shared", "both_shared", "no_scale_x", "scales_tiled_x", "scales_paired_x")  # launched as the STAGE_X instance
 TILED = ("scales_tiled", "scales_tiled_x")  # given tiled_scales()
 
 
@@ -189,9 +215,11 @@ VARIANTS = {
     "x_shared": [], "scales_shared": [_scales_shared], "both_shared": [_scales_shared],
     "stamps": [_stamps], "min_blocks_5": [_min_blocks(5)], "min_blocks_6": [_min_blocks(6)],
     "no_scale_x": [_no_scale], "scales_tiled": [_scales_tiled], "scales_tiled_x": [_scales_tiled],
+    "scales_paired": [_scales_paired], "scales_paired_x": [_scales_paired],
 }
+PAIRED = ("scales_paired", "scales_paired_x")  # given paired_scales()
 CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps", "min_blocks_5", "min_blocks_6",
-           "scales_tiled", "scales_tiled_x")  # variants that must still compute the product's result
+           "scales_tiled", "scales_tiled_x", "scales_paired", "scales_paired_x")  # variants that must still compute the product's result
 
 
 def compile_variant(name: str, expression: str):
@@ -210,6 +238,8 @@ def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
     n_out = out.shape[1]
     if variant in TILED:
         ws = [(*w[:-1], tiled_scales(w[-1])) for w in ws]
+    if variant in PAIRED:
+        ws = [(*w[:-1], paired_scales(w[-1])) for w in ws]
 
     def fn(i):
         w = ws[i % len(ws)]
