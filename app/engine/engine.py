@@ -15,7 +15,7 @@ from app.engine.loading import LoadedModel, load_model
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_NORMAL, Generation, Request
 from app.engine.runner import TorchRunner
-from app.engine.scheduler import Scheduler
+from app.engine.scheduler import LOOKUP_MAX_DRAFT, Scheduler
 from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Message, Tokenizer
 from app.errors import ContextLengthError, QwenTrayError
@@ -36,7 +36,10 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, runner, max_batch_size: int):
+    def __init__(self, loaded: LoadedModel, runner, max_batch_size: int, lookup_draft: int = LOOKUP_MAX_DRAFT):
+        """``lookup_draft``: tokens guessed from the sequence itself per greedy step at most
+        (app.engine.lookup; 0 turns guessing off). Only a runner that checks several tokens
+        of one sequence per step (the CUDA runner) guesses; the output is the same either way."""
         self.loaded = loaded
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
@@ -46,16 +49,18 @@ class Engine:
         self.device = runner.device.type
         self.max_context = runner.max_context
         self.max_batch_size = max_batch_size
-        self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids))
+        self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids),
+                                    lookup_draft=lookup_draft)
         self.closed = False
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
              max_context: int | None = None, adapter: str | Path | None = None,
              dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
-             vram_budget: int | str | None = None) -> Engine:
+             vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT) -> Engine:
         """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
-        card's free memory minus a margin. A model or context that does not fit is refused."""
+        card's free memory minus a margin. A model or context that does not fit is refused.
+        ``lookup_draft``: see :class:`Engine` (0: never guess tokens)."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
         dev = resolve_device(device)
@@ -71,15 +76,16 @@ class Engine:
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
             runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
-        return cls(loaded, runner, max_batch_size)
+        return cls(loaded, runner, max_batch_size, lookup_draft)
 
     @classmethod
-    def from_runner(cls, runner, spec: ModelSpec, tokenizer: Tokenizer, *, model_id: str) -> Engine:
+    def from_runner(cls, runner, spec: ModelSpec, tokenizer: Tokenizer, *, model_id: str,
+                    lookup_draft: int = LOOKUP_MAX_DRAFT) -> Engine:
         """An engine over a runner that already holds its weights (e.g. synthetic weights in a
         benchmark): no folder is read; one request per KV-cache slot of the runner."""
         loaded = LoadedModel(path=None, model_id=model_id, spec=spec, tokenizer=tokenizer, model=None,
                              dtype=torch.float16)  # no DecoderModel: the runner owns the weights
-        return cls(loaded, runner, runner.num_slots)
+        return cls(loaded, runner, runner.num_slots, lookup_draft)
 
     # -- requests -------------------------------------------------------------------------
     def chat(self, messages: list[Message], params: SamplingParams | None = None,

@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 
+from app.engine.lookup import SequenceLookup
 from app.engine.request import Request
 from app.engine.runner import Runner
 from app.engine.sequence import Sequence
@@ -27,11 +28,14 @@ PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and dec
 # at 1 / 2 / 4 streams; at 8 streams it measured lower in 4 of 5 paired runs (9 % on average, not
 # significant, not understood), so 8-sequence steps keep the one-step-ahead flow.
 CHAIN_MAX_SEQUENCES = 4
+# Tokens guessed from the sequence itself per step at most (app.engine.lookup): 7 guesses are
+# a step of 8 rows, one block of mma columns in the GEMVs (rows 9-16 take a second one).
+LOOKUP_MAX_DRAFT = 7
 
 
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, vocab_size: int, eos_ids: frozenset[int],
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, lookup_draft: int = LOOKUP_MAX_DRAFT):
         self.runner = runner
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -44,6 +48,11 @@ class Scheduler:
         self._free_slots = list(range(runner.num_slots))
         self._closed = False
         self.speculative_hits = 0  # steps whose tokens were ready when the scheduler came for them
+        # Guessed tokens checked per step (0: never guess): only with a runner that checks
+        # several tokens of one sequence in one step, bit-equal to one at a time.
+        self.max_draft = max(0, min(lookup_draft, getattr(runner, "max_verify_rows", 1) - 1))
+        self.lookup_guessed = 0  # tokens guessed and checked
+        self.lookup_kept = 0  # of those, equal to the model's own argmax
         self._thread = threading.Thread(target=self._loop, name="qwen-tray-scheduler", daemon=True)
         self._thread.start()
 
@@ -60,7 +69,8 @@ class Scheduler:
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
                     "slots": self.runner.num_slots, "free_slots": len(self._free_slots),
-                    "speculative_hits": self.speculative_hits}
+                    "speculative_hits": self.speculative_hits, "lookup_guessed": self.lookup_guessed,
+                    "lookup_kept": self.lookup_kept}
 
     def close(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -132,6 +142,8 @@ class Scheduler:
             self._accept(seq, logits)
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        if len(seqs) == 1 and self._decode_guessed(seqs[0]):
+            return
         args = ([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
         # argmax on the device (B ids cross the bus), pipelined, when the runner can
         if all(s.sampler.plain_greedy for s in seqs) and hasattr(self.runner, "decode_greedy_launch"):
@@ -172,6 +184,39 @@ class Scheduler:
         for seq, token in zip(seqs, tokens):
             seq.cached += 1
             self._accept_token(seq, token)
+
+    def _decode_guessed(self, seq: Sequence) -> bool:
+        """One step that checks tokens guessed from the sequence itself (app.engine.lookup):
+        the guesses equal to the model's argmax are kept, plus the argmax after the last one
+        kept. False when nothing was guessed: the caller decodes as usual."""
+        if self.max_draft < 1 or not seq.sampler.plain_greedy or not self._guess(seq):
+            return False
+        self._settle_in_flight()  # their tokens come first (and may finish the sequence)
+        if seq.finished is not None:
+            return True
+        draft = self._guess(seq)
+        if not draft:
+            return False
+        tokens = self.runner.greedy_rows(seq.slot, [seq.all_ids[-1], *draft], seq.cached)
+        kept = 0
+        while kept < len(draft) and tokens[kept] == draft[kept]:
+            kept += 1
+        seq.lookup.length.update(len(draft), kept)
+        self.lookup_guessed += len(draft)
+        self.lookup_kept += kept
+        for token in tokens[: kept + 1]:  # rows past the last kept guess saw a wrong token
+            seq.cached += 1
+            self._accept_token(seq, token)
+            if seq.finished is not None:
+                break
+        return True
+
+    def _guess(self, seq: Sequence) -> list[int]:
+        """Tokens to check after ``seq``'s last one, within its context and max_tokens."""
+        if seq.lookup is None:
+            seq.lookup = SequenceLookup(seq.all_ids, self.max_draft)
+        room = min(self.runner.max_context - 1 - seq.cached, seq.params.max_tokens - seq.generated - 1)
+        return seq.lookup.guess(room) if room > 0 else []
 
     def _settle_in_flight(self) -> None:
         """Accept the tokens of the greedy steps still in flight instead of discarding them

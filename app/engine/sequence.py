@@ -35,6 +35,7 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished: FinishReason | None = None
+        self.lookup = None  # app.engine.lookup.SequenceLookup, made by the scheduler when it guesses
 
     @property
     def handle(self):

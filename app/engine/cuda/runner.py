@@ -39,6 +39,11 @@ from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
+from app.kernels.attention import ROPE_WINDOW
+
+# Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
+# stages the new rows of a slot within a window of this many positions (attention.cu).
+ONE_SLOT_ROWS = ROPE_WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +148,25 @@ class CudaRunner:
         self._decode(slots, [0] * len(slots), positions, ids_on_device=True)
         self._in_flight.record(self.buffers.tokens, slots, positions)
 
+    @property
+    def max_verify_rows(self) -> int:
+        """Tokens of one sequence :meth:`greedy_rows` takes at most (one step's rows)."""
+        return min(self.buffers.rows, ONE_SLOT_ROWS)
+
+    @torch.inference_mode()
+    def greedy_rows(self, slot: int, ids: list[int], start: int) -> list[int]:
+        """The argmax after each of ``ids`` (run at positions start.. of ``slot``), in one step
+        whose row j attends to positions 0..start+j: the check of guessed tokens
+        (app.engine.lookup). Bit-equal to decoding the ids one at a time: the kernels'
+        rows do not depend on each other or on the batch size (docs/ENGINE_API.md).
+        Steps in flight are waited for and dropped first."""
+        if not 1 <= len(ids) <= self.max_verify_rows:
+            raise ValueError(f"greedy_rows takes 1..{self.max_verify_rows} tokens, got {len(ids)}")
+        self.cache.check_range(slot, start, len(ids))
+        self._in_flight.drop()
+        self._run_rows([(tok, start + j, slot, start + j + 1) for j, tok in enumerate(ids)])
+        return self.buffers.tokens[: len(ids)].tolist()
+
     def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
         """{(slot, position): next token} of the oldest step in flight ({} when none is)."""
         return self._in_flight.collect()
@@ -166,8 +190,9 @@ class CudaRunner:
         return logits
 
     def _prefill_through_graph(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
-        """Up to ``rows`` consecutive tokens per replay; token j attends to 0..start+j."""
-        step = self.buffers.rows
+        """Up to ``rows`` (at most ONE_SLOT_ROWS) consecutive tokens per replay; token j attends
+        to 0..start+j."""
+        step = self.max_verify_rows
         for offset in range(0, len(ids), step):
             chunk = ids[offset:offset + step]
             first = start + offset
