@@ -155,21 +155,3 @@ def test_fused_rope_refuses_what_it_does_not_cover():
         call(2, table=cos[:, :63])  # the kernel reads the angles 16 bytes at a time
     assert torch.isfinite(call(2)).all()
 
-
-@pytest.mark.gpu
-def test_graph_prefill_wider_than_the_rope_window_stays_exact():
-    """A runner with more decode rows than the fused attention's window (24 slots: 24 rows)
-    prefills through the graph at most 16 tokens of one slot per step: the same logits as a
-    runner of 8 rows. (With 24 rows of one slot per step, rows past the window read cache rows
-    that other blocks of the same launch were writing.)"""
-    from test_cuda_runtime import random_model, runtime_weights, tiny_spec
-
-    from app.engine.cuda.runner import ONE_SLOT_ROWS, CudaRunner
-
-    weights = runtime_weights(random_model(tiny_spec(), seed=13), "w4").map_tensors(lambda t: t.to("cuda"))
-    wide = CudaRunner(weights, num_slots=24, max_context=128, prefill_mode="graph")
-    narrow = CudaRunner(weights, num_slots=2, max_context=128, prefill_mode="graph")
-    assert wide.buffers.rows == 24 > ONE_SLOT_ROWS and narrow.buffers.rows == 8
-    prompt = [(7 + 31 * i) % 1000 for i in range(45)]
-    assert torch.equal(wide.prefill(3, prompt, 0), narrow.prefill(1, prompt, 0))
-    assert torch.equal(wide.cache.k[:, 3, :, :45], narrow.cache.k[:, 1, :, :45])

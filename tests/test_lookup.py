@@ -174,3 +174,18 @@ def test_a_runner_that_cannot_check_guesses_never_guesses(tiny_qwen_dir):
     with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=1, max_context=128) as engine:
         engine.generate(PROMPT * 3, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)).result
         assert engine.stats()["lookup_guessed"] == 0
+
+
+def test_the_gpu_runner_refuses_more_slots_than_a_step_has_rows():
+    """More than 16 sequences at once would give the GEMVs (and the one-slot RoPE window) more
+    rows than they take: refused up front, in one line that says what to change."""
+    from test_cuda_runtime import random_model, runtime_weights, tiny_spec
+
+    from app.engine.cuda.runner import MAX_SLOTS, ONE_SLOT_ROWS, CudaRunner
+    from app.errors import QwenTrayError
+
+    weights = runtime_weights(random_model(tiny_spec(), seed=2), "w4")
+    with pytest.raises(QwenTrayError, match="max_batch_size") as refused:
+        CudaRunner(weights, num_slots=MAX_SLOTS + 1, max_context=64)
+    assert "\n" not in str(refused.value) and str(MAX_SLOTS) in str(refused.value)
+    assert CudaRunner(weights, num_slots=MAX_SLOTS, max_context=64).max_verify_rows == ONE_SLOT_ROWS

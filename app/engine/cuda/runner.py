@@ -39,11 +39,21 @@ from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
+from app.errors import QwenTrayError
 from app.kernels.attention import ROPE_WINDOW
+from app.kernels.gemv import MAX_BATCH
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
 ONE_SLOT_ROWS = ROPE_WINDOW
+MAX_SLOTS = MAX_BATCH  # sequences decoded together: a decode step's rows go through the GEMVs
+
+
+def check_slots(num_slots: int, label: str = "the model") -> None:
+    """The CUDA runner decodes at most MAX_SLOTS sequences together (its graphs' rows)."""
+    if not 1 <= num_slots <= MAX_SLOTS:
+        raise QwenTrayError(f"{label}: the GPU runner decodes 1 to {MAX_SLOTS} requests together, "
+                            f"{num_slots} were asked for (lower max_batch_size)")
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,7 @@ class CudaRunner:
     def __init__(self, weights: ModelWeights, *, num_slots: int, max_context: int, plan: MemoryPlan | None = None,
                  ops=None, use_graphs: bool | None = None, prefill_mode: str | None = None,
                  dequant_kernel=None):
+        check_slots(num_slots)
         weights = to_kernel_layout(weights, in_place=False)  # no-op when the builder converted in place
         self.weights = weights
         self.spec = spec = weights.spec
@@ -269,6 +280,7 @@ def load_packed(path: Path, *, adapter=None, max_context: int | None = None, pro
 def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
           vram_budget: int | None, prefill_mode: str, label: str, use_graphs: bool):
     """The VRAM plan and the dequantization kernel (None: PyTorch dequantizes), before any allocation."""
+    check_slots(num_slots, label)
     gpu = GpuInfo.of(device)
     budget = resolve_budget(vram_budget, gpu)
     linears = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
