@@ -65,6 +65,32 @@ def test_index_matches_a_brute_force_search():
         assert lookup.draft(5) == want, i
 
 
+def test_checking_a_guess_samples_exactly_the_model_distribution():
+    """Speculative sampling with a guess certain of itself: over many draws the tokens follow
+    the sampler's own distribution (temperature, top-k), whichever token was guessed."""
+    from app.engine import SamplingParams
+    from app.engine.sampling import RequestSampler
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    params = SamplingParams(temperature=0.8, top_k=5, seed=11)
+    sampler = RequestSampler(params, [], 6)
+    want = torch.softmax(torch.where(torch.arange(6) < 5, logits / 0.8, torch.tensor(float("-inf"))), -1)
+    draws = 40_000
+    for guess in (0, 2, 5):
+        counts = torch.zeros(6)
+        kept = 0
+        for _ in range(draws):
+            token, is_guess = sampler.check(logits, guess)
+            counts[token] += 1
+            kept += is_guess
+            assert is_guess == (token == guess)
+        freq = counts / draws
+        # 4.5 standard errors of a binomial frequency: a wrong rule (e.g. always keeping the
+        # guess, or redrawing from p with the guess still in it) is off by far more
+        assert torch.all((freq - want).abs() <= 4.5 * (want * (1 - want) / draws).sqrt() + 1e-9), (guess, freq, want)
+        assert abs(kept / draws - float(want[guess])) <= 4.5 * (float(want[guess]) / draws) ** 0.5 + 1e-9
+
+
 def test_guess_length_grows_on_full_hits_and_shrinks_on_misses():
     length = DraftLength(maximum=7)
     assert length.current == 4
@@ -104,12 +130,18 @@ def engine_on(tiny_qwen_dir, device: str, lookup_draft: int, seed: int, max_cont
     return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context), 2, lookup_draft)
 
 
+GREEDY = {"plain": {}, "penalties": dict(repetition_penalty=1.05)}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device):
+@pytest.mark.parametrize("penalties", GREEDY.values(), ids=GREEDY.keys())
+def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device, penalties):
+    """Plain greedy checks the guesses by the argmax on the device; with penalties the logits
+    come back and each row is penalized by the tokens kept before it."""
     from app.engine import SamplingParams
 
-    params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
-    kept = 0
+    params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True, **penalties)
+    guessed = kept = 0
     for seed in SEEDS:
         results, stats = {}, {}
         for draft in (0, 7):
@@ -119,9 +151,9 @@ def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device):
         assert results[7].token_ids == results[0].token_ids
         assert results[7].text == results[0].text
         assert stats[0]["lookup_guessed"] == 0
-        assert stats[7]["lookup_guessed"] > 0  # the path ran
+        guessed += stats[7]["lookup_guessed"]
         kept += stats[7]["lookup_kept"]
-    assert kept > 0  # and some guesses were the model's own tokens
+    assert guessed > 0 and kept > 0  # the path ran, and some guesses were the model's own tokens
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -144,6 +176,21 @@ def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir
         assert len(on.token_ids) <= params.max_tokens
     assert outputs[7][-2].finish_reason == "stop" and outputs[7][-1].finish_reason == "length"
     assert len(PROMPT) + len(outputs[7][-1].token_ids) == 64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_requests_guess_too_and_stay_reproducible(tiny_qwen_dir, device):
+    """Sampling (the tray's default is temperature 0.3): guesses are checked against the
+    logits; the same seed gives the same text again; every limit still holds."""
+    from app.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=80, temperature=0.3, seed=5, ignore_eos=True)
+    with engine_on(tiny_qwen_dir, device, 7, SEEDS[1]) as engine:
+        first = engine.generate(PROMPT, params).result
+        second = engine.generate(PROMPT, params).result
+        stats = engine.stats()
+    assert first.token_ids == second.token_ids and len(first.token_ids) == 80
+    assert stats["lookup_guessed"] > 0 and stats["lookup_kept"] > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -37,6 +37,28 @@ class RequestSampler:
 
     def sample(self, logits: torch.Tensor) -> int:
         """logits [V] (any device, any float dtype) → token id."""
+        logits = self._penalized(logits)
+        if self.params.greedy:
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(self._probabilities(logits), 1, generator=self.generator))
+
+    def check(self, logits: torch.Tensor, guess: int) -> tuple[int, bool]:
+        """The next token when ``guess`` was proposed for it (app.engine.lookup), and whether
+        it is the guess. Greedy: the argmax. Sampling: speculative sampling with a guess that
+        is certain of itself — keep it with probability p(guess), else draw from p without
+        it — so the token is distributed exactly as :meth:`sample`'s."""
+        logits = self._penalized(logits)
+        if self.params.greedy:
+            token = int(torch.argmax(logits))
+            return token, token == guess
+        probs = self._probabilities(logits)
+        if float(torch.rand((), generator=self.generator)) < float(probs[guess]):
+            return guess, True
+        probs[guess] = 0.0
+        return int(torch.multinomial(probs, 1, generator=self.generator)), False
+
+    def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
+        """A float32 CPU copy of ``logits`` with the repetition and presence/frequency penalties."""
         p = self.params
         logits = logits.detach().to("cpu", torch.float32)[: self.vocab_size].clone()
         if p.repetition_penalty != 1.0:
@@ -45,16 +67,18 @@ class RequestSampler:
             logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if p.frequency_penalty or p.presence_penalty:
             logits -= p.frequency_penalty * self.output_counts + p.presence_penalty * (self.output_counts > 0).float()
-        if p.greedy:
-            return int(torch.argmax(logits))
+        return logits
+
+    def _probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Temperature, top-k, top-p, softmax (modifies ``logits``)."""
+        p = self.params
         logits /= p.temperature
         if 0 < p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits[logits < kth] = float("-inf")
         if p.top_p < 1.0:
             logits = _top_p_filter(logits, p.top_p)
-        probs = torch.softmax(logits, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return torch.softmax(logits, dim=-1)
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -187,9 +187,11 @@ class Scheduler:
 
     def _decode_guessed(self, seq: Sequence) -> bool:
         """One step that checks tokens guessed from the sequence itself (app.engine.lookup):
-        the guesses equal to the model's argmax are kept, plus the argmax after the last one
-        kept. False when nothing was guessed: the caller decodes as usual."""
-        if self.max_draft < 1 or not seq.sampler.plain_greedy or not self._guess(seq):
+        greedy keeps the guesses equal to the model's argmax, sampling keeps each with the
+        probability the model gives it (``RequestSampler.check``), and the row after the
+        last guess kept gives one more token. False when nothing was guessed: the caller
+        decodes as usual."""
+        if self.max_draft < 1 or not self._guess(seq):
             return False
         self._settle_in_flight()  # their tokens come first (and may finish the sequence)
         if seq.finished is not None:
@@ -197,18 +199,24 @@ class Scheduler:
         draft = self._guess(seq)
         if not draft:
             return False
-        tokens = self.runner.greedy_rows(seq.slot, [seq.all_ids[-1], *draft], seq.cached)
+        rows = [seq.all_ids[-1], *draft]
+        if seq.sampler.plain_greedy:
+            argmax = self.runner.greedy_rows(seq.slot, rows, seq.cached)
+            checked = ((token, i < len(draft) and token == draft[i]) for i, token in enumerate(argmax))
+        else:
+            logits = self.runner.logits_rows(seq.slot, rows, seq.cached)
+            checked = (seq.sampler.check(logits[i], draft[i]) if i < len(draft) else (seq.sampler.sample(logits[i]), False)
+                       for i in range(len(rows)))  # lazily: each row sees the tokens accepted before it
         kept = 0
-        while kept < len(draft) and tokens[kept] == draft[kept]:
-            kept += 1
+        for token, is_guess in checked:
+            seq.cached += 1
+            self._accept_token(seq, token)
+            kept += is_guess
+            if seq.finished is not None or not is_guess:
+                break  # rows past a token that was not the guess saw the wrong token
         seq.lookup.length.update(len(draft), kept)
         self.lookup_guessed += len(draft)
         self.lookup_kept += kept
-        for token in tokens[: kept + 1]:  # rows past the last kept guess saw a wrong token
-            seq.cached += 1
-            self._accept_token(seq, token)
-            if seq.finished is not None:
-                break
         return True
 
     def _guess(self, seq: Sequence) -> list[int]:

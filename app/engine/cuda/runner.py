@@ -171,12 +171,21 @@ class CudaRunner:
         (app.engine.lookup). Bit-equal to decoding the ids one at a time: the kernels'
         rows do not depend on each other or on the batch size (docs/ENGINE_API.md).
         Steps in flight are waited for and dropped first."""
+        self._run_one_slot(slot, ids, start)
+        return self.buffers.tokens[: len(ids)].tolist()
+
+    @torch.inference_mode()
+    def logits_rows(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """Like :meth:`greedy_rows`, the float32 logits [len(ids), V] on the CPU (for sampling)."""
+        self._run_one_slot(slot, ids, start)
+        return self.buffers.logits[: len(ids)].to("cpu").float()
+
+    def _run_one_slot(self, slot: int, ids: list[int], start: int) -> None:
         if not 1 <= len(ids) <= self.max_verify_rows:
-            raise ValueError(f"greedy_rows takes 1..{self.max_verify_rows} tokens, got {len(ids)}")
+            raise ValueError(f"a step of one sequence takes 1..{self.max_verify_rows} tokens, got {len(ids)}")
         self.cache.check_range(slot, start, len(ids))
         self._in_flight.drop()
         self._run_rows([(tok, start + j, slot, start + j + 1) for j, tok in enumerate(ids)])
-        return self.buffers.tokens[: len(ids)].tolist()
 
     def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
         """{(slot, position): next token} of the oldest step in flight ({} when none is)."""
