@@ -40,7 +40,7 @@ class RequestSampler:
         logits = self._penalized(logits)
         if self.params.greedy:
             return int(torch.argmax(logits))
-        return int(torch.multinomial(self._probabilities(logits), 1, generator=self.generator))
+        return self._draw(self._probabilities(logits))
 
     def check(self, logits: torch.Tensor, guess: int) -> tuple[int, bool]:
         """The next token when ``guess`` was proposed for it (app.engine.lookup), and whether
@@ -55,7 +55,16 @@ class RequestSampler:
         if float(torch.rand((), generator=self.generator)) < float(probs[guess]):
             return guess, True
         probs[guess] = 0.0
-        return int(torch.multinomial(probs, 1, generator=self.generator)), False
+        return self._draw(probs), False
+
+    def _draw(self, weights: torch.Tensor) -> int:
+        """A token with probability proportional to ``weights`` (>= 0, not all 0): one uniform
+        number through the cumulative sum. (torch.multinomial takes ~3 ms for Qwen's 152k
+        tokens on a laptop CPU, a tenth of a 7B step on the RTX 3050; this takes ~0.1 ms.)"""
+        cdf = torch.cumsum(weights, 0)
+        x = float(torch.rand((), generator=self.generator)) * float(cdf[-1])
+        # first i with cdf[i] > x: a token of weight 0 is never picked
+        return min(int(torch.searchsorted(cdf, torch.tensor([x]), right=True)), weights.numel() - 1)
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         """A float32 CPU copy of ``logits`` with the repetition and presence/frequency penalties."""
