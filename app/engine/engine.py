@@ -63,6 +63,8 @@ class Engine:
         ``lookup_draft``: see :class:`Engine` (0: never guess tokens)."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if lookup_draft < 0:
+            raise QwenTrayError(f"lookup_draft must be >= 0 (0 turns guessing off), got {lookup_draft}")
         dev = resolve_device(device)
         started = time.perf_counter()
         reason = _cuda_runner_unavailable(dev, dtype, Path(path))

@@ -42,6 +42,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=int, default=None, help="tokens per request, prompt + answer")
     parser.add_argument("--vram-budget", default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
+    parser.add_argument("--lookup-draft", type=int, default=None, metavar="N",
+                        help="GPU: at most N tokens guessed per step from the request's own text and checked "
+                             "in one step: the same output, faster when the answer repeats text (0 = off; "
+                             "default: on)")
     parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
                         help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
     parser.add_argument("--api-key", default=None,
@@ -84,7 +88,8 @@ def _load_engine(args: argparse.Namespace):
             log.info("loading: %s done", stage)
 
     return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size,
-                       max_context=args.max_context, vram_budget=args.vram_budget, progress=progress)
+                       max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
+                       **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -123,6 +123,8 @@ class ApiServer(ThreadingHTTPServer):
                 if key in stats:
                     body[key] = stats[key]
             body["memory"] = {k: v for k, v in stats.items() if k.endswith("_bytes")} or None  # weights, KV cache
+            if "lookup_guessed" in stats:  # tokens guessed from the requests' own text, and kept
+                body["lookup"] = {"guessed": stats["lookup_guessed"], "kept": stats["lookup_kept"]}
         elif status.state == "error":
             body["error"] = status.error
         ready = status.state == "ready" and not self.stopping

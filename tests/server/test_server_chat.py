@@ -138,3 +138,4 @@ def test_health_reports_ready_model_device_and_memory(server, engine):
     assert health["state"] == "ready" and health["model"] == engine.model_id and health["device"] == "cpu"
     assert health["slots"] == engine.max_batch_size and health["running"] == 0
     assert health["memory"]["weights_bytes"] > 0
+    assert health["lookup"] == {"guessed": 0, "kept": 0}  # the CPU reference runner never guesses

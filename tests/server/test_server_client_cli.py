@@ -84,6 +84,14 @@ def test_cli_serve_refuses_a_public_bind_without_allow_remote(tiny_qwen_dir, cap
     assert "--allow-remote" in err and "Traceback" not in err
 
 
+def test_cli_serve_refuses_a_negative_lookup_draft_in_one_line(tiny_qwen_dir, capsys):
+    from app.cli import main
+
+    assert main(["serve", "--model", str(tiny_qwen_dir), "--device", "cpu", "--lookup-draft", "-1"]) == 1
+    err = capsys.readouterr().err
+    assert "lookup_draft" in err and "Traceback" not in err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name == "nt", reason="POSIX signals")
 def test_cli_serve_loads_serves_and_stops_on_sigterm(tiny_qwen_dir):
     proc = _serve("--model", str(tiny_qwen_dir), "--port", "0", "--device", "cpu", "--model-id", "tiny",
