@@ -167,10 +167,12 @@ def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir
     cases = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (1, 2, 9, 13, 31)]
     cases.append(SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop]))
     cases.append(SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))  # runs into the context
-    outputs = {}
+    outputs, guessed = {}, {}
     for draft in (0, 7):
         with engine_on(tiny_qwen_dir, device, draft, seed, max_context=64) as engine:
             outputs[draft] = [engine.generate(PROMPT, p).result for p in cases]
+            guessed[draft] = engine.stats()["lookup_guessed"]
+    assert guessed[0] == 0 and guessed[7] > 0
     for params, off, on in zip(cases, outputs[0], outputs[7]):
         assert (on.token_ids, on.text, on.finish_reason) == (off.token_ids, off.text, off.finish_reason), params
         assert len(on.token_ids) <= params.max_tokens
