@@ -37,9 +37,10 @@ def resolve_device(device: str) -> torch.device:
 
 class Engine:
     def __init__(self, loaded: LoadedModel, runner, max_batch_size: int, lookup_draft: int = LOOKUP_MAX_DRAFT):
-        """``lookup_draft``: tokens guessed from the sequence itself per greedy step at most
+        """``lookup_draft``: tokens guessed from the sequence itself per decode step at most
         (app.engine.lookup; 0 turns guessing off). Only a runner that checks several tokens
-        of one sequence per step (the CUDA runner) guesses; the output is the same either way."""
+        of one sequence per step (the CUDA runner) guesses. Greedy output is the same either
+        way; sampled tokens follow the same distribution."""
         self.loaded = loaded
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer

@@ -59,8 +59,9 @@ class RequestSampler:
 
     def _draw(self, weights: torch.Tensor) -> int:
         """A token with probability proportional to ``weights`` (>= 0, not all 0): one uniform
-        number through the cumulative sum. (torch.multinomial takes ~3 ms for Qwen's 152k
-        tokens on a laptop CPU, a tenth of a 7B step on the RTX 3050; this takes ~0.1 ms.)"""
+        number through the cumulative sum. (torch.multinomial took 3.2 ms for Qwen's 152k
+        tokens on the CI machine's CPU, this 0.14 ms: benchmarks/bench_sampling.py. A 7B
+        step on the RTX 3050 is ~35-40 ms.)"""
         cdf = torch.cumsum(weights, 0)
         x = float(torch.rand((), generator=self.generator)) * float(cdf[-1])
         # first i with cdf[i] > x: a token of weight 0 is never picked
