@@ -127,14 +127,14 @@ SCALE_LOADS = ("            st.sc[u][j][0] = load_scale(ptr[j].s + grp);\n"
                "            st.sc[u][j][1] = load_scale(ptr[j].s + ptr[j].ds + grp);\n")
 
 
-def _scales_tiled(src):
-    """Scales in tile order, [R/16 tiles][K/128 groups][8 g][rows g, g + 8] (tiled_scales()):
-    each lane's two scales of a group are one aligned 32-bit load, and a warp's 16 rows one
-    32-byte sector, instead of two 16-bit loads from 8 + 8 rows K/64 bytes apart."""
+def _scale_words(src, pointer: str, group_step: str, prefetch: str):
+    """Each lane's two scales of a group (rows g, g + 8) as one aligned 32-bit load from a
+    rearranged scale tensor: ``pointer`` replaces the lane's scale pointer, group grp is
+    ``grp * group_step`` halves on, ``prefetch`` replaces the SM90 prefetch of its scales."""
     if src.count(SCALE_PTR) != 2:
         raise SystemExit("probe_gemv_path: scale pointer anchor changed (gemv.cu)")
-    src = src.replace(SCALE_PTR, "scales + (first_row / 16) * (K / GROUP) * 16 + (row0 - first_row) * 2, 0}")
-    src = _sub(src, SCALE_LOADS, "            { const unsigned sv = load_scale2(ptr[j].s + grp * 16);\n"
+    src = src.replace(SCALE_PTR, pointer + ", 0}")
+    src = _sub(src, SCALE_LOADS, f"            {{ const unsigned sv = load_scale2(ptr[j].s + grp * {group_step});\n"
                                  "              st.sc[u][j][0] = (half_t)(sv & 0xffffu); st.sc[u][j][1] = (half_t)(sv >> 16); }\n")
     src = _sub(src, "// One stage: the weights and scales", """__device__ __forceinline__ unsigned load_scale2(const half_t* p) {
     unsigned v;
@@ -143,30 +143,26 @@ def _scales_tiled(src):
 }
 
 // One stage: the weights and scales""")
-    # SM90: the tile's scales are one span of groups x 32 bytes; every lane asks L2 for a line of it.
-    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);",
-               "for (int i = lane; i * 64 < groups * 16; i += 32) prefetch_l2(ptr[j].s - ((ptr[j].s - scales) & 15) + i * 64);")
+    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);", prefetch)
     return _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);", "")
+
+
+def _scales_tiled(src):
+    """Scales in tile order, [R/16 tiles][K/128 groups][8 g][rows g, g + 8] (tiled_scales()):
+    a warp's 16 scales of a group are one 32-byte sector, instead of two 16-bit loads per lane
+    from 8 + 8 rows K/64 bytes apart. SM90: the tile's scales are one span of groups x 32
+    bytes, and every lane asks L2 for a line of it."""
+    return _scale_words(src, "scales + (first_row / 16) * (K / GROUP) * 16 + (row0 - first_row) * 2", "16",
+                        "for (int i = lane; i * 64 < groups * 16; i += 32) "
+                        "prefetch_l2(ptr[j].s - ((ptr[j].s - scales) & 15) + i * 64);")
 
 
 def _scales_paired(src):
     """Scales with rows g and g + 8 of a tile interleaved, [R/16 tiles][8 g][K/128 groups][2]
-    (paired_scales()): one aligned 32-bit load per lane and group, each lane's scales of all
-    groups contiguous (as a row's are now, so L1 keeps serving the groups after the first)."""
-    if src.count(SCALE_PTR) != 2:
-        raise SystemExit("probe_gemv_path: scale pointer anchor changed (gemv.cu)")
-    src = src.replace(SCALE_PTR, "scales + ((first_row / 16) * 8 + (row0 - first_row)) * (K / GROUP) * 2, 0}")
-    src = _sub(src, SCALE_LOADS, "            { const unsigned sv = load_scale2(ptr[j].s + grp * 2);\n"
-                                 "              st.sc[u][j][0] = (half_t)(sv & 0xffffu); st.sc[u][j][1] = (half_t)(sv >> 16); }\n")
-    src = _sub(src, "// One stage: the weights and scales", """__device__ __forceinline__ unsigned load_scale2(const half_t* p) {
-    unsigned v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-// One stage: the weights and scales""")
-    src = _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + kwarp);", "if (t == 0) prefetch_l2(ptr[j].s + kwarp * 2);")
-    return _sub(src, "if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);", "")
+    (paired_scales()): each lane's scales of all groups contiguous (as a row's are now, so L1
+    keeps serving the groups after the first)."""
+    return _scale_words(src, "scales + ((first_row / 16) * 8 + (row0 - first_row)) * (K / GROUP) * 2", "2",
+                        "if (t == 0) prefetch_l2(ptr[j].s + kwarp * 2);")
 
 
 def paired_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -183,7 +179,7 @@ def tiled_scales(scales: torch.Tensor) -> torch.Tensor:
 
 
 X_STAGED = ("x_shared", "both_shared", "no_scale_x", "scales_tiled_x", "scales_paired_x")  # launched as the STAGE_X instance
-TILED = ("scales_tiled", "scales_tiled_x")  # given tiled_scales()
+
 
 
 LAUNCH_BOUNDS = "__global__ void __launch_bounds__(THREADS)\n"
@@ -217,7 +213,8 @@ VARIANTS = {
     "no_scale_x": [_no_scale], "scales_tiled": [_scales_tiled], "scales_tiled_x": [_scales_tiled],
     "scales_paired": [_scales_paired], "scales_paired_x": [_scales_paired],
 }
-PAIRED = ("scales_paired", "scales_paired_x")  # given paired_scales()
+SCALE_LAYOUTS = {"scales_tiled": tiled_scales, "scales_tiled_x": tiled_scales,  # the scales these variants read
+                 "scales_paired": paired_scales, "scales_paired_x": paired_scales}
 CHECKED = ("base", "x_shared", "scales_shared", "both_shared", "stamps", "min_blocks_5", "min_blocks_6",
            "scales_tiled", "scales_tiled_x", "scales_paired", "scales_paired_x")  # variants that must still compute the product's result
 
@@ -236,10 +233,8 @@ def compile_variant(name: str, expression: str):
 
 def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
     n_out = out.shape[1]
-    if variant in TILED:
-        ws = [(*w[:-1], tiled_scales(w[-1])) for w in ws]
-    if variant in PAIRED:
-        ws = [(*w[:-1], paired_scales(w[-1])) for w in ws]
+    if variant in SCALE_LAYOUTS:
+        ws = [(*w[:-1], SCALE_LAYOUTS[variant](w[-1])) for w in ws]
 
     def fn(i):
         w = ws[i % len(ws)]
