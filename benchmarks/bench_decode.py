@@ -83,26 +83,26 @@ def decode_tokens_per_s(runner, batch: int, vocab: int) -> tuple[float, float, f
     """After PROMPT-token prompts: (tokens/s of a host loop that waits for each step's ids
     before launching the next, graph-only step µs, tokens/s pipelined as the engine's
     scheduler decodes greedily: each step launched from the previous one's ids on the
-    device before those are read, ``decode_greedy_launch_next``), DECODE_STEPS each."""
+    device before those are read, ``decode_tokens_launch_next``), DECODE_STEPS each."""
     for slot in range(batch):
         runner.prefill(slot, prompt_ids(PROMPT, slot, vocab), 0)
     slots, tokens, pos = list(range(batch)), [1] * batch, [PROMPT] * batch
-    runner.decode_greedy(slots, tokens, pos)  # warm
+    runner.decode_tokens(slots, tokens, pos)  # warm
     torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(DECODE_STEPS):
         pos = [p + 1 for p in pos]
-        tokens = runner.decode_greedy(slots, tokens, pos)
+        tokens = runner.decode_tokens(slots, tokens, pos)
     elapsed = time.perf_counter() - started
     graph = runner.graphs.graphs[runner.graphs.bucket_for(batch)]
     step_us = time_us(lambda _i: graph.replay(), graph=False, launches=10, trials=10)
     torch.cuda.synchronize()
     started = time.perf_counter()
-    runner.decode_greedy_launch(slots, tokens, [p + 1 for p in pos])
+    runner.decode_tokens_launch(slots, tokens, [p + 1 for p in pos])
     for _ in range(DECODE_STEPS - 1):
-        runner.decode_greedy_launch_next()
-        runner.decode_greedy_collect()
-    runner.decode_greedy_collect()
+        runner.decode_tokens_launch_next()
+        runner.decode_tokens_collect()
+    runner.decode_tokens_collect()
     pipelined = batch * DECODE_STEPS / (time.perf_counter() - started)
     return batch * DECODE_STEPS / elapsed, step_us, pipelined
 
@@ -249,6 +249,25 @@ def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
     return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
 
 
+def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
+    """Sampled decode steps drawn on the device (temperature only; top-p / top-k where the plan
+    has room for the sort), so the draw's temporaries count in the budget's peak."""
+    from app.engine.sampling import RowSampling
+
+    drawn = []
+    for name, row in (("temperature", RowSampling(0.7, 1.0, 0, 1, vocab)),
+                      ("top-p/top-k", RowSampling(0.7, 0.9, 50, 2, vocab))):
+        if not runner.can_draw(row):
+            continue
+        runner.set_sampling(0, row)
+        token = runner.prefill(0, prompt_ids(16, 3, vocab), 0).argmax().item()
+        for pos in range(16, 16 + steps):
+            token = runner.decode_tokens([0], [token], [pos])[0]
+        drawn.append(name)
+    runner.set_sampling(0, None)
+    return drawn
+
+
 def bench_budget(model: str, recipe: str, context: int, budget: str) -> dict:
     """One budget case in a fresh process: what a user's process holds, nothing left over from
     earlier measurements (cuBLAS workspaces, graph pools) counted against the budget."""
@@ -273,6 +292,7 @@ def _budget_case(model: str, recipe: str, context: int, budget: str) -> dict:
         return row | dict(fits=False, message=str(e))
     try:
         tps, step_us, pipelined = decode_tokens_per_s(runner, 1, spec.vocab_size)
+        drawn = sampled_steps(runner, spec.vocab_size)
         ttft = prefill_time(runner, 512, spec.vocab_size, repeats=1)
         fill = prefill_time(runner, context - 1, spec.vocab_size, repeats=1)  # the whole context
         peak = torch.cuda.max_memory_reserved()
@@ -281,6 +301,7 @@ def _budget_case(model: str, recipe: str, context: int, budget: str) -> dict:
                     prefill_graph_reserved_bytes=runner.memory_info()["prefill_graph_reserved_bytes"],
                     prefill_mode=runner.prefill_mode, decode_tokens_per_s=tps, graph_step_us=step_us,
                     pipelined_tokens_per_s=pipelined,
+                    sampled_draws_on_device=drawn,
                     ttft_512_s=ttft, full_context_prefill_s=fill, peak_reserved_bytes=peak,
                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                     within_budget=peak - before <= parse_size(budget))

@@ -10,9 +10,9 @@
    tokens/s and the ratio, guesses kept.
 2. What a step that checks k guesses costs on the product's model shapes (synthetic Qwen2.5-3B
    `w4` and 7B `mixed` weights after a 512-token prompt): ``greedy_rows`` with 1 + k rows
-   against a one-token ``decode_greedy``, both as the scheduler calls them (host loop, ids
+   against a one-token ``decode_tokens``, both as the scheduler calls them (host loop, ids
    read back each step), and against the chained one-token loop the scheduler runs without
-   guesses (``decode_greedy_launch_next``).
+   guesses (``decode_tokens_launch_next``).
 
     python3 benchmarks/bench_lookup.py --commit SHA [--out docs/results/lookup_h200.json]
 """
@@ -117,14 +117,14 @@ def step_costs(model: str, recipe: str) -> dict:
         torch.cuda.synchronize()
         return (time.perf_counter() - started) / STEP_CALLS * 1e6
 
-    one = timed(lambda i: runner.decode_greedy([0], [7], [512 + i % 8]))
+    one = timed(lambda i: runner.decode_tokens([0], [7], [512 + i % 8]))
 
     def chained(_i) -> None:
-        runner.decode_greedy_launch_next()
-        runner.decode_greedy_collect()
-    runner.decode_greedy_launch([0], [7], [512])
+        runner.decode_tokens_launch_next()
+        runner.decode_tokens_collect()
+    runner.decode_tokens_launch([0], [7], [512])
     chain = timed(chained)
-    runner.decode_greedy_collect()
+    runner.decode_tokens_collect()
     rows = {k: timed(lambda i, k=k: runner.greedy_rows(0, [7] * (k + 1), 512)) for k in GUESSES}
     runner.close()
     del runner

@@ -141,7 +141,7 @@ def profile_step(model: str, recipe: str) -> dict:
     runner = runner_for_weights(synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1), num_slots=8,
                                 max_context=4096, device=torch.device(DEV), label=model)
     runner.prefill(0, list(range(1, 513)), 0)
-    runner.decode_greedy([0], [1], [512])
+    runner.decode_tokens([0], [1], [512])
     graph = runner.graphs.graphs[1]
     step_us = time_us(lambda _i: graph.replay(), graph=False, launches=10, trials=10)
     replays = 10

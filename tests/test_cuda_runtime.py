@@ -283,7 +283,7 @@ def test_greedy_ids_pad_rows_and_ranges_on_cpu():
     runner.prefill(2, [9, 10], 0)
     untouched = runner.cache.k[:, 1].clone(), runner.cache.v[:, 1].clone()
     logits = runner.decode([0, 2], [8, 11], [3, 2])  # padded to 8 rows: pads must write nothing
-    assert runner.decode_greedy([0, 2], [8, 11], [3, 2]) == logits.argmax(-1).tolist()
+    assert runner.decode_tokens([0, 2], [8, 11], [3, 2]) == logits.argmax(-1).tolist()
     assert torch.equal(runner.cache.k[:, 1], untouched[0]) and torch.equal(runner.cache.v[:, 1], untouched[1])
     with pytest.raises(ContextLengthError):
         runner.decode([0], [1], [64])
@@ -294,7 +294,7 @@ def test_greedy_ids_pad_rows_and_ranges_on_cpu():
 
 
 def test_greedy_steps_chained_on_the_device_equal_steps_from_the_host():
-    """decode_greedy_launch_next feeds each step's argmax to the next on the device, two steps in
+    """decode_tokens_launch_next feeds each step's argmax to the next on the device, two steps in
     flight, and gives the ids one-step-at-a-time greedy decoding gives."""
     spec = tiny_spec()
     weights = runtime_weights(random_model(spec, seed=5), "w4")
@@ -309,23 +309,23 @@ def test_greedy_steps_chained_on_the_device_equal_steps_from_the_host():
     slots, ids, positions = [0, 2], [8, 11], [3, 2]
     stepwise, want = fresh(), []
     for step in range(6):
-        ids = stepwise.decode_greedy(slots, ids, [p + step for p in positions])
+        ids = stepwise.decode_tokens(slots, ids, [p + step for p in positions])
         want.append(ids)
     chained, got = fresh(), []
     with pytest.raises(RuntimeError, match="exactly one"):
-        chained.decode_greedy_launch_next()
-    chained.decode_greedy_launch(slots, [8, 11], positions)
+        chained.decode_tokens_launch_next()
+    chained.decode_tokens_launch(slots, [8, 11], positions)
     for step in range(6):
         if step < 5:
-            chained.decode_greedy_launch_next()
-            assert len(chained.decode_greedy_in_flight()) == 2
-        ready = chained.decode_greedy_collect()
+            chained.decode_tokens_launch_next()
+            assert len(chained.decode_tokens_in_flight()) == 2
+        ready = chained.decode_tokens_collect()
         got.append([ready[(s, p + step)] for s, p in zip(slots, positions)])
-    assert got == want and chained.decode_greedy_collect() == {}
+    assert got == want and chained.decode_tokens_collect() == {}
     assert torch.equal(chained.cache.k, stepwise.cache.k) and torch.equal(chained.cache.v, stepwise.cache.v)
-    chained.decode_greedy_launch([0], [1], [15])  # the last position: no room for the next step
+    chained.decode_tokens_launch([0], [1], [15])  # the last position: no room for the next step
     with pytest.raises(ContextLengthError):
-        chained.decode_greedy_launch_next()
+        chained.decode_tokens_launch_next()
 
 
 # -- GPU: kernels, graphs, the engine (run on the device machine: pytest -m gpu) ---------------

@@ -9,47 +9,21 @@ import threading
 
 import pytest
 
-from app.engine.cuda.runner import CudaRunner
-from app.engine.cuda.weights import weights_from_model
-
+from conftest import engine_parts
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen_kernel_dir(tmp_path_factory, qwen_tokenizer_dir):
-    """tiny_qwen_dir's model with shapes the CUDA kernels take (head_dim 64, K a multiple of 128)."""
-    from conftest import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-hd64"), qwen_tokenizer_dir, "qwen2",
-                            hidden_size=256, intermediate_size=384)
-
-
-@pytest.fixture
-def model_dir(device, request):
-    return request.getfixturevalue("tiny_qwen_dir" if device == "cpu" else "tiny_qwen_kernel_dir")
-
-
-def engine_parts(model_dir, slots: int, max_context: int, device: str):
-    """The loaded tiny model and a CudaRunner on ``device`` over its fp16 weights."""
-    from app.engine import Engine
-
-    with Engine.load(model_dir, device="cpu", max_batch_size=slots, max_context=max_context) as reference:
-        loaded, engine_type = reference.loaded, type(reference)
-    weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half().to(device))
-    return loaded, engine_type, CudaRunner(weights, num_slots=slots, max_context=max_context)
-
-
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_greedy_through_decode_greedy_equals_logits_argmax(model_dir, device):
+def test_engine_greedy_through_decode_tokens_equals_logits_argmax(model_dir, device):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
     from app.engine import SamplingParams
 
     loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=128, device=device)
     prompt = loaded.tokenizer.encode("The capital of France is")
     calls = []  # "host": ids uploaded from the host, "device": the next step chained on the device
-    runner.decode_greedy_launch = lambda *a, _f=runner.decode_greedy_launch: calls.append("host") or _f(*a)
-    runner.decode_greedy_launch_next = lambda _f=runner.decode_greedy_launch_next: calls.append("device") or _f()
+    runner.decode_tokens_launch = lambda *a, _f=runner.decode_tokens_launch: calls.append("host") or _f(*a)
+    runner.decode_tokens_launch_next = lambda _f=runner.decode_tokens_launch_next: calls.append("device") or _f()
     engine = engine_type(loaded, runner, 2)
     with engine:
         out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)).result
@@ -94,8 +68,8 @@ def test_only_small_greedy_batches_are_chained_on_the_device(model_dir, device):
     n = CHAIN_MAX_SEQUENCES + 1
     loaded, engine_type, runner = engine_parts(model_dir, slots=n, max_context=64, device=device)
     chained_sizes = []
-    runner.decode_greedy_launch_next = (
-        lambda _f=runner.decode_greedy_launch_next: chained_sizes.append(len(runner.decode_greedy_in_flight()[0][0]))
+    runner.decode_tokens_launch_next = (
+        lambda _f=runner.decode_tokens_launch_next: chained_sizes.append(len(runner.decode_tokens_in_flight()[0][0]))
         or _f())
     prompts = [[5 + i, 6 + i, 7 + i] for i in range(n)]
     lengths = [16] * (n - 1) + [24]  # n sequences together, then the last one alone

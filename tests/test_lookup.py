@@ -79,8 +79,8 @@ def test_checking_a_guess_samples_exactly_the_model_distribution():
     for guess in (0, 2, 5):
         counts = torch.zeros(6)
         kept = 0
-        for _ in range(draws):
-            token, is_guess = sampler.check(logits, guess)
+        for position in range(draws):  # (the draw's counter)
+            token, is_guess = sampler.check(logits, guess, position)
             counts[token] += 1
             kept += is_guess
             assert is_guess == (token == guess)
@@ -215,7 +215,7 @@ def test_greedy_rows_equal_one_token_at_a_time(device):
     got = runner.greedy_rows(1, [42, *guess], len(prompt))
     want = []
     for j, token in enumerate([42, *guess]):
-        want += runner.decode_greedy([1], [token], [len(prompt) + j])
+        want += runner.decode_tokens([1], [token], [len(prompt) + j])
     assert got == want
     with pytest.raises(ValueError):
         runner.greedy_rows(1, list(range(runner.max_verify_rows + 1)), len(prompt))

@@ -1,71 +1,152 @@
 """Turning one request's logits into its next token.
 
 Order (as in transformers): repetition penalty → presence/frequency penalties →
-temperature → top-k → top-p → draw. Each request has its own ``torch.Generator``, so the
-same seed gives the same text whatever else runs in the batch.
+temperature → top-k → top-p → draw. The draw takes one uniform number per token from
+:func:`uniform`, a pure function of the request's seed and the token's position: the same
+seed gives the same text whatever else runs in the batch, whether the runner draws on the
+host or on the device (:func:`sample_rows`, the CUDA runner's decode step), and when a
+preempted request re-runs its positions.
 """
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import torch
 
 from app.engine.params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def uniform(seed: int, position: int, draw: int = 0) -> float:
+    """A number in [0, 1), exact in float32 (24 bits), from (seed, position, draw) alone:
+    SplitMix64's finalizer over a Weyl step per counter (counter-based, no state to advance)."""
+    z = (seed + 0x9E3779B97F4A7C15 * (4 * position + draw + 1)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 40) / float(1 << 24)
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    """What a runner needs to draw a request's tokens itself (no penalties: they need the
+    request's token counts). ``temperature == 0``: the argmax."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    vocab: int  # tokens that may be drawn: the first ``vocab`` logits (the tokenizer's)
+
+    @property
+    def filtered(self) -> bool:
+        """Top-k or top-p apply: the draw sorts the row."""
+        return self.top_k > 0 or self.top_p < 1.0
+
+
+def probabilities(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, filtered: bool) -> torch.Tensor:
+    """Rows of float32 logits already divided by the temperature [n, V] → probabilities [n, V]
+    in vocabulary order after top-k (``top_k`` [n] int64, 0 = off; ties with the k-th value
+    stay) and top-p (``top_p`` [n]: the smallest set of most likely tokens whose mass reaches
+    it). ``filtered`` False: no row filters (nothing is sorted)."""
+    if not filtered:
+        return torch.softmax(scaled, dim=-1)
+    vocab = scaled.shape[-1]
+    vals, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [n, V]; ties in index order
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # [n]
+    kth = vals.gather(1, (k - 1)[:, None])  # [n, 1]
+    vals.masked_fill_(vals < kth, float("-inf"))
+    probs = torch.softmax(vals, dim=-1)  # [n, V], sorted
+    ahead = probs.cumsum(-1).sub_(probs)  # mass of the more likely tokens
+    remove = ahead >= top_p[:, None]
+    remove[:, 0] = False  # the most likely token always stays
+    probs.masked_fill_(remove, 0.0)
+    probs.div_(probs.sum(-1, keepdim=True))
+    return torch.zeros_like(probs).scatter_(1, order, probs)
+
+
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, a token with probability proportional to ``weights`` [n, V] (>= 0, not all 0)
+    for the uniform numbers ``u`` [n]: the first index whose cumulative weight exceeds
+    u x total, so a token of weight 0 is never drawn. (torch.multinomial took 3.2 ms for
+    Qwen's 152k tokens on the CI machine's CPU: benchmarks/bench_sampling.py.)"""
+    cdf = weights.cumsum(-1)  # [n, V]
+    x = u.to(cdf.dtype)[:, None] * cdf[:, -1:]  # [n, 1]
+    return torch.searchsorted(cdf, x, right=True).squeeze(1).clamp_(max=weights.shape[-1] - 1)
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                u: torch.Tensor, argmax: torch.Tensor, filtered: bool) -> None:
+    """The token of each row, drawn where it is (CUDA graph buffers, no host round trip):
+    ``logits`` [n, V] (any float dtype), per-row ``temperature`` / ``top_p`` / ``top_k`` /
+    ``u`` [n]; ``argmax`` [n] int64 holds the rows' argmax and receives the tokens (a row at
+    temperature 0 keeps its argmax). The same arithmetic as :meth:`RequestSampler.sample`."""
+    sampled = temperature > 0  # [n]
+    scaled = logits.float() / torch.where(sampled, temperature, 1.0)[:, None]  # [n, V]
+    tokens = draw(probabilities(scaled, top_p, top_k, filtered), u)
+    torch.where(sampled, tokens, argmax, out=argmax)
 
 
 class RequestSampler:
     def __init__(self, params: SamplingParams, prompt_ids: list[int], vocab_size: int):
         self.params = params
         self.vocab_size = vocab_size
-        self.generator = torch.Generator(device="cpu")
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        self.generator.manual_seed(seed % 2**63)  # negative seeds are fine too
+        self.seed = seed % 2**64  # negative seeds are fine too
         self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
+
+    @property
+    def has_penalties(self) -> bool:
+        p = self.params
+        return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy without penalties: the token is the argmax of the raw logits (a runner may take
         it on the device)."""
+        return self.params.greedy and not self.has_penalties
+
+    @property
+    def row(self) -> RowSampling | None:
+        """How a runner draws this request's tokens itself; None with penalties (host only)."""
+        if self.has_penalties:
+            return None
         p = self.params
-        return p.greedy and p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+        return RowSampling(p.temperature, p.top_p, p.top_k, self.seed, self.vocab_size)
 
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
         self.output_counts[token_id] += 1
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device, any float dtype) → token id."""
+    def sample(self, logits: torch.Tensor, position: int) -> int:
+        """logits [V] (any device, any float dtype) → the token at ``position`` (the sequence's
+        length before it: the draw's counter)."""
         logits = self._penalized(logits)
         if self.params.greedy:
             return int(torch.argmax(logits))
-        return self._draw(self._probabilities(logits))
+        return self._draw(self._probabilities(logits), uniform(self.seed, position))
 
-    def check(self, logits: torch.Tensor, guess: int) -> tuple[int, bool]:
-        """The next token when ``guess`` was proposed for it (app.engine.lookup), and whether
-        it is the guess. Greedy: the argmax. Sampling: speculative sampling with a guess that
-        is certain of itself — keep it with probability p(guess), else draw from p without
-        it — so the token is distributed exactly as :meth:`sample`'s."""
+    def check(self, logits: torch.Tensor, guess: int, position: int) -> tuple[int, bool]:
+        """The token at ``position`` when ``guess`` was proposed for it (app.engine.lookup), and
+        whether it is the guess. Greedy: the argmax. Sampling: speculative sampling with a
+        guess that is certain of itself — keep it with probability p(guess), else draw from p
+        without it — so the token is distributed exactly as :meth:`sample`'s."""
         logits = self._penalized(logits)
         if self.params.greedy:
             token = int(torch.argmax(logits))
             return token, token == guess
         probs = self._probabilities(logits)
-        if float(torch.rand((), generator=self.generator)) < float(probs[guess]):
+        if uniform(self.seed, position, draw=1) < float(probs[guess]):
             return guess, True
         probs[guess] = 0.0
-        return self._draw(probs), False
+        return self._draw(probs, uniform(self.seed, position)), False
 
-    def _draw(self, weights: torch.Tensor) -> int:
-        """A token with probability proportional to ``weights`` (>= 0, not all 0): one uniform
-        number through the cumulative sum. (torch.multinomial took 3.2 ms for Qwen's 152k
-        tokens on the CI machine's CPU, this 0.14 ms: benchmarks/bench_sampling.py. A 7B
-        step on the RTX 3050 is ~35-40 ms.)"""
-        cdf = torch.cumsum(weights, 0)
-        x = float(torch.rand((), generator=self.generator)) * float(cdf[-1])
-        # first i with cdf[i] > x: a token of weight 0 is never picked
-        return min(int(torch.searchsorted(cdf, torch.tensor([x]), right=True)), weights.numel() - 1)
+    @staticmethod
+    def _draw(weights: torch.Tensor, u: float) -> int:
+        return int(draw(weights[None], torch.tensor([u]))[0])
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         """A float32 CPU copy of ``logits`` with the repetition and presence/frequency penalties."""
@@ -80,24 +161,8 @@ class RequestSampler:
         return logits
 
     def _probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """Temperature, top-k, top-p, softmax (modifies ``logits``)."""
+        """Temperature, top-k, top-p, softmax: probabilities [V] (modifies ``logits``)."""
         p = self.params
-        logits /= p.temperature
-        if 0 < p.top_k < logits.numel():
-            kth = torch.topk(logits, p.top_k).values[-1]
-            logits[logits < kth] = float("-inf")
-        if p.top_p < 1.0:
-            logits = _top_p_filter(logits, p.top_p)
-        return torch.softmax(logits, dim=-1)
-
-
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability sums to >= top_p."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-    remove = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token already enough
-    remove[0] = False
-    sorted_logits[remove] = float("-inf")
-    out = torch.empty_like(logits)
-    out[order] = sorted_logits
-    return out
+        filtered = p.top_k > 0 or p.top_p < 1.0  # (RowSampling.filtered)
+        scaled = logits.div_(p.temperature)[None]  # [1, V]
+        return probabilities(scaled, torch.tensor([p.top_p]), torch.tensor([p.top_k]), filtered)[0]

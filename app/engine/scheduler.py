@@ -23,7 +23,8 @@ from app.errors import EngineClosedError
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
-# Greedy steps of at most this many sequences are chained on the device (decode_greedy_launch_next).
+# Decode steps whose tokens the device takes (argmax, or a draw without penalties) are chained
+# on the device for at most this many sequences (decode_tokens_launch_next).
 # Through the HTTP server (H200, 3B w4, docs/KERNELS.md phases 8-9) chaining gave +17 / +12 / +12 %
 # at 1 / 2 / 4 streams; at 8 streams it measured lower in 4 of 5 paired runs (9 % on average, not
 # significant, not understood), so 8-sequence steps keep the one-step-ahead flow.
@@ -31,6 +32,10 @@ CHAIN_MAX_SEQUENCES = 4
 # Tokens guessed from the sequence itself per step at most (app.engine.lookup): 7 guesses are
 # a step of 8 rows, one block of mma columns in the GEMVs (rows 9-16 take a second one).
 LOOKUP_MAX_DRAFT = 7
+# Sampled tokens drawn on the device when the runner can (app.engine.sampling.sample_rows), so
+# sampled steps chain like greedy ones; False brings every sampled step's logits to the host
+# (benchmarks/bench_device_sampling.py compares the two in one run).
+DRAW_ON_DEVICE = True
 
 
 class Scheduler:
@@ -145,21 +150,30 @@ class Scheduler:
         if len(seqs) == 1 and self._decode_guessed(seqs[0]):
             return
         args = ([s.slot for s in seqs], [s.all_ids[-1] for s in seqs], [s.cached for s in seqs])
-        # argmax on the device (B ids cross the bus), pipelined, when the runner can
-        if all(s.sampler.plain_greedy for s in seqs) and hasattr(self.runner, "decode_greedy_launch"):
+        # the tokens taken on the device (B ids cross the bus), pipelined, when the runner can:
+        # the argmax, or a draw without penalties (RequestSampler.row)
+        rows = [s.sampler.row for s in seqs]
+        if hasattr(self.runner, "decode_tokens_launch") and all(self._on_device(r) for r in rows):
+            for seq, row in zip(seqs, rows):
+                self.runner.set_sampling(seq.slot, row)
             return self._decode_pipelined(seqs, *args)
         self._drop_speculative()
         for seq, row in zip(seqs, self.runner.decode(*args)):
             seq.cached += 1
             self._accept(seq, row)
 
+    def _on_device(self, row) -> bool:
+        """Whether the runner takes this request's tokens itself (argmax, or a draw)."""
+        return row is not None and (row.temperature == 0 or DRAW_ON_DEVICE and self.runner.can_draw(row))
+
     def _decode_pipelined(self, seqs: list[Sequence], slots: list[int], ids: list[int], positions: list[int]) -> None:
-        """Greedy decode ahead of the host: the next step is launched before this step's tokens
-        are accepted, so the host's bookkeeping overlaps the GPU.
+        """Decode ahead of the host, the tokens taken on the device (argmax or draw): the next
+        step is launched before this step's tokens are accepted, so the host's bookkeeping
+        overlaps the GPU.
 
         When the oldest step in flight is exactly this step (same sequences, same positions,
         at most CHAIN_MAX_SEQUENCES of them), the step after it is launched at once from its
-        tokens on the device (the runner's ``decode_greedy_launch_next``), and only then are
+        tokens on the device (the runner's ``decode_tokens_launch_next``), and only then are
         this step's tokens waited for: the GPU always has the next step queued. Otherwise a
         step in flight is used when it covers every sequence here at the same position
         (sequences that finished since are simply not asked for), and the next one is launched
@@ -167,20 +181,20 @@ class Scheduler:
         step makes again, or lie past the end of a finished sequence — and this step runs now.
         """
         keys = list(zip(slots, positions))
-        in_flight = self.runner.decode_greedy_in_flight()
+        in_flight = self.runner.decode_tokens_in_flight()
         room = all(p + 1 < self.runner.max_context for p in positions)
         exact = bool(in_flight) and list(zip(*in_flight[0])) == keys  # the oldest in flight is this step
         chained = room and exact and len(keys) <= CHAIN_MAX_SEQUENCES
         if chained and len(in_flight) == 1:  # (a second one in flight is already the chained step)
-            self.runner.decode_greedy_launch_next()
-        ready = self.runner.decode_greedy_collect()
+            self.runner.decode_tokens_launch_next()
+        ready = self.runner.decode_tokens_collect()
         if all(k in ready for k in keys):
             self.speculative_hits += 1
             tokens = [ready[k] for k in keys]
         else:
-            tokens = self.runner.decode_greedy(slots, ids, positions)  # drops what is still in flight
+            tokens = self.runner.decode_tokens(slots, ids, positions)  # drops what is still in flight
         if room and not chained:
-            self.runner.decode_greedy_launch(slots, tokens, [p + 1 for p in positions])
+            self.runner.decode_tokens_launch(slots, tokens, [p + 1 for p in positions])
         for seq, token in zip(seqs, tokens):
             seq.cached += 1
             self._accept_token(seq, token)
@@ -205,7 +219,8 @@ class Scheduler:
             checked = ((token, i < len(draft) and token == draft[i]) for i, token in enumerate(argmax))
         else:
             logits = self.runner.logits_rows(seq.slot, rows, seq.cached)
-            checked = (seq.sampler.check(logits[i], draft[i]) if i < len(draft) else (seq.sampler.sample(logits[i]), False)
+            checked = (seq.sampler.check(logits[i], draft[i], len(seq.all_ids)) if i < len(draft)
+                       else (seq.sampler.sample(logits[i], len(seq.all_ids)), False)
                        for i in range(len(rows)))  # lazily: each row sees the tokens accepted before it
         kept = 0
         for token, is_guess in checked:
@@ -227,12 +242,12 @@ class Scheduler:
         return seq.lookup.guess(room) if room > 0 else []
 
     def _settle_in_flight(self) -> None:
-        """Accept the tokens of the greedy steps still in flight instead of discarding them
+        """Accept the tokens of the decode steps still in flight instead of discarding them
         (before a prefill): they were launched for sequences that are still decoding, and the
         next decode would compute the same tokens again. A token counts only for the sequence
         decoding in that slot at that position (a slot whose owner finished or was preempted
         since matches nothing: its new owner is still prefilling)."""
-        collect = getattr(self.runner, "decode_greedy_collect", None)
+        collect = getattr(self.runner, "decode_tokens_collect", None)
         if collect is None:
             return
         while ready := collect():  # oldest step first, {} when none is left
@@ -245,13 +260,13 @@ class Scheduler:
 
     def _drop_speculative(self) -> None:
         """Wait for and discard the steps launched ahead (before anything else uses the runner)."""
-        collect = getattr(self.runner, "decode_greedy_collect", None)
+        collect = getattr(self.runner, "decode_tokens_collect", None)
         if collect is not None:
             while collect():  # {} when nothing is in flight
                 pass
 
     def _accept(self, seq: Sequence, logits) -> None:
-        self._accept_token(seq, seq.sampler.sample(logits))
+        self._accept_token(seq, seq.sampler.sample(logits, len(seq.all_ids)))
 
     def _accept_token(self, seq: Sequence, token: int) -> None:
         seq.accept(token, self.runner.max_context)

@@ -12,6 +12,7 @@ Pure arithmetic over the spec and a :class:`GpuInfo`: the CPU tests plan for the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import asdict, dataclass
@@ -34,6 +35,13 @@ MIN_TILE_ELEMENTS = 1 << 20  # dequantized weight tile of the GEMM prefill (fp16
 MAX_TILE_ELEMENTS = 1 << 25
 MIN_CONTEXT = 256
 TORCH_DEQUANT_BYTES = 4  # uint8 temporaries per weight element of the PyTorch dequantizer
+# Drawing a sampled token on the device (app.engine.sampling.sample_rows, one row at a time),
+# fp32 temporaries per logit: temperature only (scaled logits, probabilities, their cumulative
+# sum), and with top-k / top-p (+ the sort's values and int64 order, its own buffers, the
+# filtered probabilities put back in vocabulary order).
+DRAW_BYTES_PER_LOGIT = 12
+FILTERED_DRAW_BYTES_PER_LOGIT = 40
+SMALL_SEGMENT = 2 * MiB  # ... tensors up to 1 MB come from 2 MB segments
 
 # Shapes of Qwen2.5-3B (HF config.json) for the "or a smaller model" suggestion.
 QWEN25_3B_CONFIG = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, intermediate_size=11008,
@@ -107,9 +115,19 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     the fused norms' chunk sums."""
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
+    per_row += 2 * 4 * 4  # the draw's inputs (temperature, top-p, top-k, uniform) and their upload
     per_row += 2 * -(-h // 16) * 4
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
+
+
+def draw_bytes(spec: ModelSpec, filtered: bool) -> int:
+    """Temporaries of drawing one row's token on the device. A temperature-only draw's fp32
+    rows stay under 1 MB for vocabularies up to 262k (small 2 MB segments); a filtered draw's
+    int64 sort order of a large vocabulary does not, and takes a 20 MB segment."""
+    if not filtered:
+        return -(-spec.vocab_size * DRAW_BYTES_PER_LOGIT // SMALL_SEGMENT) * SMALL_SEGMENT
+    return spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT + LARGE_SEGMENT
 
 
 def prefill_activation_bytes(spec: ModelSpec, tokens: int, tile_elements: int) -> int:
@@ -163,11 +181,12 @@ class MemoryPlan:
     prefill_mode: str  # "gemm" (dequantize + cuBLAS) or "graph" (GEMV kernels, decode_rows tokens a replay)
     prefill_chunk: int  # tokens per GEMM pass
     tile_elements: int  # dequantized weight tile of the GEMM prefill
+    filtered_draw_bytes: int = 0  # room for top-k / top-p draws on the device (0: those draw on the host)
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.kv_cache_bytes + self.decode_bytes + self.prefill_bytes
-                + self.prefill_graph_bytes + self.fixed_bytes)
+                + self.prefill_graph_bytes + self.fixed_bytes + self.filtered_draw_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -185,6 +204,7 @@ class MemoryPlan:
                 f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB"
                 f"{f' ({self.prefill_chunk} tokens a replay)' if self.prefill_mode == 'graph' else ''}"
                 f"{f' + graphs {self.prefill_graph_bytes / MiB:.0f} MiB' if self.prefill_graph_bytes else ''}, "
+                f"{f'top-k/top-p draws {self.filtered_draw_bytes / MiB:.0f} MiB, ' if self.filtered_draw_bytes else ''}"
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
 
@@ -215,8 +235,9 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
                 tile = _largest_tile(spec, chunk, max_context, left, gpu.capability, quantized, dequant, graphs)
                 if tile:
                     workspace, pool = _gemm_prefill_bytes(spec, chunk, max_context, tile, gpu.capability, dequant)
-                    return MemoryPlan(**base, prefill_bytes=workspace, prefill_graph_bytes=pool if graphs else 0,
-                                      prefill_mode="gemm", prefill_chunk=chunk, tile_elements=tile)
+                    return _with_filtered_draw(spec, MemoryPlan(
+                        **base, prefill_bytes=workspace, prefill_graph_bytes=pool if graphs else 0,
+                        prefill_mode="gemm", prefill_chunk=chunk, tile_elements=tile))
         if prefill_mode == "gemm":
             raise VramBudgetError(f"{label}: no room for the GEMM prefill in the {gib(budget_bytes)} VRAM budget "
                                   f"({gib(left)} left after weights and KV cache); use the graph prefill")
@@ -227,8 +248,15 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
     wide_decode += LARGE_SEGMENT
     if wide_rows > rows and weights_bytes + wide_decode + fixed + kv <= budget_bytes:
         base.update(decode_rows=wide_rows, decode_bytes=wide_decode)
-    return MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
-                      prefill_chunk=base["decode_rows"], tile_elements=0)
+    return _with_filtered_draw(spec, MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
+                                                prefill_chunk=base["decode_rows"], tile_elements=0))
+
+
+def _with_filtered_draw(spec: ModelSpec, plan: MemoryPlan) -> MemoryPlan:
+    """Room for top-k / top-p draws on the device where the plan leaves it (a last priority:
+    without it those requests draw on the host, one logits row a token)."""
+    extra = draw_bytes(spec, filtered=True) - draw_bytes(spec, filtered=False)
+    return dataclasses.replace(plan, filtered_draw_bytes=extra) if plan.headroom_bytes >= extra else plan
 
 
 def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int,
@@ -236,7 +264,7 @@ def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, con
     """(decode rows, attention splits, decode bytes, fixed bytes, KV bytes) for this shape."""
     rows = max(slots, min_rows)
     splits = attention_splits(spec, context, gpu.sm_count)
-    decode = decode_buffer_bytes(spec, rows, splits) + GRAPH_POOL
+    decode = decode_buffer_bytes(spec, rows, splits) + GRAPH_POOL + draw_bytes(spec, filtered=False)
     fixed = KERNEL_MODULES + 2 * context * spec.head_dim * 4 + (
         cublas_workspace_bytes(gpu.capability) if dense_decode else 0)
     return rows, splits, decode, fixed, kv_bytes_per_token(spec) * slots * context

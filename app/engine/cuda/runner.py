@@ -4,8 +4,10 @@
   through cuBLAS; fp16 activations; the static KV cache and every decode buffer allocated
   once, after the VRAM plan (app.engine.cuda.memory) said they fit.
 - Decode: the whole step (embedding -> layers -> norm -> lm_head -> argmax) is one CUDA
-  graph per batch bucket (app.engine.cuda.graphs); :meth:`decode_greedy` copies back only
-  the token ids, :meth:`decode` the logits rows (for sampling and penalties).
+  graph per batch bucket (app.engine.cuda.graphs); :meth:`decode_tokens` copies back only
+  the token ids (the argmax, or drawn on the device after the replay for the slots
+  :meth:`set_sampling` names: app.engine.sampling.sample_rows), :meth:`decode` the logits
+  rows (for penalties).
 - Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill), the
   first chunk of a prompt (start 0) replayed from a CUDA graph per token bucket, padded
   (app.engine.cuda.prefill_graphs), later chunks eagerly; "graph" = the decode graph with
@@ -24,13 +26,14 @@ import torch
 
 from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
-from app.engine.cuda.greedy import TokensInFlight
+from app.engine.cuda.in_flight import TokensInFlight
 from app.engine.cuda.ops import default_ops
 from app.engine.cuda.prefill import GemmPrefill
 from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
 from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
+from app.engine.sampling import RowSampling, sample_rows, uniform
 from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
     resolve_budget,
@@ -47,6 +50,7 @@ from app.kernels.gemv import MAX_BATCH
 # stages the new rows of a slot within a window of this many positions (attention.cu).
 ONE_SLOT_ROWS = ROPE_WINDOW
 MAX_SLOTS = MAX_BATCH  # sequences decoded together: a decode step's rows go through the GEMVs
+DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row, for sample_rows
 
 
 def check_slots(num_slots: int, label: str = "the model") -> None:
@@ -81,8 +85,17 @@ class CudaRunner:
                                         pin_memory=self.device.type == "cuda")
         # Marks when the GPU has read _host_inputs (pinned: the copy is asynchronous).
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        # Greedy steps launched and not yet collected: their ids come back asynchronously.
+        # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
+        # Slots whose decode_tokens steps draw their token (set_sampling), and the draw's per-row
+        # inputs (DRAW_INPUTS), uploaded like _host_inputs.
+        self._sampling: dict[int, RowSampling] = {}
+        self._host_draw = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32,
+                                      pin_memory=self.device.type == "cuda")
+        self._draw_inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=self.device)
+        self._draw_uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
+        # top-k / top-p draws need a sort's workspace: only where the VRAM plan has room for it
+        self.draws_filtered = plan is None or plan.filtered_draw_bytes > 0
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
@@ -128,35 +141,47 @@ class CudaRunner:
         self._decode(slots, ids, positions)
         return self.buffers.logits[: len(ids)].to("cpu").float()
 
+    def can_draw(self, row: RowSampling) -> bool:
+        """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host)."""
+        return self.draws_filtered or not row.filtered
+
+    def set_sampling(self, slot: int, row: RowSampling | None) -> None:
+        """How the decode_tokens steps take ``slot``'s token from now on: drawn as ``row`` says,
+        or the argmax (None, or temperature 0)."""
+        if row is None or row.temperature == 0:
+            self._sampling.pop(slot, None)
+        else:
+            self._sampling[slot] = row
+
     @torch.inference_mode()
-    def decode_greedy(self, slots: list[int], ids: list[int], positions: list[int]) -> list[int]:
-        """One token per sequence, argmax taken on the GPU: only B ids cross the bus."""
-        self.decode_greedy_launch(slots, ids, positions)
-        done = self.decode_greedy_collect()
+    def decode_tokens(self, slots: list[int], ids: list[int], positions: list[int]) -> list[int]:
+        """One token per sequence, taken on the GPU (argmax or draw): only B ids cross the bus."""
+        self.decode_tokens_launch(slots, ids, positions)
+        done = self.decode_tokens_collect()
         return [done[k] for k in zip(slots, positions)]
 
     @torch.inference_mode()
-    def decode_greedy_launch(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
-        """Start a greedy step without waiting for it (:meth:`decode_greedy_collect` gets the ids).
+    def decode_tokens_launch(self, slots: list[int], ids: list[int], positions: list[int]) -> None:
+        """Start a step without waiting for it (:meth:`decode_tokens_collect` gets the ids).
         Steps still in flight are waited for and dropped first.
 
         The scheduler launches the next step before it does this step's bookkeeping
         (detokenizing, stop strings, streaming to clients), so the GPU is not idle meanwhile.
         """
         self._in_flight.drop()
-        self._decode(slots, ids, positions)
+        self._decode(slots, ids, positions, take_tokens=True)
         self._in_flight.record(self.buffers.tokens, slots, positions)
 
     @torch.inference_mode()
-    def decode_greedy_launch_next(self) -> None:
+    def decode_tokens_launch_next(self) -> None:
         """Launch the step after the one in flight (same slots, positions + 1), its input ids
-        taken on the device from that step's argmax: nothing waits for the host."""
+        taken on the device from that step's tokens: nothing waits for the host."""
         if len(self._in_flight) != 1:
-            raise RuntimeError(f"decode_greedy_launch_next needs exactly one greedy step in flight, "
+            raise RuntimeError(f"decode_tokens_launch_next needs exactly one step in flight, "
                                f"got {len(self._in_flight)}")
         slots, positions = self._in_flight.newest()
         positions = [p + 1 for p in positions]
-        self._decode(slots, [0] * len(slots), positions, ids_on_device=True)
+        self._decode(slots, [0] * len(slots), positions, ids_on_device=True, take_tokens=True)
         self._in_flight.record(self.buffers.tokens, slots, positions)
 
     @property
@@ -187,19 +212,49 @@ class CudaRunner:
         self._in_flight.drop()
         self._run_rows([(tok, start + j, slot, start + j + 1) for j, tok in enumerate(ids)])
 
-    def decode_greedy_collect(self) -> dict[tuple[int, int], int]:
+    def decode_tokens_collect(self) -> dict[tuple[int, int], int]:
         """{(slot, position): next token} of the oldest step in flight ({} when none is)."""
         return self._in_flight.collect()
 
-    def decode_greedy_in_flight(self) -> list[tuple[list[int], list[int]]]:
-        """(slots, positions) of the greedy steps in flight, oldest first."""
+    def decode_tokens_in_flight(self) -> list[tuple[list[int], list[int]]]:
+        """(slots, positions) of the decode_tokens steps in flight, oldest first."""
         return self._in_flight.keys()
 
-    def _decode(self, slots: list[int], ids: list[int], positions: list[int], ids_on_device: bool = False) -> None:
+    def _decode(self, slots: list[int], ids: list[int], positions: list[int], ids_on_device: bool = False,
+                take_tokens: bool = False) -> None:
         for slot, pos in zip(slots, positions):
             self.cache.check_range(slot, pos, 1)
         rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
         self._run_rows(rows, ids_on_device)
+        if take_tokens:
+            self._draw_tokens(slots, positions)
+
+    def _draw_tokens(self, slots: list[int], positions: list[int]) -> None:
+        """Overwrite the argmax of the slots that sample with a draw, on the device, in stream
+        order after the step (each row's uniform number from its seed and the new token's
+        position: the host draws the same, app.engine.sampling)."""
+        rows = [self._sampling.get(slot) for slot in slots]
+        drawn = [row for row in rows if row is not None]
+        if not drawn:
+            return
+        n, vocab = len(slots), min(drawn[0].vocab, self.spec.vocab_size)
+        host = self._host_draw
+        if self._draw_uploaded is not None:
+            self._draw_uploaded.synchronize()  # the previous upload has left the pinned buffer
+        host[:, :n] = torch.tensor([[0.0, 1.0, 0.0, 0.0] if row is None else  # (argmax rows)
+                                    [row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1)]
+                                    for row, pos in zip(rows, positions)], dtype=torch.float32).t()
+        inputs = self._draw_inputs[:, :n]
+        inputs.copy_(host[:, :n], non_blocking=True)
+        if self._draw_uploaded is not None:
+            self._draw_uploaded.record()
+        temperature, top_p, top_k, u = inputs
+        top_k = top_k.long()
+        for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
+            if row is not None:
+                at = slice(i, i + 1)
+                sample_rows(self.buffers.logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at],
+                            self.buffers.tokens[at], filtered=row.filtered)
 
     def _prefill_bucketed(self, slot: int, ids: list[int]) -> torch.Tensor:
         """The first ``largest`` tokens padded to their bucket (a graph replay), the rest eagerly."""

@@ -1,9 +1,9 @@
-"""Greedy decode steps in flight: where each step's token ids land on the host, and in what order.
+"""Decode steps in flight: where each step's token ids land on the host, and in what order.
 
-The decode graph takes the argmax on the device; a greedy step only has to bring its B ids
-back. :class:`TokensInFlight` keeps up to two launched steps (slots, positions), each with its
+The decode step takes its tokens on the device (the graph's argmax, or a draw:
+app.engine.sampling.sample_rows); a step only has to bring its B ids back. :class:`TokensInFlight` keeps up to two launched steps (slots, positions), each with its
 own pinned host buffer and CUDA event, so the step after a step can be launched before that
-step's ids have reached the host (its ids come from the device, ``CudaRunner.decode_greedy_launch_next``):
+step's ids have reached the host (its ids come from the device, ``CudaRunner.decode_tokens_launch_next``):
 the GPU then never waits for the host between tokens.
 """
 
@@ -35,7 +35,7 @@ class TokensInFlight:
     def record(self, tokens: torch.Tensor, slots: list[int], positions: list[int]) -> None:
         """Queue the copy of ``tokens[:B]`` (the step just launched) to the host."""
         if len(self._steps) >= MAX_IN_FLIGHT:
-            raise RuntimeError(f"at most {MAX_IN_FLIGHT} greedy decode steps can be in flight")
+            raise RuntimeError(f"at most {MAX_IN_FLIGHT} decode steps can be in flight")
         buf = 1 - self._steps[0][2] if self._steps else 0
         n = len(slots)
         self._host[buf, :n].copy_(tokens[:n], non_blocking=True)

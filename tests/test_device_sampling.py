@@ -1,0 +1,149 @@
+"""Sampled tokens drawn where the logits are (app.engine.sampling): the counter-based uniform
+numbers, the batched draw against the host sampler, the distribution after top-k / top-p, and
+the CudaRunner's decode_tokens steps drawing what the host would draw from the same logits —
+chained on the device like greedy steps. Runner and engine tests run on the CPU
+(ReferenceOps) and, marked ``gpu``, on CUDA with graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine import SamplingParams, scheduler
+from app.engine.sampling import RequestSampler, RowSampling, probabilities, sample_rows, uniform
+from conftest import engine_parts
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+PARAMS = [  # (temperature, top_p, top_k): temperature only, top-p, top-k, both, argmax
+    (0.9, 1.0, 0), (1.3, 0.85, 0), (0.6, 1.0, 7), (1.1, 0.9, 40), (0.0, 1.0, 0),
+]
+
+
+def test_uniform_depends_only_on_seed_position_and_draw():
+    us = [uniform(12345, p) for p in range(20_000)]
+    assert us == [uniform(12345, p) for p in range(20_000)]  # no state
+    assert all(0.0 <= u < 1.0 and float(np.float32(u)) == u for u in us)  # exact in float32
+    assert uniform(12345, 7) != uniform(12346, 7) and uniform(12345, 7) != uniform(12345, 7, draw=1)
+    assert uniform(-3 % 2**64, 5) == uniform(2**64 - 3, 5)
+    counts = np.bincount((np.array(us) * 16).astype(int), minlength=16)
+    chi2 = float(((counts - 1250.0) ** 2 / 1250.0).sum())
+    assert chi2 < 45.0, counts  # 15 degrees of freedom: p < 1e-4 for a fair generator
+
+
+def reference_probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """Written out the plain way, token by token: softmax at the temperature, the k most likely,
+    then the most likely until their mass reaches top_p, renormalized."""
+    p = torch.softmax(logits.double() / temperature, -1)
+    order = sorted(range(len(p)), key=lambda i: (-float(logits[i]), i))
+    keep = order[:top_k] if top_k else order
+    kept = p[keep] / p[keep].sum()
+    mass, chosen = 0.0, []
+    for i, q in zip(keep, kept.tolist()):
+        if mass >= top_p:
+            break
+        chosen.append(i)
+        mass += q
+    out = torch.zeros_like(p)
+    out[chosen] = p[chosen] / p[chosen].sum()
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.7, 0.8, 5), (1.0, 1.0, 3), (1.5, 0.6, 0)])
+def test_draws_follow_the_filtered_distribution(temperature, top_p, top_k):
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0, 1.0, 0.2])  # a tie at 1.0
+    want = reference_probabilities(logits, temperature, top_p, top_k)
+    sampler = RequestSampler(SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=4), [], 8)
+    draws = 40_000
+    counts = torch.bincount(torch.tensor([sampler.sample(logits, p) for p in range(draws)]), minlength=8).double()
+    freq = counts / draws
+    assert torch.all(freq[want == 0] == 0)  # filtered tokens are never drawn
+    assert torch.all((freq - want).abs() <= 4.5 * (want * (1 - want) / draws).sqrt() + 1e-9), (freq, want)
+
+
+def test_batched_draw_equals_the_host_sampler_row_by_row():
+    """sample_rows over rows of different settings gives each row what RequestSampler.sample
+    gives for the same logits and position (fresh random fp16 logits, ties included)."""
+    vocab, positions = 3000, 40
+    g = torch.Generator().manual_seed(9)
+    samplers = [RequestSampler(SamplingParams(temperature=t, top_p=p, top_k=k, seed=100 + i), [], vocab)
+                for i, (t, p, k) in enumerate(PARAMS)]
+    rows = [s.row for s in samplers]
+    for pos in range(positions):
+        logits = (torch.randn(len(rows), vocab + 64, generator=g) * 3).half()  # + padded ids past the vocab
+        want = [s.sample(logits[i], pos) for i, s in enumerate(samplers)]
+        tokens = logits[:, :vocab].float().argmax(-1)  # what the graph leaves; argmax rows keep it
+        temperature, top_p, top_k = (torch.tensor([getattr(r, f) for r in rows]) for f in ("temperature", "top_p", "top_k"))
+        u = torch.tensor([uniform(r.seed, pos) for r in rows])
+        sample_rows(logits[:, :vocab], temperature.float(), top_p.float(), top_k, u, tokens,
+                    filtered=any(r.filtered for r in rows))
+        assert tokens.tolist() == want, pos
+
+
+def test_probabilities_without_filters_are_the_softmax():
+    scaled = torch.randn(3, 500, generator=torch.Generator().manual_seed(1))
+    got = probabilities(scaled, torch.ones(3), torch.zeros(3, dtype=torch.long), filtered=False)
+    assert torch.allclose(got, torch.softmax(scaled, -1))
+    assert torch.allclose(probabilities(scaled, torch.ones(3), torch.zeros(3, dtype=torch.long), filtered=True), got,
+                          atol=1e-7)  # top_p 1, top_k 0: the filters keep everything
+
+
+def test_penalties_keep_the_draw_on_the_host():
+    assert RequestSampler(SamplingParams(temperature=0.5, presence_penalty=0.5), [], 10).row is None
+    assert RequestSampler(SamplingParams(temperature=0, repetition_penalty=1.1), [], 10).row is None
+    row = RequestSampler(SamplingParams(temperature=0.5, top_p=0.9, seed=-1), [1, 2], 10).row
+    assert row == RowSampling(0.5, 0.9, 0, 2**64 - 1, 10) and row.filtered
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_tokens_draw_what_the_host_draws_from_the_same_logits(model_dir, device):
+    """Two sequences with different settings step by step: the runner's own draw (set_sampling,
+    decode_tokens) equals RequestSampler.sample on the logits of the same step."""
+    loaded, _, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
+    vocab = loaded.tokenizer.vocab_size
+    prompts = [loaded.tokenizer.encode("Once upon a time"), loaded.tokenizer.encode("def main():")]
+    for settings in (PARAMS[0], PARAMS[3], PARAMS[1]):
+        samplers = [RequestSampler(SamplingParams(temperature=t, top_p=p, top_k=k, seed=7 + i), [], vocab)
+                    for i, (t, p, k) in enumerate((settings, PARAMS[4]))]  # slot 1: argmax
+        for slot, sampler in enumerate(samplers):
+            runner.set_sampling(slot, sampler.row)
+        ids = [int(runner.prefill(slot, prompt, 0).argmax()) for slot, prompt in enumerate(prompts)]
+        positions = [len(p) for p in prompts]
+        drawn_differently = 0
+        for _ in range(24):
+            logits = runner.decode([0, 1], ids, positions)  # the host path (same step, same cache writes)
+            want = [s.sample(logits[i], positions[i] + 1) for i, s in enumerate(samplers)]
+            got = runner.decode_tokens([0, 1], ids, positions)
+            assert got == want
+            drawn_differently += want[0] != int(logits[0, :vocab].argmax())
+            ids, positions = got, [p + 1 for p in positions]
+        assert drawn_differently > 0  # the sampled slot really sampled
+
+
+def run_engine(loaded, engine_type, runner, params: list[SamplingParams], prompts) -> tuple[list[list[int]], int]:
+    """Token ids of requests run together (no guessing), and how many steps were chained."""
+    chained = []
+    launch_next = runner.decode_tokens_launch_next
+    runner.decode_tokens_launch_next = lambda: chained.append(1) or launch_next()
+    try:
+        with engine_type(loaded, runner, len(prompts), lookup_draft=0) as engine:
+            handles = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
+            return [list(h.result.token_ids) for h in handles], len(chained)
+    finally:
+        runner.decode_tokens_launch_next = launch_next
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(model_dir, device, monkeypatch):
+    """Seeded sampled requests (one with top-p / top-k) decode through chained device steps,
+    and their tokens equal the same requests drawn on the host from each step's logits."""
+    loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
+    prompts = [loaded.tokenizer.encode("Write a poem"), loaded.tokenizer.encode("List three colors")]
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=14, temperature=1.2, top_p=0.9, top_k=50, seed=5, ignore_eos=True)]
+    on_device, chained = run_engine(loaded, engine_type, runner, params, prompts)
+    assert chained > 0
+    assert on_device == run_engine(loaded, engine_type, runner, params, prompts)[0]  # the same seeds, the same text
+    monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", False)  # every draw on the host
+    on_host, chained = run_engine(loaded, engine_type, runner, params, prompts)
+    assert chained == 0 and on_host == on_device
