@@ -9,7 +9,7 @@
    (equally distributed) texts, so their lengths differ. Printed side by side: decode
    tokens/s and the ratio, guesses kept.
 2. What a step that checks k guesses costs on the product's model shapes (synthetic Qwen2.5-3B
-   `w4` and 7B `mixed` weights after a 512-token prompt): ``greedy_rows`` with 1 + k rows
+   `w4` and 7B `mixed` weights after a 512-token prompt): ``tokens_rows`` with 1 + k rows
    against a one-token ``decode_tokens``, both as the scheduler calls them (host loop, ids
    read back each step), and against the chained one-token loop the scheduler runs without
    guesses (``decode_tokens_launch_next``).
@@ -125,7 +125,7 @@ def step_costs(model: str, recipe: str) -> dict:
     runner.decode_tokens_launch([0], [7], [512])
     chain = timed(chained)
     runner.decode_tokens_collect()
-    rows = {k: timed(lambda i, k=k: runner.greedy_rows(0, [7] * (k + 1), 512)) for k in GUESSES}
+    rows = {k: timed(lambda i, k=k: runner.tokens_rows(0, [7] * (k + 1), 512)) for k in GUESSES}
     runner.close()
     del runner
     gc.collect()

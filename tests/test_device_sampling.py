@@ -24,7 +24,7 @@ def test_uniform_depends_only_on_seed_position_and_draw():
     us = [uniform(12345, p) for p in range(20_000)]
     assert us == [uniform(12345, p) for p in range(20_000)]  # no state
     assert all(0.0 <= u < 1.0 and float(np.float32(u)) == u for u in us)  # exact in float32
-    assert uniform(12345, 7) != uniform(12346, 7) and uniform(12345, 7) != uniform(12345, 7, draw=1)
+    assert uniform(12345, 7) != uniform(12346, 7) != uniform(12346, 8)
     assert uniform(-3 % 2**64, 5) == uniform(2**64 - 3, 5)
     counts = np.bincount((np.array(us) * 16).astype(int), minlength=16)
     chi2 = float(((counts - 1250.0) ** 2 / 1250.0).sum())
@@ -173,3 +173,59 @@ def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(model
     monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", False)  # every draw on the host
     on_host, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained == 0 and on_host == on_device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tokens_rows_draw_each_row_as_the_host_draws_it(model_dir, device):
+    """The rows that check guessed tokens (consecutive tokens of one sequence in one step):
+    tokens_rows draws each row as RequestSampler.sample does on the logits of the same step
+    (logits_rows), at the row's own position. Exact on the CPU; on the GPU within fp32
+    rounding of the draw's boundary."""
+    loaded, _, runner = engine_parts(model_dir, slots=1, max_context=96, device=device)
+    vocab = loaded.tokenizer.vocab_size
+    prompt = loaded.tokenizer.encode("The quick brown fox")
+    start = len(prompt) - 1
+    runner.prefill(0, prompt[:-1], 0)
+    equal = 0
+    for settings in (PARAMS[0], PARAMS[3]):
+        sampler = RequestSampler(SamplingParams(temperature=settings[0], top_p=settings[1], top_k=settings[2],
+                                                seed=21), [], vocab)
+        for trial in range(4):
+            guesses = torch.randint(0, vocab, (4,), generator=torch.Generator().manual_seed(trial)).tolist()
+            ids = [prompt[-1], *guesses]
+            logits = runner.logits_rows(0, ids, start)
+            want = [sampler.sample(logits[i], start + i + 1) for i in range(len(ids))]
+            got = runner.tokens_rows(0, ids, start, sampler.row)
+            if device == "cpu":
+                assert got == want
+            for i, token in enumerate(got):
+                assert token == want[i] or within_rounding_of_the_draw(sampler, logits[i], start + i + 1, token)
+            equal += got == want
+    assert equal >= 6
+    argmax = runner.tokens_rows(0, ids, start)  # no row: the argmax
+    assert argmax == [int(runner.logits_rows(0, ids, start)[i].argmax()) for i in range(len(ids))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_guessing_on_the_device_gives_the_host_text(tiny_qwen_dir, device, monkeypatch):
+    """Seeded sampled requests on tiny models whose output repeats itself (test_lookup's), with
+    guesses kept and missed: the text is the same with guessing off, and with every token
+    drawn on the host."""
+    from test_lookup import PROMPT, SEEDS, engine_on
+
+    cases = [SamplingParams(max_tokens=80, temperature=0.1, seed=5, ignore_eos=True),
+             SamplingParams(max_tokens=80, temperature=0.1, top_p=0.9, seed=6, ignore_eos=True)]
+
+    def run(model_seed: int, draft: int = 7) -> tuple[list[list[int]], dict]:
+        with engine_on(tiny_qwen_dir, device, draft, model_seed) as engine:
+            return [list(engine.generate(PROMPT, p).result.token_ids) for p in cases], engine.stats()
+
+    kept = 0
+    for model_seed in SEEDS:
+        on_device, stats = run(model_seed)
+        kept += stats["lookup_kept"]
+        assert run(model_seed, draft=0)[0] == on_device  # guessing off
+        monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", False)
+        assert run(model_seed)[0] == on_device
+        monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", True)
+    assert kept > 0  # guesses were kept (and, the rows after them drawn, missed)

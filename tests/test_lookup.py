@@ -181,27 +181,30 @@ def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_requests_guess_too_and_stay_reproducible(tiny_qwen_dir, device):
-    """Sampling: guesses are checked against the logits; the same seed gives the same text
-    again. (A low temperature: the tiny random models' distributions are flat.)"""
+def test_sampled_requests_guess_too_and_give_the_text_of_guessing_off(tiny_qwen_dir, device):
+    """Sampling: each checked row draws the token of its position, so a seeded request gives
+    the same text with guessing on and off, and again. (A low temperature: the tiny random
+    models' distributions are flat; test_device_sampling has cases where guesses are kept.)"""
     from app.engine import SamplingParams
 
-    guessed = kept = 0
+    guessed = 0
     for model_seed in SEEDS:
-        with engine_on(tiny_qwen_dir, device, 7, model_seed) as engine:
-            for seed in (5, 6):
-                params = SamplingParams(max_tokens=80, temperature=0.1, seed=seed, ignore_eos=True)
-                first = engine.generate(PROMPT, params).result
-                second = engine.generate(PROMPT, params).result
-                assert first.token_ids == second.token_ids and len(first.token_ids) == 80
-            stats = engine.stats()
-        guessed += stats["lookup_guessed"]
-        kept += stats["lookup_kept"]
-    assert guessed > 0 and kept > 0
+        texts = {}
+        for draft in (7, 0):
+            with engine_on(tiny_qwen_dir, device, draft, model_seed) as engine:
+                for seed in (5, 6):
+                    params = SamplingParams(max_tokens=80, temperature=0.1, seed=seed, ignore_eos=True)
+                    first = engine.generate(PROMPT, params).result
+                    second = engine.generate(PROMPT, params).result
+                    assert first.token_ids == second.token_ids and len(first.token_ids) == 80
+                    texts[draft, seed] = first.token_ids
+                guessed += engine.stats()["lookup_guessed"]
+        assert texts[7, 5] == texts[0, 5] and texts[7, 6] == texts[0, 6]
+    assert guessed > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_greedy_rows_equal_one_token_at_a_time(device):
+def test_tokens_rows_equal_one_token_at_a_time(device):
     """The runner's check of guessed tokens: row j's argmax is what decoding token j alone gives."""
     from test_cuda_runtime import random_model, runtime_weights, tiny_spec
 
@@ -212,13 +215,13 @@ def test_greedy_rows_equal_one_token_at_a_time(device):
     prompt = [5, 17, 99, 3, 250, 8, 41]
     runner.prefill(1, prompt, 0)
     guess = [12, 600, 7, 7, 31, 2, 900]
-    got = runner.greedy_rows(1, [42, *guess], len(prompt))
+    got = runner.tokens_rows(1, [42, *guess], len(prompt))
     want = []
     for j, token in enumerate([42, *guess]):
         want += runner.decode_tokens([1], [token], [len(prompt) + j])
     assert got == want
     with pytest.raises(ValueError):
-        runner.greedy_rows(1, list(range(runner.max_verify_rows + 1)), len(prompt))
+        runner.tokens_rows(1, list(range(runner.max_verify_rows + 1)), len(prompt))
 
 
 def test_a_runner_that_cannot_check_guesses_never_guesses(tiny_qwen_dir):

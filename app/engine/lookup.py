@@ -4,7 +4,7 @@ What the tray is asked to do most (fix, rewrite, translate names, reformat a sel
 copies long spans of the prompt into the answer, and greedy decoding that loops copies its
 own output. When the last few tokens occurred earlier in the sequence, the tokens that
 followed them then are a good guess for what comes next. The runner checks a guess of k
-tokens in one step of k + 1 rows (``CudaRunner.greedy_rows``) that costs little more than one
+tokens in one step of k + 1 rows (``CudaRunner.tokens_rows``) that costs little more than one
 token on a memory-bound GPU; every guessed token that equals the model's own argmax is kept,
 plus the argmax after the last one kept. The output is exactly greedy decoding's (the rows
 are bit-equal to one-at-a-time decoding, docs/ENGINE_API.md), only faster when guesses hit.

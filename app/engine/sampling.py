@@ -4,8 +4,9 @@ Order (as in transformers): repetition penalty → presence/frequency penalties 
 temperature → top-k → top-p → draw. The draw takes one uniform number per token from
 :func:`uniform`, a pure function of the request's seed and the token's position: the same
 seed gives the same text whatever else runs in the batch, whether the runner draws on the
-host or on the device (:func:`sample_rows`, the CUDA runner's decode step), and when a
-preempted request re-runs its positions.
+host or on the device (:func:`sample_rows`, the CUDA runner's decode step), with guessed
+tokens checked or not (:meth:`RequestSampler.check`), and when a preempted request re-runs
+its positions.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from app.engine.params import SamplingParams
 _MASK64 = (1 << 64) - 1
 
 
-def uniform(seed: int, position: int, draw: int = 0) -> float:
-    """A number in [0, 1), exact in float32 (24 bits), from (seed, position, draw) alone:
-    SplitMix64's finalizer over a Weyl step per counter (counter-based, no state to advance)."""
-    z = (seed + 0x9E3779B97F4A7C15 * (4 * position + draw + 1)) & _MASK64
+def uniform(seed: int, position: int) -> float:
+    """A number in [0, 1), exact in float32 (24 bits), from (seed, position) alone: SplitMix64's
+    finalizer over a Weyl step per position (counter-based, no state to advance)."""
+    z = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return ((z ^ (z >> 31)) >> 40) / float(1 << 24)
@@ -131,18 +132,13 @@ class RequestSampler:
 
     def check(self, logits: torch.Tensor, guess: int, position: int) -> tuple[int, bool]:
         """The token at ``position`` when ``guess`` was proposed for it (app.engine.lookup), and
-        whether it is the guess. Greedy: the argmax. Sampling: speculative sampling with a
-        guess that is certain of itself — keep it with probability p(guess), else draw from p
-        without it — so the token is distributed exactly as :meth:`sample`'s."""
-        logits = self._penalized(logits)
-        if self.params.greedy:
-            token = int(torch.argmax(logits))
-            return token, token == guess
-        probs = self._probabilities(logits)
-        if uniform(self.seed, position, draw=1) < float(probs[guess]):
-            return guess, True
-        probs[guess] = 0.0
-        return self._draw(probs, uniform(self.seed, position)), False
+        whether it is the guess: the token :meth:`sample` draws, kept as the guess when equal.
+        For a guess certain of itself that is speculative sampling's rule — the guess is kept
+        with probability p(guess), otherwise the token follows p without it — and it makes a
+        token a function of the seed, the position and the logits alone: a request's text is
+        the same with guessing on or off, and whatever else runs."""
+        token = self.sample(logits, position)
+        return token, token == guess
 
     @staticmethod
     def _draw(weights: torch.Tensor, u: float) -> int:

@@ -201,10 +201,11 @@ class Scheduler:
 
     def _decode_guessed(self, seq: Sequence) -> bool:
         """One step that checks tokens guessed from the sequence itself (app.engine.lookup):
-        greedy keeps the guesses equal to the model's argmax, sampling keeps each with the
-        probability the model gives it (``RequestSampler.check``), and the row after the
-        last guess kept gives one more token. False when nothing was guessed: the caller
-        decodes as usual."""
+        each row's token is the one decoding would take there (the argmax, or the draw of that
+        position: ``RequestSampler.check``, on the device where the runner can), a guess is
+        kept while it equals it, and the row after the last guess kept gives one more token.
+        So the text is the same as without guessing. False when nothing was guessed: the
+        caller decodes as usual."""
         if self.max_draft < 1 or not self._guess(seq):
             return False
         self._settle_in_flight()  # their tokens come first (and may finish the sequence)
@@ -214,9 +215,9 @@ class Scheduler:
         if not draft:
             return False
         rows = [seq.all_ids[-1], *draft]
-        if seq.sampler.plain_greedy:
-            argmax = self.runner.greedy_rows(seq.slot, rows, seq.cached)
-            checked = ((token, i < len(draft) and token == draft[i]) for i, token in enumerate(argmax))
+        if self._on_device(seq.sampler.row):  # the argmax or the draw of every row, on the device
+            tokens = self.runner.tokens_rows(seq.slot, rows, seq.cached, seq.sampler.row)
+            checked = ((token, i < len(draft) and token == draft[i]) for i, token in enumerate(tokens))
         else:
             logits = self.runner.logits_rows(seq.slot, rows, seq.cached)
             checked = (seq.sampler.check(logits[i], draft[i], len(seq.all_ids)) if i < len(draft)

@@ -186,22 +186,25 @@ class CudaRunner:
 
     @property
     def max_verify_rows(self) -> int:
-        """Tokens of one sequence :meth:`greedy_rows` takes at most (one step's rows)."""
+        """Tokens of one sequence :meth:`tokens_rows` takes at most (one step's rows)."""
         return min(self.buffers.rows, ONE_SLOT_ROWS)
 
     @torch.inference_mode()
-    def greedy_rows(self, slot: int, ids: list[int], start: int) -> list[int]:
-        """The argmax after each of ``ids`` (run at positions start.. of ``slot``), in one step
+    def tokens_rows(self, slot: int, ids: list[int], start: int, row: RowSampling | None = None) -> list[int]:
+        """The token after each of ``ids`` (run at positions start.. of ``slot``), in one step
         whose row j attends to positions 0..start+j: the check of guessed tokens
-        (app.engine.lookup). Bit-equal to decoding the ids one at a time: the kernels'
+        (app.engine.lookup). The argmax, or drawn as ``row`` says (each token from its own
+        position's uniform number). Bit-equal to decoding the ids one at a time: the kernels'
         rows do not depend on each other or on the batch size (docs/ENGINE_API.md).
         Steps in flight are waited for and dropped first."""
         self._run_one_slot(slot, ids, start)
+        if row is not None and row.temperature > 0:
+            self._draw_tokens([row] * len(ids), list(range(start, start + len(ids))))
         return self.buffers.tokens[: len(ids)].tolist()
 
     @torch.inference_mode()
     def logits_rows(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
-        """Like :meth:`greedy_rows`, the float32 logits [len(ids), V] on the CPU (for sampling)."""
+        """Like :meth:`tokens_rows`, the float32 logits [len(ids), V] on the CPU (for penalties)."""
         self._run_one_slot(slot, ids, start)
         return self.buffers.logits[: len(ids)].to("cpu").float()
 
@@ -227,27 +230,21 @@ class CudaRunner:
         rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
         self._run_rows(rows, ids_on_device)
         if take_tokens:
-            self._draw_tokens(slots, positions)
+            self._draw_tokens([self._sampling.get(slot) for slot in slots], positions)
 
-    def _draw_tokens(self, slots: list[int], positions: list[int]) -> None:
-        """Overwrite the argmax of the slots that sample with a draw, on the device, in stream
-        order after the step (each row's uniform number from its seed and the new token's
-        position: the host draws the same, app.engine.sampling)."""
-        rows = [self._sampling.get(slot) for slot in slots]
+    def _draw_tokens(self, rows: list[RowSampling | None], positions: list[int]) -> None:
+        """Overwrite the argmax of the step's rows that sample (``rows[i]`` not None) with a
+        draw, on the device, in stream order after the step: row i's uniform number from its
+        seed and the new token's position ``positions[i] + 1`` (the host draws the same,
+        app.engine.sampling)."""
         drawn = [row for row in rows if row is not None]
         if not drawn:
             return
-        n, vocab = len(slots), min(drawn[0].vocab, self.spec.vocab_size)
-        host = self._host_draw
-        if self._draw_uploaded is not None:
-            self._draw_uploaded.synchronize()  # the previous upload has left the pinned buffer
-        host[:, :n] = torch.tensor([[0.0, 1.0, 0.0, 0.0] if row is None else  # (argmax rows)
-                                    [row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1)]
-                                    for row, pos in zip(rows, positions)], dtype=torch.float32).t()
-        inputs = self._draw_inputs[:, :n]
-        inputs.copy_(host[:, :n], non_blocking=True)
-        if self._draw_uploaded is not None:
-            self._draw_uploaded.record()
+        vocab = min(drawn[0].vocab, self.spec.vocab_size)
+        inputs = self._upload_draw_inputs([
+            [0.0, 1.0, 0.0, 0.0] if row is None else  # (argmax rows)
+            [row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1)]
+            for row, pos in zip(rows, positions)])
         temperature, top_p, top_k, u = inputs
         top_k = top_k.long()
         for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
@@ -255,6 +252,18 @@ class CudaRunner:
                 at = slice(i, i + 1)
                 sample_rows(self.buffers.logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at],
                             self.buffers.tokens[at], filtered=row.filtered)
+
+    def _upload_draw_inputs(self, values: list[list[float]]) -> torch.Tensor:
+        """Rows of DRAW_INPUTS values -> their device copy [len(DRAW_INPUTS), n] (asynchronous)."""
+        n, host = len(values), self._host_draw
+        if self._draw_uploaded is not None:
+            self._draw_uploaded.synchronize()  # the previous upload has left the pinned buffer
+        host[:, :n] = torch.tensor(values, dtype=torch.float32).t()
+        inputs = self._draw_inputs[:, :n]
+        inputs.copy_(host[:, :n], non_blocking=True)
+        if self._draw_uploaded is not None:
+            self._draw_uploaded.record()
+        return inputs
 
     def _prefill_bucketed(self, slot: int, ids: list[int]) -> torch.Tensor:
         """The first ``largest`` tokens padded to their bucket (a graph replay), the rest eagerly."""
