@@ -81,7 +81,8 @@ def measure(engine: Engine, label: str, prompts_by_batch: dict[int, list[list[in
             row["speedup"] = row["device_tokens_per_s"] / row["host_tokens_per_s"]
             rows.append(row)
             print(f"{label:18s} batch {batch}  {mode_name:26s} device {row['device_tokens_per_s']:8.1f} tok/s  "
-                  f"host {row['host_tokens_per_s']:8.1f} tok/s  {row['speedup']:4.2f}x  same tokens {row['same_tokens']}",
+                  f"host {row['host_tokens_per_s']:8.1f} tok/s  {row['speedup']:4.2f}x  "
+                  f"same tokens {row['same_tokens']}",
                   flush=True)
     scheduler.DRAW_ON_DEVICE = True
     return rows

@@ -89,8 +89,14 @@ def model_dir(device, request) -> Path:
     return request.getfixturevalue("tiny_qwen_dir" if device == "cpu" else "tiny_qwen_kernel_dir")
 
 
-def engine_parts(model_dir: Path, slots: int, max_context: int, device: str):
-    """The loaded tiny model, the Engine class and a CudaRunner on ``device`` over its fp16 weights."""
+@pytest.fixture
+def engine_parts():
+    """build(model_dir, slots, max_context, device) -> (the loaded tiny model, the Engine class,
+    a CudaRunner on ``device`` over its fp16 weights)."""
+    return _engine_parts
+
+
+def _engine_parts(model_dir: Path, slots: int, max_context: int, device: str):
     from app.engine import Engine
     from app.engine.cuda.runner import CudaRunner
     from app.engine.cuda.weights import weights_from_model

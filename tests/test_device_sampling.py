@@ -12,7 +12,6 @@ import torch
 
 from app.engine import SamplingParams, scheduler
 from app.engine.sampling import RequestSampler, RowSampling, probabilities, sample_rows, uniform
-from conftest import engine_parts
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 PARAMS = [  # (temperature, top_p, top_k): temperature only, top-p, top-k, both, argmax
@@ -20,7 +19,7 @@ PARAMS = [  # (temperature, top_p, top_k): temperature only, top-p, top-k, both,
 ]
 
 
-def test_uniform_depends_only_on_seed_position_and_draw():
+def test_uniform_depends_only_on_seed_and_position():
     us = [uniform(12345, p) for p in range(20_000)]
     assert us == [uniform(12345, p) for p in range(20_000)]  # no state
     assert all(0.0 <= u < 1.0 and float(np.float32(u)) == u for u in us)  # exact in float32
@@ -73,7 +72,8 @@ def test_batched_draw_equals_the_host_sampler_row_by_row():
         logits = (torch.randn(len(rows), vocab + 64, generator=g) * 3).half()  # + padded ids past the vocab
         want = [s.sample(logits[i], pos) for i, s in enumerate(samplers)]
         tokens = logits[:, :vocab].float().argmax(-1)  # what the graph leaves; argmax rows keep it
-        temperature, top_p, top_k = (torch.tensor([getattr(r, f) for r in rows]) for f in ("temperature", "top_p", "top_k"))
+        temperature, top_p, top_k = (torch.tensor([getattr(r, name) for r in rows])
+                                     for name in ("temperature", "top_p", "top_k"))
         u = torch.tensor([uniform(r.seed, pos) for r in rows])
         sample_rows(logits[:, :vocab], temperature.float(), top_p.float(), top_k, u, tokens,
                     filtered=any(r.filtered for r in rows))
@@ -112,7 +112,7 @@ CDF_TOLERANCE = 1e-4
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_decode_tokens_draw_what_the_host_draws_from_the_same_logits(model_dir, device):
+def test_decode_tokens_draw_what_the_host_draws_from_the_same_logits(engine_parts, model_dir, device):
     """Two sequences with different settings step by step: the runner's own draw (set_sampling,
     decode_tokens) equals RequestSampler.sample on the logits of the same step — on the CPU
     exactly; on the GPU, where the cumulative sums round differently, the drawn token must
@@ -158,7 +158,8 @@ def run_engine(loaded, engine_type, runner, params: list[SamplingParams], prompt
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(model_dir, device, monkeypatch):
+def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(engine_parts, model_dir, device,
+                                                                            monkeypatch):
     """Seeded sampled requests (one with top-p / top-k) decode through chained device steps,
     and their tokens equal the same requests drawn on the host from each step's logits."""
     loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
@@ -176,7 +177,7 @@ def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(model
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_tokens_rows_draw_each_row_as_the_host_draws_it(model_dir, device):
+def test_tokens_rows_draw_each_row_as_the_host_draws_it(engine_parts, model_dir, device):
     """The rows that check guessed tokens (consecutive tokens of one sequence in one step):
     tokens_rows draws each row as RequestSampler.sample does on the logits of the same step
     (logits_rows), at the row's own position. Exact on the CPU; on the GPU within fp32

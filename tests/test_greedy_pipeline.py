@@ -9,13 +9,12 @@ import threading
 
 import pytest
 
-from conftest import engine_parts
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_greedy_through_decode_tokens_equals_logits_argmax(model_dir, device):
+def test_engine_greedy_through_decode_tokens_equals_logits_argmax(engine_parts, model_dir, device):
     """The scheduler's device-argmax seam gives what sampling the logits would."""
     from app.engine import SamplingParams
 
@@ -40,7 +39,7 @@ def test_engine_greedy_through_decode_tokens_equals_logits_argmax(model_dir, dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_pipelined_greedy_decode_survives_finishes_and_arrivals(model_dir, device):
+def test_pipelined_greedy_decode_survives_finishes_and_arrivals(engine_parts, model_dir, device):
     """Requests that finish (subset of the step launched ahead) or arrive (prefill: the step in
     flight is settled first) mid-stream still give exactly the tokens they give alone."""
     from app.engine import SamplingParams
@@ -59,7 +58,7 @@ def test_pipelined_greedy_decode_survives_finishes_and_arrivals(model_dir, devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_only_small_greedy_batches_are_chained_on_the_device(model_dir, device):
+def test_only_small_greedy_batches_are_chained_on_the_device(engine_parts, model_dir, device):
     """Steps of more than CHAIN_MAX_SEQUENCES sequences keep the one-step-ahead flow (ids from
     the host); smaller ones are chained; the tokens are the same either way."""
     from app.engine import SamplingParams
@@ -85,7 +84,7 @@ def test_only_small_greedy_batches_are_chained_on_the_device(model_dir, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(model_dir, device):
+def test_arrivals_settle_the_steps_in_flight_instead_of_recomputing_them(engine_parts, model_dir, device):
     """Eight clients send requests back to back, as the server benchmark does: every arrival
     prefills while other sequences have a greedy step in flight. Those steps' tokens are
     accepted, not thrown away and recomputed, so the decode rows run are the decode tokens

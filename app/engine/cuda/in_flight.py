@@ -1,10 +1,11 @@
 """Decode steps in flight: where each step's token ids land on the host, and in what order.
 
 The decode step takes its tokens on the device (the graph's argmax, or a draw:
-app.engine.sampling.sample_rows); a step only has to bring its B ids back. :class:`TokensInFlight` keeps up to two launched steps (slots, positions), each with its
-own pinned host buffer and CUDA event, so the step after a step can be launched before that
-step's ids have reached the host (its ids come from the device, ``CudaRunner.decode_tokens_launch_next``):
-the GPU then never waits for the host between tokens.
+app.engine.sampling.sample_rows); a step only has to bring its B ids back.
+:class:`TokensInFlight` keeps up to two launched steps (slots, positions), each with its own
+pinned host buffer and CUDA event, so the step after a step can be launched before that
+step's ids have reached the host (its ids come from the device,
+``CudaRunner.decode_tokens_launch_next``): the GPU then never waits for the host between tokens.
 """
 
 from __future__ import annotations
