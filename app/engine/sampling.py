@@ -5,8 +5,8 @@ temperature → top-k → top-p → draw. The draw takes one uniform number per 
 :func:`uniform`, a pure function of the request's seed and the token's position: the same
 seed gives the same text whatever else runs in the batch, whether the runner draws on the
 host or on the device (:func:`sample_rows`, the CUDA runner's decode step), with guessed
-tokens checked or not (:meth:`RequestSampler.check`), and when a preempted request re-runs
-its positions.
+tokens checked or not (:meth:`RequestSampler.check`); a preempted request that re-runs its
+positions draws the same numbers again.
 """
 
 from __future__ import annotations
