@@ -125,7 +125,7 @@ def _sampling(body: dict, max_tokens_fields: tuple[str, ...]) -> dict:
         out["top_k"] = 0 if top_k == -1 else top_k  # -1 is vLLM's spelling of "off"
     seed = _integer(body, "seed")
     if seed is not None:
-        if not -(2**63) <= seed < 2**64:  # what a torch.Generator seed can hold
+        if not -(2**63) <= seed < 2**64:  # 64 bits (app.engine.sampling hashes the seed modulo 2**64)
             raise invalid_param("seed", f"seed: must fit in 64 bits, got {seed}")
         out["seed"] = seed
     stop = _stop(body)
