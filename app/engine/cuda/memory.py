@@ -181,7 +181,8 @@ class MemoryPlan:
     prefill_mode: str  # "gemm" (dequantize + cuBLAS) or "graph" (GEMV kernels, decode_rows tokens a replay)
     prefill_chunk: int  # tokens per GEMM pass
     tile_elements: int  # dequantized weight tile of the GEMM prefill
-    filtered_draw_bytes: int = 0  # room for top-k / top-p draws on the device (0: those draw on the host)
+    filtered_draw: bool = False  # top-k / top-p draws on the device (else on the host)
+    filtered_draw_bytes: int = 0  # what they add to the plan (0 where they share a segment kept anyway)
 
     @property
     def total_bytes(self) -> int:
@@ -205,6 +206,7 @@ class MemoryPlan:
                 f"{f' ({self.prefill_chunk} tokens a replay)' if self.prefill_mode == 'graph' else ''}"
                 f"{f' + graphs {self.prefill_graph_bytes / MiB:.0f} MiB' if self.prefill_graph_bytes else ''}, "
                 f"{f'top-k/top-p draws {self.filtered_draw_bytes / MiB:.0f} MiB, ' if self.filtered_draw_bytes else ''}"
+                f"{'' if self.filtered_draw else 'top-k/top-p drawn on the host, '}"
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
 
@@ -253,10 +255,20 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
 
 
 def _with_filtered_draw(spec: ModelSpec, plan: MemoryPlan) -> MemoryPlan:
-    """Room for top-k / top-p draws on the device where the plan leaves it (a last priority:
-    without it those requests draw on the host, one logits row a token)."""
-    extra = draw_bytes(spec, filtered=True) - draw_bytes(spec, filtered=False)
-    return dataclasses.replace(plan, filtered_draw_bytes=extra) if plan.headroom_bytes >= extra else plan
+    """Top-k / top-p draws on the device where the plan has room for their sort (a last
+    priority: without it those requests draw on the host, one logits row a token). A plan that
+    already keeps a 20 MB allocator segment for eager temporaries — the GEMM prefill's
+    workspace, the 16-row graph prefill's margin — serves the sort's tensors from it: they are
+    never alive at the same time (a step either prefills or draws)."""
+    tensors = spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT
+    wide = plan.decode_rows > max(plan.num_slots, GRAPH_PREFILL_ROWS)  # (the wide rows carry the margin)
+    if (plan.prefill_mode == "gemm" or wide) and tensors <= LARGE_SEGMENT:
+        extra = 0
+    else:
+        extra = tensors + LARGE_SEGMENT - draw_bytes(spec, filtered=False)
+    if plan.headroom_bytes < extra:
+        return plan
+    return dataclasses.replace(plan, filtered_draw=True, filtered_draw_bytes=extra)
 
 
 def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int,

@@ -95,7 +95,7 @@ class CudaRunner:
         self._draw_inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=self.device)
         self._draw_uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
         # top-k / top-p draws need a sort's workspace: only where the VRAM plan has room for it
-        self.draws_filtered = plan is None or plan.filtered_draw_bytes > 0
+        self.draws_filtered = plan is None or plan.filtered_draw
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
