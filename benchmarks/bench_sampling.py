@@ -51,8 +51,8 @@ def main() -> None:
         probs = sampler._probabilities(sampler._penalized(logits))
         generator = torch.Generator().manual_seed(2)
         row = dict(vocab=name, size=vocab,
-                   sample_ms=per_call_ms(lambda: sampler.sample(logits)),
-                   draw_ms=per_call_ms(lambda: sampler._draw(probs)),
+                   sample_ms=per_call_ms(lambda: sampler.sample(logits, 100)),
+                   draw_ms=per_call_ms(lambda: sampler._draw(probs, 0.5)),
                    multinomial_ms=per_call_ms(lambda: torch.multinomial(probs, 1, generator=generator)))
         row["sample_with_multinomial_ms"] = row["sample_ms"] - row["draw_ms"] + row["multinomial_ms"]
         row["speedup"] = row["sample_with_multinomial_ms"] / row["sample_ms"]
