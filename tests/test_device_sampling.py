@@ -257,9 +257,9 @@ def test_top_p_draws_stay_on_the_host_without_room_for_the_sort(engine_parts, ti
     loaded, engine_type, runner = engine_parts(tiny_qwen_dir, slots=1, max_context=64, device="cpu")
     params = [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, seed=1, ignore_eos=True)]
     prompts = [loaded.tokenizer.encode("Hello there")]
-    runner.draws_filtered = False  # what a plan without room for the sort says
+    runner.draw.filtered = False  # what a plan without room for the sort says
     on_host, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained == 0
-    runner.draws_filtered = True
+    runner.draw.filtered = True
     on_device, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained > 0 and on_device == on_host

@@ -6,8 +6,8 @@
 - Decode: the whole step (embedding -> layers -> norm -> lm_head -> argmax) is one CUDA
   graph per batch bucket (app.engine.cuda.graphs); :meth:`decode_tokens` copies back only
   the token ids (the argmax, or drawn on the device after the replay for the slots
-  :meth:`set_sampling` names: app.engine.sampling.sample_rows), :meth:`decode` the logits
-  rows (for penalties).
+  :meth:`set_sampling` names: app.engine.cuda.draw), :meth:`decode` the logits rows (for
+  penalties).
 - Prefill: "gemm" = dequantized weight tiles + cuBLAS + SDPA (app.engine.cuda.prefill), the
   first chunk of a prompt (start 0) replayed from a CUDA graph per token bucket, padded
   (app.engine.cuda.prefill_graphs), later chunks eagerly; "graph" = the decode graph with
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from app.engine.cuda.dequant import dequant_kernel_or_none
+from app.engine.cuda.draw import DeviceDraw
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
 from app.engine.cuda.in_flight import TokensInFlight
 from app.engine.cuda.ops import default_ops
@@ -33,7 +34,7 @@ from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
 from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
-from app.engine.sampling import RowSampling, sample_rows, uniform
+from app.engine.sampling import RowSampling
 from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
     resolve_budget,
@@ -50,7 +51,6 @@ from app.kernels.gemv import MAX_BATCH
 # stages the new rows of a slot within a window of this many positions (attention.cu).
 ONE_SLOT_ROWS = ROPE_WINDOW
 MAX_SLOTS = MAX_BATCH  # sequences decoded together: a decode step's rows go through the GEMVs
-DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row, for sample_rows
 
 
 def check_slots(num_slots: int, label: str = "the model") -> None:
@@ -87,15 +87,8 @@ class CudaRunner:
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
         # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
-        # Slots whose decode_tokens steps draw their token (set_sampling), and the draw's per-row
-        # inputs (DRAW_INPUTS), uploaded like _host_inputs.
-        self._sampling: dict[int, RowSampling] = {}
-        self._host_draw = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32,
-                                      pin_memory=self.device.type == "cuda")
-        self._draw_inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=self.device)
-        self._draw_uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        # top-k / top-p draws need a sort's workspace: only where the VRAM plan has room for it
-        self.draws_filtered = plan is None or plan.filtered_draw
+        # Sampled tokens drawn after the step; top-k / top-p only where the plan has room for the sort.
+        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
@@ -143,15 +136,12 @@ class CudaRunner:
 
     def can_draw(self, row: RowSampling) -> bool:
         """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host)."""
-        return self.draws_filtered or not row.filtered
+        return self.draw.can_draw(row)
 
     def set_sampling(self, slot: int, row: RowSampling | None) -> None:
         """How the decode_tokens steps take ``slot``'s token from now on: drawn as ``row`` says,
         or the argmax (None, or temperature 0)."""
-        if row is None or row.temperature == 0:
-            self._sampling.pop(slot, None)
-        else:
-            self._sampling[slot] = row
+        self.draw.set(slot, row)
 
     @torch.inference_mode()
     def decode_tokens(self, slots: list[int], ids: list[int], positions: list[int]) -> list[int]:
@@ -198,9 +188,9 @@ class CudaRunner:
         rows do not depend on each other or on the batch size (docs/ENGINE_API.md).
         Steps in flight are waited for and dropped first."""
         self._run_one_slot(slot, ids, start)
-        if row is not None and row.temperature > 0:
-            self._draw_tokens([row] * len(ids), list(range(start, start + len(ids))))
-        return self.buffers.tokens[: len(ids)].tolist()
+        n = len(ids)
+        self.draw.draw([row] * n, list(range(start, start + n)), self.buffers.logits[:n], self.buffers.tokens[:n])
+        return self.buffers.tokens[:n].tolist()
 
     @torch.inference_mode()
     def logits_rows(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
@@ -230,40 +220,8 @@ class CudaRunner:
         rows = [(tok, pos, slot, pos + 1) for tok, pos, slot in zip(ids, positions, slots)]
         self._run_rows(rows, ids_on_device)
         if take_tokens:
-            self._draw_tokens([self._sampling.get(slot) for slot in slots], positions)
-
-    def _draw_tokens(self, rows: list[RowSampling | None], positions: list[int]) -> None:
-        """Overwrite the argmax of the step's rows that sample (``rows[i]`` not None) with a
-        draw, on the device, in stream order after the step: row i's uniform number from its
-        seed and the new token's position ``positions[i] + 1`` (the host draws the same,
-        app.engine.sampling)."""
-        drawn = [row for row in rows if row is not None]
-        if not drawn:
-            return
-        vocab = min(drawn[0].vocab, self.spec.vocab_size)
-        inputs = self._upload_draw_inputs([
-            [0.0, 1.0, 0.0, 0.0] if row is None else  # (argmax rows)
-            [row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1)]
-            for row, pos in zip(rows, positions)])
-        temperature, top_p, top_k, u = inputs
-        top_k = top_k.long()
-        for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
-            if row is not None:
-                at = slice(i, i + 1)
-                sample_rows(self.buffers.logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at],
-                            self.buffers.tokens[at], filtered=row.filtered)
-
-    def _upload_draw_inputs(self, values: list[list[float]]) -> torch.Tensor:
-        """Rows of DRAW_INPUTS values -> their device copy [len(DRAW_INPUTS), n] (asynchronous)."""
-        n, host = len(values), self._host_draw
-        if self._draw_uploaded is not None:
-            self._draw_uploaded.synchronize()  # the previous upload has left the pinned buffer
-        host[:, :n] = torch.tensor(values, dtype=torch.float32).t()
-        inputs = self._draw_inputs[:, :n]
-        inputs.copy_(host[:, :n], non_blocking=True)
-        if self._draw_uploaded is not None:
-            self._draw_uploaded.record()
-        return inputs
+            n = len(slots)
+            self.draw.draw(self.draw.for_slots(slots), positions, self.buffers.logits[:n], self.buffers.tokens[:n])
 
     def _prefill_bucketed(self, slot: int, ids: list[int]) -> torch.Tensor:
         """The first ``largest`` tokens padded to their bucket (a graph replay), the rest eagerly."""

@@ -1,0 +1,73 @@
+"""Sampled tokens drawn on the device, after the decode graph has left the logits and their
+argmax in its buffers (app.engine.sampling.sample_rows: the host sampler's own arithmetic).
+
+The runner keeps each sampling slot's settings (:class:`~app.engine.sampling.RowSampling`), so
+a step chained on the device draws without the host; each row's uniform number comes from its
+seed and the new token's position, uploaded with the step like the graph's inputs. Rows are
+drawn one at a time: the VRAM plan counts one row's temporaries (app.engine.cuda.memory
+``draw_bytes``), and top-k / top-p rows only where the plan has room for their sort.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.engine.sampling import RowSampling, sample_rows, uniform
+
+DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row, for sample_rows
+ARGMAX_ROW = (0.0, 1.0, 0.0, 0.0)  # temperature 0: the row keeps its argmax
+
+
+class DeviceDraw:
+    def __init__(self, rows: int, device: torch.device, filtered: bool):
+        """``rows``: the decode graph's rows; ``filtered``: top-k / top-p rows may be drawn here."""
+        cuda = device.type == "cuda"
+        self.filtered = filtered
+        self._slots: dict[int, RowSampling] = {}  # the slots that sample, and how
+        self._host = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, pin_memory=cuda)
+        self._inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=device)
+        self._uploaded = torch.cuda.Event() if cuda else None  # the GPU has read _host
+
+    def can_draw(self, row: RowSampling) -> bool:
+        return self.filtered or not row.filtered
+
+    def set(self, slot: int, row: RowSampling | None) -> None:
+        """``slot``'s tokens from now on: drawn as ``row`` says, or the argmax (None, temperature 0)."""
+        if row is None or row.temperature == 0:
+            self._slots.pop(slot, None)
+        else:
+            self._slots[slot] = row
+
+    def for_slots(self, slots: list[int]) -> list[RowSampling | None]:
+        return [self._slots.get(slot) for slot in slots]
+
+    def draw(self, rows: list[RowSampling | None], positions: list[int], logits: torch.Tensor,
+             tokens: torch.Tensor) -> None:
+        """Overwrite ``tokens[i]`` (the argmax of ``logits[i]``) with row i's draw where
+        ``rows[i]`` samples, in stream order; ``positions[i] + 1`` is the new token's position."""
+        drawn = [row for row in rows if row is not None and row.temperature > 0]
+        if not drawn:
+            return
+        inputs = self._upload([ARGMAX_ROW if row is None or row.temperature == 0 else
+                               (row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1))
+                               for row, pos in zip(rows, positions)])
+        temperature, top_p, top_k, u = inputs
+        top_k = top_k.long()
+        vocab = min(drawn[0].vocab, logits.shape[-1])
+        for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
+            if row is not None and row.temperature > 0:
+                at = slice(i, i + 1)
+                sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at], tokens[at],
+                            filtered=row.filtered)
+
+    def _upload(self, values: list[tuple[float, ...]]) -> torch.Tensor:
+        """Rows of DRAW_INPUTS values -> their device copy [len(DRAW_INPUTS), n] (asynchronous)."""
+        n = len(values)
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # the previous upload has left the pinned buffer
+        self._host[:, :n] = torch.tensor(values, dtype=torch.float32).t()
+        inputs = self._inputs[:, :n]
+        inputs.copy_(self._host[:, :n], non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
+        return inputs
