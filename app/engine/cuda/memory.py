@@ -115,7 +115,7 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     the fused norms' chunk sums."""
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
-    per_row += 2 * 6 * 4 + 1  # the draw's inputs (runner.DRAW_INPUTS) and their upload, a kept flag
+    per_row += 2 * 4 * 4  # the draw's inputs (cuda/draw.py DRAW_INPUTS) and their pinned upload
     per_row += 2 * -(-h // 16) * 4
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
