@@ -1,13 +1,14 @@
-"""Draft tokens from the sequence itself (prompt lookup decoding) for greedy requests.
+"""Draft tokens from the sequence itself (prompt lookup decoding).
 
 What the tray is asked to do most (fix, rewrite, translate names, reformat a selection)
 copies long spans of the prompt into the answer, and greedy decoding that loops copies its
 own output. When the last few tokens occurred earlier in the sequence, the tokens that
 followed them then are a good guess for what comes next. The runner checks a guess of k
 tokens in one step of k + 1 rows (``CudaRunner.tokens_rows``) that costs little more than one
-token on a memory-bound GPU; every guessed token that equals the model's own argmax is kept,
-plus the argmax after the last one kept. The output is exactly greedy decoding's (the rows
-are bit-equal to one-at-a-time decoding, docs/ENGINE_API.md), only faster when guesses hit.
+token on a memory-bound GPU; every guessed token that equals the token decoding takes at its
+position (the argmax, or that position's draw) is kept, plus the token after the last one
+kept. The output is exactly what decoding one token at a time gives (the rows are bit-equal
+to one-at-a-time decoding, docs/ENGINE_API.md), only faster when guesses hit.
 
 :class:`NgramLookup` indexes a growing list of ids incrementally (each call indexes only the
 tokens added since), so a lookup costs O(n-gram size) per step, not O(sequence).
