@@ -39,7 +39,7 @@ class RowSampling:
     top_p: float
     top_k: int
     seed: int
-    vocab: int  # tokens that may be drawn: the first ``vocab`` logits (the tokenizer's)
+    vocab: int  # tokens that may be drawn: the first ``vocab`` logits (RequestSampler.vocab_size)
 
     @property
     def filtered(self) -> bool:
@@ -103,12 +103,6 @@ class RequestSampler:
     def has_penalties(self) -> bool:
         p = self.params
         return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
-
-    @property
-    def plain_greedy(self) -> bool:
-        """Greedy without penalties: the token is the argmax of the raw logits (a runner may take
-        it on the device)."""
-        return self.params.greedy and not self.has_penalties
 
     @property
     def row(self) -> RowSampling | None:
