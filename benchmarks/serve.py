@@ -85,9 +85,11 @@ def make_prompt(words: int, salt: int) -> str:
     return f"Request {salt}. Continue this text: " + " ".join(picked)
 
 
-def run_one(target: Target, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> RequestTiming:
+def run_one(target: Target, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
+            sampling: dict | None = None) -> RequestTiming:
+    """One streamed chat request; ``sampling``: temperature / top_p (default greedy)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(sampling or {})}
     if ignore_eos:
         body["ignore_eos"] = True
     conn = target.connect()
@@ -141,7 +143,7 @@ def run_level(target: Target, model: str, concurrency: int, requests: int, args)
             if index is None:
                 return
             timing = run_one(target, model, make_prompt(args.prompt_words, index), args.max_tokens,
-                             not args.no_ignore_eos)
+                             not args.no_ignore_eos, sampling_of(args))
             with lock:
                 timings.append(timing)
 
@@ -189,6 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
     p.add_argument("--prompt-words", type=int, default=64, help="approximate prompt length in words (default 64)")
     p.add_argument("--no-ignore-eos", action="store_true", help="for servers without the ignore_eos extension")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1: off)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request socket timeout, seconds")
     p.add_argument("--out", type=Path, help="JSON output path (default docs/results/serve-<model>.json)")
     return p.parse_args(argv)
@@ -196,6 +200,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 class ServeBenchError(Exception):
     """The server cannot be benchmarked (it does not list its models)."""
+
+
+def sampling_of(args: argparse.Namespace) -> dict:
+    """The request body's sampling fields (top_p only when it filters)."""
+    return {"temperature": args.temperature} | ({"top_p": args.top_p} if args.top_p < 1.0 else {})
 
 
 def benchmark(args: argparse.Namespace) -> dict:
@@ -208,7 +217,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     model = args.model or models["data"][0]["id"]
     _, health = target.get_json(target.root + "/health")
     levels_wanted = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    run_one(target, model, make_prompt(args.prompt_words, -1), 4, not args.no_ignore_eos)  # warm-up
+    run_one(target, model, make_prompt(args.prompt_words, -1), 4, not args.no_ignore_eos, sampling_of(args))  # warm-up
     levels = []
     print(f"{model} at {args.url}: {args.max_tokens} output tokens per request")
     print(TABLE_HEADER)
@@ -219,6 +228,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     return {
         "benchmark": "serve", "url": args.url, "model": model, "server_health": health,
         "max_tokens": args.max_tokens, "prompt_words": args.prompt_words, "ignore_eos": not args.no_ignore_eos,
+        "sampling": sampling_of(args),
         "client": {"python": platform.python_version(), "platform": platform.platform()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
     }

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import serve  # noqa: E402  (benchmarks/serve.py: the measuring code)
 from bench_decode import spec_of  # noqa: E402  (the same model shapes as the decode benchmark)
 
-from app.engine import Engine, ModelSpec  # noqa: E402
+from app.engine import Engine, ModelSpec, scheduler  # noqa: E402
 from app.engine.cuda.runner import CudaRunner, runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.tokenizer import Tokenizer  # noqa: E402
@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="JSON output (default docs/results/serve_synthetic-<shape>-<recipe>.json)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer random Qwen2 instead of --model-shape")
     p.add_argument("--commit", help="commit measured (default: git rev-parse HEAD, if there is a .git)")
+    p.add_argument("--temperature", type=float, default=0.0, help="requests' temperature (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="requests' top_p (default 1: off)")
+    p.add_argument("--draw-on-host", action="store_true",
+                   help="sampled tokens drawn on the host from each step's logits (the peer of the device draw)")
     return p.parse_args(argv)
 
 
@@ -104,7 +108,8 @@ def measure(engine: Engine, args: argparse.Namespace) -> dict:
     handle = start_server_in_thread(engine, host="127.0.0.1", port=0)
     try:
         serve_args = serve.parse_args([handle.base_url, "--concurrency", args.concurrency,
-                                       "--max-tokens", str(args.max_tokens), "--requests", str(args.requests)])
+                                       "--max-tokens", str(args.max_tokens), "--requests", str(args.requests),
+                                       "--temperature", str(args.temperature), "--top-p", str(args.top_p)])
         return serve.benchmark(serve_args)
     finally:
         handle.stop()  # cancels anything still running, frees the port; the engine is closed by the caller
@@ -181,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA GPU is visible to PyTorch")
     label, spec = model_spec(args)
+    scheduler.DRAW_ON_DEVICE = not args.draw_on_host
     started = time.perf_counter()
     engine = build_engine(args, label, spec)
     build_s = time.perf_counter() - started
@@ -195,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                   commit=commit_of(args), torch=torch.__version__, device=args.device, model=label,
                   model_shape=None if args.tiny else args.model_shape, recipe=args.recipe, tiny=args.tiny,
                   max_batch_size=args.max_batch_size, max_context=args.max_context, engine_build_s=build_s,
+                  draw_on_device=scheduler.DRAW_ON_DEVICE,
                   memory=memory, speedup_vs_concurrency_1=speedup, target=target,
                   token_counts_ok=not problems, token_count_problems=problems, serve=report)
     out = args.out or serve.RESULTS_DIR / f"serve_synthetic-{label}-{args.recipe}.json"

@@ -62,3 +62,20 @@ def test_target_ratio_and_token_count_checks():
     report = dict(max_tokens=4, levels=[level(1, 1.0), level(2, 1.0, tokens=(3, 4)), level(4, 1.0, succeeded=3)])
     problems = token_count_problems(report)
     assert len(problems) == 2 and "3..4" in problems[0] and "1 requests failed" in problems[1]
+
+
+def test_serve_synthetic_sampled_requests_drawn_on_the_host(tmp_path, qwen_tokenizer_dir):
+    """The sampled variant (the device draw's peer): the requests carry temperature and top_p,
+    every one still gives exactly max_tokens, and the report says where tokens were drawn."""
+    out = tmp_path / "serve_sampled.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(qwen_tokenizer_dir.parents[1]), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_synthetic.py"), "--tiny", "--device", "cpu",
+         "--concurrency", "2", "--max-tokens", "4", "--requests", "2", "--temperature", "0.7", "--top-p", "0.9",
+         "--draw-on-host", "--commit", "test", "--out", str(out)],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["draw_on_device"] is False and result["token_counts_ok"] is True
+    assert result["serve"]["sampling"] == {"temperature": 0.7, "top_p": 0.9}
