@@ -263,31 +263,3 @@ def test_top_p_draws_stay_on_the_host_without_room_for_the_sort(engine_parts, ti
     runner.draw.filtered = True
     on_device, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained > 0 and on_device == on_host
-
-
-def test_rows_are_drawn_together_only_where_the_plan_keeps_room():
-    from test_cuda_runtime import QWEN3B, QWEN7B, plan
-
-    from app.engine.cuda.memory import GiB, GpuInfo, draw_rows_together
-
-    vocab = QWEN7B.vocab_size
-    laptop_7b = plan(QWEN7B, "mixed", 4096)  # 16-row graph prefill: its 20 MB margin
-    assert draw_rows_together(laptop_7b, vocab, False, 16) == 11 and draw_rows_together(laptop_7b, vocab, True, 16) == 3
-    h200 = GpuInfo("H200", 140 * GiB, 139 * GiB, 132, (9, 0))
-    tight = plan(QWEN7B, "mixed", 4096, gpu=h200)  # 8-row graph prefill: no margin, one row at a time
-    assert draw_rows_together(tight, vocab, False, 8) == draw_rows_together(tight, vocab, True, 8) == 1
-    gemm = plan(QWEN3B, "w4", 8192)  # the GEMM prefill's workspace is idle while a step draws
-    assert draw_rows_together(gemm, vocab, True, 8) == 8
-    assert draw_rows_together(None, vocab, True, 8) == 8
-
-
-def test_draw_groups_keep_each_kind_apart_and_within_the_plan():
-    from app.engine.cuda.draw import DeviceDraw
-
-    plain, filtered = RowSampling(0.7, 1.0, 0, 1, 100), RowSampling(0.7, 0.9, 0, 2, 100)
-    argmax = RowSampling(0.0, 1.0, 0, 3, 100)
-    draw = DeviceDraw(8, torch.device("cpu"), filtered=True, together=(2, 1))
-    rows = [plain, plain, plain, None, filtered, filtered, argmax, plain]
-    assert draw._groups(rows) == [(0, 2, False), (2, 3, False), (4, 5, True), (5, 6, True), (7, 8, False)]
-    assert DeviceDraw(8, torch.device("cpu"), filtered=True)._groups(rows) == [
-        (0, 3, False), (4, 6, True), (7, 8, False)]

@@ -4,9 +4,8 @@ argmax in its buffers (app.engine.sampling.sample_rows: the host sampler's own a
 The runner keeps each sampling slot's settings (:class:`~app.engine.sampling.RowSampling`), so
 a step chained on the device draws without the host; each row's uniform number comes from its
 seed and the new token's position, uploaded with the step like the graph's inputs. Rows are
-drawn in groups as large as the VRAM plan has room for (app.engine.cuda.memory
-``draw_rows_together``; one at a time on tight budgets, whose plan counts one row's
-temporaries), and top-k / top-p rows only where the plan has room for their sort.
+drawn one at a time: the VRAM plan counts one row's temporaries (app.engine.cuda.memory
+``draw_bytes``), and top-k / top-p rows only where the plan has room for their sort.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ ARGMAX_ROW = (0.0, 1.0, 0.0, 0.0)  # temperature 0: the row keeps its argmax
 
 
 class DeviceDraw:
-    def __init__(self, rows: int, device: torch.device, filtered: bool, together: tuple[int, int] | None = None):
-        """``rows``: the decode graph's rows; ``filtered``: top-k / top-p rows may be drawn here;
-        ``together``: rows drawn in one group (temperature only, with top-k / top-p), default all."""
+    def __init__(self, rows: int, device: torch.device, filtered: bool):
+        """``rows``: the decode graph's rows; ``filtered``: top-k / top-p rows may be drawn here."""
         cuda = device.type == "cuda"
         self.filtered = filtered
-        self.together = together or (rows, rows)
         self._slots: dict[int, RowSampling] = {}  # the slots that sample, and how
         self._host = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, pin_memory=cuda)
         self._inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=device)
@@ -57,23 +54,11 @@ class DeviceDraw:
         temperature, top_p, top_k, u = inputs
         top_k = top_k.long()
         vocab = min(drawn[0].vocab, logits.shape[-1])
-        for start, end, filtered in self._groups(rows):
-            at = slice(start, end)
-            sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at], tokens[at], filtered=filtered)
-
-    def _groups(self, rows: list[RowSampling | None]) -> list[tuple[int, int, bool]]:
-        """(start, end, filtered): runs of consecutive sampling rows of one kind (top-k / top-p or
-        not: each kind's own arithmetic, as the host draws it), at most ``together[kind]`` long;
-        argmax rows between them ride along and keep their argmax."""
-        groups: list[tuple[int, int, bool]] = []
-        for i, row in enumerate(rows):
-            if row is None or row.temperature == 0:
-                continue
-            if groups and groups[-1][2] == row.filtered and i - groups[-1][0] < self.together[row.filtered]:
-                groups[-1] = (groups[-1][0], i + 1, row.filtered)
-            else:
-                groups.append((i, i + 1, row.filtered))
-        return groups
+        for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
+            if row is not None and row.temperature > 0:
+                at = slice(i, i + 1)
+                sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at], tokens[at],
+                            filtered=row.filtered)
 
     def _upload(self, values: list[tuple[float, ...]]) -> torch.Tensor:
         """Rows of DRAW_INPUTS values -> their device copy [len(DRAW_INPUTS), n] (asynchronous)."""

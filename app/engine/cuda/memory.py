@@ -130,19 +130,6 @@ def draw_bytes(spec: ModelSpec, filtered: bool) -> int:
     return spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT + LARGE_SEGMENT
 
 
-def draw_rows_together(plan: MemoryPlan | None, vocab: int, filtered: bool, rows: int) -> int:
-    """How many rows the device draw may take in one launch group: their temporaries must fit
-    what the plan keeps for eager work that never runs beside a draw (the GEMM prefill's
-    workspace, the 16-row graph prefill's 20 MB margin); else one row at a time (the draw_bytes
-    the plan counts). No plan (tests, no budget): all rows."""
-    if plan is None:
-        return rows
-    per_row = vocab * (FILTERED_DRAW_BYTES_PER_LOGIT if filtered else DRAW_BYTES_PER_LOGIT)
-    wide = plan.decode_rows > max(plan.num_slots, GRAPH_PREFILL_ROWS)
-    room = plan.prefill_bytes if plan.prefill_mode == "gemm" else (LARGE_SEGMENT if wide else 0)
-    return max(1, min(rows, room // per_row))
-
-
 def prefill_activation_bytes(spec: ModelSpec, tokens: int, tile_elements: int) -> int:
     """Activations of one pass of the GEMM prefill over ``tokens`` tokens (an upper bound: the
     attention's and the MLP's are summed, though they are never live together): residual, norm

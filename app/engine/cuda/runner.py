@@ -36,8 +36,8 @@ from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
 from app.engine.sampling import RowSampling
 from app.engine.cuda.memory import (
-    GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits,
-    draw_rows_together, plan_memory, resolve_budget,
+    GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
+    resolve_budget,
 )
 from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
@@ -88,8 +88,7 @@ class CudaRunner:
         # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
         # Sampled tokens drawn after the step; top-k / top-p only where the plan has room for the sort.
-        together = tuple(draw_rows_together(plan, spec.vocab_size, filtered, rows) for filtered in (False, True))
-        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw, together=together)
+        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
