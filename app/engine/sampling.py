@@ -98,19 +98,12 @@ class RequestSampler:
         self.seed = seed % 2**64  # negative seeds are fine too
         self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
-
-    @property
-    def has_penalties(self) -> bool:
-        p = self.params
-        return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
-
-    @property
-    def row(self) -> RowSampling | None:
-        """How a runner draws this request's tokens itself; None with penalties (host only)."""
-        if self.has_penalties:
-            return None
-        p = self.params
-        return RowSampling(p.temperature, p.top_p, p.top_k, self.seed, self.vocab_size)
+        p = params
+        self._settings = RowSampling(p.temperature, p.top_p, p.top_k, self.seed, vocab_size)
+        self.has_penalties = p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+        # How a runner draws this request's tokens itself (read every decode step); None with
+        # penalties: they need this request's token counts, so those draws stay on the host.
+        self.row: RowSampling | None = None if self.has_penalties else self._settings
 
     def observe(self, token_id: int) -> None:
         """Record a generated token (for the penalties)."""
@@ -153,6 +146,5 @@ class RequestSampler:
     def _probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Temperature, top-k, top-p, softmax: probabilities [V] (modifies ``logits``)."""
         p = self.params
-        filtered = p.top_k > 0 or p.top_p < 1.0  # (RowSampling.filtered)
         scaled = logits.div_(p.temperature)[None]  # [1, V]
-        return probabilities(scaled, torch.tensor([p.top_p]), torch.tensor([p.top_k]), filtered)[0]
+        return probabilities(scaled, torch.tensor([p.top_p]), torch.tensor([p.top_k]), self._settings.filtered)[0]

@@ -265,7 +265,7 @@ def _with_filtered_draw(spec: ModelSpec, plan: MemoryPlan) -> MemoryPlan:
     if (plan.prefill_mode == "gemm" or wide) and tensors <= LARGE_SEGMENT:
         extra = 0
     else:
-        extra = tensors + LARGE_SEGMENT - draw_bytes(spec, filtered=False)
+        extra = draw_bytes(spec, filtered=True) - draw_bytes(spec, filtered=False)
     if plan.headroom_bytes < extra:
         return plan
     return dataclasses.replace(plan, filtered_draw=True, filtered_draw_bytes=extra)
