@@ -11,7 +11,8 @@ memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm`
 step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
-``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
+``no_preload`` never copies GEMV weights into shared memory before the wait
+(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
 (app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
@@ -48,8 +49,8 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             "no_attention": ("attention", "rope_fusion"), "linears_only": SKIPPABLE + ("rope_fusion",),
             "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
             "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
-            "unfused_rope": ("rope_fusion",)}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion")  # not ops: switches of the full step
+            "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -66,7 +67,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     fresh()
     original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
     fuse_rope = graphs_module.FUSE_ROPE
-    limit = gemv_module.NORM_PROLOGUE_BYTES
+    limit, preload = gemv_module.NORM_PROLOGUE_BYTES, gemv_module.PRELOAD_WEIGHTS
     runner_module.default_ops = lambda device: ops_without(skipped)
     if "x_staging" in skipped:
         gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
@@ -76,6 +77,8 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
     if "rope_fusion" in skipped:
         graphs_module.FUSE_ROPE = False
+    if "weight_preload" in skipped:
+        gemv_module.PRELOAD_WEIGHTS = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -87,6 +90,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
         gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
+        gemv_module.PRELOAD_WEIGHTS = preload
 
 
 def main() -> None:

@@ -85,6 +85,23 @@ __device__ __forceinline__ unsigned load_streaming_4(const void* p) {
     return v;
 }
 
+// Asynchronous copies global -> shared (sm_80+): no register holds the data in flight, and a
+// thread's own copies are visible to it after cp_async_wait_all() (no barrier needed when
+// each lane reads back only what it copied). 16 bytes bypass L1 (.cg); 8 bytes must use .ca.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);

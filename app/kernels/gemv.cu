@@ -118,6 +118,33 @@ __device__ __forceinline__ void load_frag(Frag<3>& f, const TilePtr<3>& p, int g
     f.b = load_streaming_8(p.b + group * 32);
 }
 
+// Preloaded weights (PRELOAD, docs/KERNELS.md phase 16): before the wait every lane copies
+// its fragments of all the groups its warp walks into shared memory with cp.async, and reads
+// them back after the wait. Slot s (warp, group index i, tile j) holds what load_frag would
+// have loaded: W4 two 16-byte vectors per lane ([s][2][32] uint4), W3 a 16-byte vector
+// ([s][32] uint4) and an 8-byte one (after all nslots a vectors: [s][32] uint2). Each lane
+// reads only its own copies, so no barrier is needed between copy and use.
+__device__ __forceinline__ void preload_frag(const TilePtr<4>& p, int group, uint4* region, int slot, int, int lane) {
+    cp_async_16(region + (2 * slot) * 32 + lane, p.w + group * 64);
+    cp_async_16(region + (2 * slot + 1) * 32 + lane, p.w + group * 64 + 32);
+}
+
+__device__ __forceinline__ void preload_frag(const TilePtr<3>& p, int group, uint4* region, int slot, int nslots,
+                                             int lane) {
+    cp_async_16(region + slot * 32 + lane, p.a + group * 32);
+    cp_async_8(reinterpret_cast<uint2*>(region + nslots * 32) + slot * 32 + lane, p.b + group * 32);
+}
+
+__device__ __forceinline__ void read_frag(Frag<4>& f, const uint4* region, int slot, int, int lane) {
+    f.r[0] = region[(2 * slot) * 32 + lane];
+    f.r[1] = region[(2 * slot + 1) * 32 + lane];
+}
+
+__device__ __forceinline__ void read_frag(Frag<3>& f, const uint4* region, int slot, int nslots, int lane) {
+    f.a = region[slot * 32 + lane];
+    f.b = reinterpret_cast<const uint2*>(region + nslots * 32)[slot * 32 + lane];
+}
+
 // (a & b) | c in one LOP3 (the compiler emits two when both constants are immediates).
 __device__ __forceinline__ unsigned and_or(unsigned a, unsigned b, unsigned c) {
     unsigned d;
@@ -300,7 +327,9 @@ __device__ __forceinline__ void stage_normalized(const half_t* h, const half_t* 
 // ksplit: how many slices K is cut into (one per warp, or two per warp when a 32-slice split
 // runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
 // summation order, so a weight keeps one split for every batch size (batch invariance).
-template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool STAGE_X>
+// PRELOAD (0: off): the most groups a warp walks, all copied into shared memory before the
+// wait (one column block, one group per stage; gemv.py preload_groups decides and sizes it).
+template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool STAGE_X, int PRELOAD = 0>
 __global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]
             const unsigned* __restrict__ qb,      // W3 tiles b [R, K/32] | unused
@@ -320,6 +349,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
     // Partial sums in shared memory: 32 slices only where they can occur (more would cost L1).
     constexpr int KSLOTS = (THREADS > 512 || COLS > 1) && TILES == 1 ? MAX_KSPLIT : MAX_KSPLIT / 2;
+    static_assert(PRELOAD == 0 || (COLS == 1 && UNROLL == 1), "preloaded weights: one column block, unroll 1");
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -358,6 +388,12 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
 
     float acc[TILES][COLS][4];
     __shared__ float partial[KSLOTS][TILES * COLS * 4][32];
+    // PRELOAD: the weight slots after x in dynamic shared memory (every warp: nmax groups of
+    // TILES tiles); after the main loop they hold the slices' partial sums instead of partial.
+    uint4* region = x_stage + (STAGE_X ? M * (K / 8) : 0);
+    const int nmax = (groups + kwarps - 1) / kwarps;
+    const int nslots = nwarps * nmax * TILES;
+    float* region_partial = reinterpret_cast<float*>(region);
     // Once per warp (ksplit == nwarps), except for the 16-row instances of a 32-slice split.
     const int slices_per_warp = COLS > 1 ? ksplit / nwarps : 1;  // (a constant 1 lets the loop vanish)
     for (int v = 0; v < slices_per_warp; ++v) {
@@ -374,15 +410,30 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
         const int step = kwarps * UNROLL;
         // (Unrolled by two so the stages swap roles without register copies.)
         Stage<BITS, TILES, UNROLL> a, b;
-        if (kwarp < groups) load_stage(a, ptr, kwarp, kwarps, groups);
+        half_t pre_sc[PRELOAD > 0 ? PRELOAD : 1][TILES][2];  // PRELOAD: every group's scales (fp16 bits)
+        if constexpr (PRELOAD > 0) {
+#pragma unroll
+            for (int i = 0; i < PRELOAD; ++i) {
+                const int grp = kwarp + i * kwarps;
+                if (grp < groups)
+#pragma unroll
+                    for (int j = 0; j < TILES; ++j) {
+                        preload_frag(ptr[j], grp, region, (warp * nmax + i) * TILES + j, nslots, lane);
+                        pre_sc[i][j][0] = load_scale(ptr[j].s + grp);
+                        pre_sc[i][j][1] = load_scale(ptr[j].s + ptr[j].ds + grp);
+                    }
+            }
+        } else {
+            if (kwarp < groups) load_stage(a, ptr, kwarp, kwarps, groups);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #pragma unroll
-        for (int j = 0; j < TILES; ++j) {
-            prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
-            if (t == 0) prefetch_l2(ptr[j].s + kwarp);  // the line of the rows' scales it needs first
-            if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);
-        }
+            for (int j = 0; j < TILES; ++j) {
+                prefetch_groups(ptr[j], lane, kwarp + step, kwarps, groups);
+                if (t == 0) prefetch_l2(ptr[j].s + kwarp);  // the line of the rows' scales it needs first
+                if (t == 0) prefetch_l2(ptr[j].s + ptr[j].ds + kwarp);
+            }
 #endif
+        }
         pdl_wait();  // the first weights are in flight; x (and y) belong to the previous kernel
         if constexpr (STAGE_X)
             if (v == 0) {  // every warp (barrier)
@@ -398,12 +449,30 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
             each_output<OUT_TILES, COLS>(unit0, g, t, [&](int j, int cb, int c, int unit, int m) {
                 if (unit < N && m < M) res_in[j][cb][c] = residual[(long)m * N + unit];
             });
-        for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
-            if (g0 + step < groups) load_stage(b, ptr, g0 + step, kwarps, groups);
-            compute_stage(a, acc, xrow, xoff, g0, kwarps, groups);
-            if (g0 + step >= groups) break;
-            if (g0 + 2 * step < groups) load_stage(a, ptr, g0 + 2 * step, kwarps, groups);
-            compute_stage(b, acc, xrow, xoff, g0 + step, kwarps, groups);
+        if constexpr (PRELOAD > 0) {
+            cp_async_wait_all();  // this lane's copies (x staging above overlapped them)
+#pragma unroll
+            for (int i = 0; i < PRELOAD; ++i) {
+                const int grp = kwarp + i * kwarps;
+                if (grp >= groups) break;  // warp-uniform
+                Stage<BITS, TILES, 1> st;
+#pragma unroll
+                for (int j = 0; j < TILES; ++j) {
+                    read_frag(st.frag[0][j], region, (warp * nmax + i) * TILES + j, nslots, lane);
+                    st.sc[0][j][0] = pre_sc[i][j][0];
+                    st.sc[0][j][1] = pre_sc[i][j][1];
+                }
+                compute_stage(st, acc, xrow, xoff, grp, kwarps, groups);
+            }
+            if (ksplit > 1) __syncthreads();  // every warp is done with the slots: they take the partial sums
+        } else {
+            for (int g0 = kwarp; g0 < groups; g0 += 2 * step) {
+                if (g0 + step < groups) load_stage(b, ptr, g0 + step, kwarps, groups);
+                compute_stage(a, acc, xrow, xoff, g0, kwarps, groups);
+                if (g0 + step >= groups) break;
+                if (g0 + 2 * step < groups) load_stage(a, ptr, g0 + 2 * step, kwarps, groups);
+                compute_stage(b, acc, xrow, xoff, g0 + step, kwarps, groups);
+            }
         }
         if (ksplit > 1)
 #pragma unroll
@@ -411,7 +480,11 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
 #pragma unroll
                 for (int cb = 0; cb < COLS; ++cb)
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) partial[slice][(j * COLS + cb) * 4 + c][lane] = acc[j][cb][c];
+                    for (int c = 0; c < 4; ++c) {
+                        const int at = (j * COLS + cb) * 4 + c;
+                        if constexpr (PRELOAD > 0) region_partial[(slice * (TILES * COLS * 4) + at) * 32 + lane] = acc[j][cb][c];
+                        else partial[slice][at][lane] = acc[j][cb][c];
+                    }
     }
 
     // Add the slices' partial sums in a fixed order (deterministic, batch-invariant). Split:
@@ -428,10 +501,14 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                 for (int c = 0; c < 4; ++c) {
                     const int w0 = SPLIT ? j : 0, dw = SPLIT ? 2 : 1, jj = SPLIT ? 0 : j;
                     const int at = (jj * COLS + cb) * 4 + c;
-                    float v = partial[w0][at][lane];
+                    auto slice_sum = [&](int s) {
+                        if constexpr (PRELOAD > 0) return region_partial[(s * (TILES * COLS * 4) + at) * 32 + lane];
+                        else return partial[s][at][lane];
+                    };
+                    float v = slice_sum(w0);
 #pragma unroll
                     for (int i = 1; i < KSLOTS; ++i)  // unrolled: all loads issued at once
-                        if (w0 + i * dw < ksplit) v += partial[w0 + i * dw][at][lane];
+                        if (w0 + i * dw < ksplit) v += slice_sum(w0 + i * dw);
                     res[j][cb][c] = v;
                 }
     } else {

@@ -24,12 +24,13 @@ RMSNorm(h), bit-equal to running the norm kernel first (docs/KERNELS.md phase 10
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from app.kernels import loader
+from app.kernels import gemv_preload, loader
 from app.kernels.checks import (
     check_multiple, check_optional, check_range, check_tensor, ensure_output, no_overlap,
 )
@@ -55,6 +56,9 @@ NORM_STAGE_BYTES = 8192
 # (x, norm weight and chunk sums, once per block): fusing into the many-block heads and the 7B
 # gate/up measured slower than the norm kernel (docs/KERNELS.md phase 10).
 NORM_PROLOGUE_BYTES = 8 << 20
+# Weights copied into shared memory before the programmatic wait where the grid fits in one
+# wave (app.kernels.gemv_preload). Set to False to turn it off (benchmarks/ablate_step.py).
+PRELOAD_WEIGHTS = True
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,11 @@ class GemvConfig:
         blocks (rows 9..16: more than 64 registers) runs two slices on each of 16 warps."""
         return MAX_BLOCK_WARPS if self.warps > MAX_BLOCK_WARPS and cols > 1 else self.warps
 
-    def name_expression(self, bits: int, gated: bool, cols: int = 1, stage_x: bool = False) -> str:
+    def name_expression(self, bits: int, gated: bool, cols: int = 1, stage_x: bool = False, preload: int = 0) -> str:
         threads = 1024 if self.block_warps(cols) > MAX_BLOCK_WARPS else 512
         gated_s, stage_s = str(gated).lower(), str(stage_x).lower()
-        return f"gemv_kernel<{bits}, {self.tiles}, {gated_s}, {self.unroll}, {cols}, {threads}, {stage_s}>"
+        extra = f", {preload}" if preload else ""
+        return f"gemv_kernel<{bits}, {self.tiles}, {gated_s}, {self.unroll}, {cols}, {threads}, {stage_s}{extra}>"
 
     def grid(self, n_out: int, gated: bool) -> tuple[int]:
         rows = self.out_rows_per_block(gated)
@@ -194,6 +199,38 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def most_staged_x_bytes(k: int) -> int:
+    """The largest x any batch of M <= 8 stages in shared memory for a GEMV of K = k inputs."""
+    staged = [m * k * 2 for m in range(1, COLUMN_BLOCK + 1) if m * k * 2 <= STAGE_X_BYTES]
+    if fuses_norm(1, k):
+        staged.append(k * 2)
+    return max(staged, default=0)
+
+
+def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.device) -> gemv_preload.PreloadPlan | None:
+    """Whether (and with which split) a GEMV of this shape preloads its weights on ``device``."""
+    if not PRELOAD_WEIGHTS or device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _preload_plan(bits, n_out, k, gated, index, STAGE_X_BYTES)
+
+
+@functools.lru_cache(maxsize=None)
+def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int, _stage_x_bytes: int):
+    with torch.cuda.device(device_index):
+        if not loader.programmatic_launches():
+            return None  # no window before the wait to fill
+        base = default_gemv_config(n_out, k, gated, _sm_count(torch.device("cuda", device_index)))
+
+        def resident(warps: int, bound: int, shared: int) -> int:
+            cfg = GemvConfig(tiles=1, warps=warps, unroll=1)
+            kernel = loader.get_kernel(SOURCE, cfg.name_expression(bits, gated, 1, True, bound))
+            return loader.resident_blocks(kernel, 32 * cfg.block_warps(1), shared)
+
+        return gemv_preload.plan(n_out, k, gated, bits, base.warps, _sm_count(torch.device("cuda", device_index)),
+                                 most_staged_x_bytes(k), resident)
+
+
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
          residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
          norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,19 +254,24 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
         check_multiple("sums_out: output features", n_out, NORM_CHUNK)
         check_tensor("sums_out", sums_out, torch.float32, (m, n_out // NORM_CHUNK), device=dev)
         sums_ptr = sums_out.data_ptr()
-    cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
     cols = -(-m // COLUMN_BLOCK)  # rows 0..7 are computed the same way whatever M is (batch invariance)
+    plan = preload_plan(w.bits, n_out, w.k, gated, dev) if config is None else None
+    if plan is not None:  # its split for every batch; the copies only with one column block
+        cfg = GemvConfig(tiles=1, warps=plan.warps, unroll=1)
+    else:
+        cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
+    preload = plan.groups if plan is not None and cols == 1 else 0
     if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
     x_bytes = m * w.k * 2
     stage_x = x_bytes <= STAGE_X_BYTES or norm is not None
-    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x))
+    kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x, preload))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
             np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps), *norm_args, sums_ptr)
-    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args,
-                  shared_mem=x_bytes if stage_x else 0)
+    shared = (x_bytes if stage_x else 0) + (plan.weight_bytes if preload else 0)
+    loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args, shared_mem=shared)
     return y
 
 

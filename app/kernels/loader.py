@@ -18,6 +18,7 @@ is False and :func:`unavailable_reason` says why.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 from pathlib import Path
@@ -164,6 +165,51 @@ def _function_handle(kernel) -> int:
     return int(function.ptr)
 
 
+def programmatic_launches() -> bool:
+    """Whether kernels launched now on the current device are programmatic (may start early)."""
+    import torch
+
+    return _programmatic(torch.cuda.current_device())
+
+
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_DYNAMIC_SHARED = 48 << 10  # what a kernel may take without opting in
+
+
+def allow_dynamic_shared(kernel, shared_mem: int) -> bool:
+    """Opt ``kernel`` in to ``shared_mem`` bytes of dynamic shared memory (needed above 48 KB);
+    False when the driver refuses (more than the GPU grants a block)."""
+    if shared_mem <= _DEFAULT_DYNAMIC_SHARED:
+        return True
+    handle = _function_handle(kernel)
+    granted = _shared_granted.get(handle, _DEFAULT_DYNAMIC_SHARED)
+    if shared_mem <= granted:
+        return True
+    driver = programmatic._driver()
+    if driver is None or driver.cuFuncSetAttribute(ctypes.c_void_p(handle), ctypes.c_int(_MAX_DYNAMIC_SHARED),
+                                                   ctypes.c_int(shared_mem)) != 0:
+        return False
+    _shared_granted[handle] = shared_mem
+    return True
+
+
+_shared_granted: dict[int, int] = {}
+
+
+def resident_blocks(kernel, threads: int, shared_mem: int) -> int:
+    """How many blocks of ``kernel`` (``threads`` each, ``shared_mem`` dynamic shared bytes) an
+    SM holds at once, from the driver's occupancy calculator; 0 when the driver cannot say or
+    the shared memory cannot be granted."""
+    driver = programmatic._driver()
+    if driver is None or not allow_dynamic_shared(kernel, shared_mem):
+        return 0
+    blocks = ctypes.c_int(0)
+    status = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), ctypes.c_void_p(_function_handle(kernel)), ctypes.c_int(threads),
+        ctypes.c_size_t(shared_mem))
+    return blocks.value if status == 0 else 0
+
+
 def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
     """Launch ``kernel`` on PyTorch's current stream (graph-capturable); programmatic (it may
     overlap the previous kernel's tail, app.kernels.programmatic) where the GPU supports it.
@@ -175,6 +221,8 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
 
     if any(d < 1 for d in grid) or any(d < 1 for d in block):
         raise KernelArgumentError(f"empty launch grid={grid} block={block}")
+    if not allow_dynamic_shared(kernel, shared_mem):
+        raise KernelArgumentError(f"{shared_mem} bytes of dynamic shared memory: more than this GPU grants a block")
     device, handle = _current_stream()
     if _programmatic(device):
         programmatic.launch(_function_handle(kernel), grid, block, args, shared_mem, handle)
