@@ -208,8 +208,15 @@ def most_staged_x_bytes(k: int) -> int:
 
 
 def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.device) -> gemv_preload.PreloadPlan | None:
-    """Whether (and with which split) a GEMV of this shape preloads its weights on ``device``."""
-    if not PRELOAD_WEIGHTS or device.type != "cuda":
+    """Whether (and with which split) a GEMV of this shape preloads its weights on ``device``.
+
+    Only the gated gate/up GEMV does: it follows the attention block and the o projection,
+    latency-bound kernels that leave DRAM idle while its blocks copy. Measured in the 3B step
+    (H200, docs/KERNELS.md phase 16): the gate/up preloaded -47 µs; the qkv and o preloaded
+    +67 µs (their default splits walk one group per warp; the plan halves their warps), the
+    down projection -5 µs (it follows the gate/up, which keeps DRAM busy).
+    """
+    if not PRELOAD_WEIGHTS or not gated or device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _preload_plan(bits, n_out, k, gated, index, STAGE_X_BYTES)
