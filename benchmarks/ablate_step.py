@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/ablate_step_h200.json")
     ap.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=1, help="times each variant is measured, interleaved "
+                    "(step_us: the median; rounds: every value)")
     ap.add_argument("--models", default=",".join(m for m, _ in RUNS), help="comma-separated subset of 3B,7B")
     args = ap.parse_args()
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
@@ -106,8 +108,12 @@ def main() -> None:
     result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
                   programmatic_launch=programmatic.enabled(capability), batch=args.batch, context=512, models=[])
     for model, recipe in (r for r in RUNS if r[0] in args.models.split(",")):
+        rounds: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.rounds):  # interleaved: a drift between variants shows as a spread
+            for name, skipped in variants.items():
+                rounds[name].append(step_us(model, recipe, skipped, args.batch))
         row = dict(model=f"Qwen2.5-{model}", recipe=recipe, layers=spec_of(model).num_layers,
-                   step_us={name: step_us(model, recipe, skipped, args.batch) for name, skipped in variants.items()})
+                   step_us={name: sorted(v)[len(v) // 2] for name, v in rounds.items()}, rounds=rounds)
         result["models"].append(row)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for row in result["models"]:
