@@ -40,6 +40,11 @@
 // norm_w / norm_sums: it stages fp16(w * fp16(h * inv)), the norm kernel's exact output, with
 // 1/rms from a few loads and a shuffle tree instead of a norm kernel and its dependent launch.
 //
+// Preloaded weights (PRELOAD, SM90+ with programmatic launches; the gate/up where its grid fits
+// one wave, docs/KERNELS.md phase 16): every group a warp walks is copied into shared memory
+// with cp.async before the wait, while the attention block before it runs; bit-identical
+// results for the same split.
+//
 // Epilogue rounding matches the unfused PyTorch path exactly: y = fp16(acc + bias), then
 // fp16(y + residual); gated: fp16(silu(fp16(gate))) * fp16(up) rounded to fp16.
 
@@ -328,7 +333,7 @@ __device__ __forceinline__ void stage_normalized(const half_t* h, const half_t* 
 // runs on 16 warps: the 16-row instances need more than 64 registers). The split decides the
 // summation order, so a weight keeps one split for every batch size (batch invariance).
 // PRELOAD (0: off): the most groups a warp walks, all copied into shared memory before the
-// wait (one column block, one group per stage; gemv.py preload_groups decides and sizes it).
+// wait (one column block, one group per stage; gemv.py preload_plan decides and sizes it).
 template <int BITS, int TILES, bool GATED, int UNROLL, int COLS, int THREADS, bool STAGE_X, int PRELOAD = 0>
 __global__ void __launch_bounds__(THREADS)
 gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tiles a [R, K/16]

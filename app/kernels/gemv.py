@@ -56,8 +56,9 @@ NORM_STAGE_BYTES = 8192
 # (x, norm weight and chunk sums, once per block): fusing into the many-block heads and the 7B
 # gate/up measured slower than the norm kernel (docs/KERNELS.md phase 10).
 NORM_PROLOGUE_BYTES = 8 << 20
-# Weights copied into shared memory before the programmatic wait where the grid fits in one
-# wave (app.kernels.gemv_preload). Set to False to turn it off (benchmarks/ablate_step.py).
+# The gate/up's weights copied into shared memory before the programmatic wait where its grid
+# fits in one wave (app.kernels.gemv_preload, preload_plan). Set to False to turn it off
+# (benchmarks/ablate_step.py).
 PRELOAD_WEIGHTS = True
 
 
@@ -215,6 +216,8 @@ def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.devic
     (H200, docs/KERNELS.md phase 16): the gate/up preloaded -47 µs; the qkv and o preloaded
     +67 µs (their default splits walk one group per warp; the plan halves their warps), the
     down projection -5 µs (it follows the gate/up, which keeps DRAM busy).
+    Decided once per process, shape and device (whether launches are programmatic included),
+    so a weight keeps one split, and its bits, for the whole run.
     """
     if not PRELOAD_WEIGHTS or not gated or device.type != "cuda":
         return None
