@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=1, help="times each variant is measured, interleaved "
-                    "(step_us: the median; rounds: every value)")
+                    "(step_us: the median, the higher of two; rounds: every value)")
     ap.add_argument("--models", default=",".join(m for m, _ in RUNS), help="comma-separated subset of 3B,7B")
     args = ap.parse_args()
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}

@@ -69,22 +69,13 @@ def test_only_the_gated_gemv_preloads():
     assert preload_plan(4, 11008, 2048, True, torch.device("cpu")) is None
 
 
-def _gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from app.kernels import loader
-    if not loader.available():
-        pytest.skip(loader.unavailable_reason() or "no kernels")
-    return loader
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("n,k", GATED_SHAPES)
 def test_preloaded_launch_equals_the_register_path(bits, n, k):
-    from tests.test_kernels_gpu import GATED, activations, poisoned, rel_err, weights, REL_TOL
+    from app.kernels import loader
+    from tests.test_kernels_gpu import GATED, REL_TOL, activations, poisoned, rel_err, weights
 
-    loader = _gpu()
     if not loader.programmatic_launches():
         pytest.skip("no programmatic launches on this GPU: nothing is preloaded")
     plan = preload_plan(bits, n, k, True, torch.device("cuda"))

@@ -230,15 +230,15 @@ def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int,
     with torch.cuda.device(device_index):
         if not loader.programmatic_launches():
             return None  # no window before the wait to fill
-        base = default_gemv_config(n_out, k, gated, _sm_count(torch.device("cuda", device_index)))
+        sm_count = _sm_count(torch.device("cuda", device_index))
+        base = default_gemv_config(n_out, k, gated, sm_count)
 
         def resident(warps: int, bound: int, shared: int) -> int:
             cfg = GemvConfig(tiles=1, warps=warps, unroll=1)
             kernel = loader.get_kernel(SOURCE, cfg.name_expression(bits, gated, 1, True, bound))
             return loader.resident_blocks(kernel, 32 * cfg.block_warps(1), shared)
 
-        return gemv_preload.plan(n_out, k, gated, bits, base.warps, _sm_count(torch.device("cuda", device_index)),
-                                 most_staged_x_bytes(k), resident)
+        return gemv_preload.plan(n_out, k, gated, bits, base.warps, sm_count, most_staged_x_bytes(k), resident)
 
 
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
