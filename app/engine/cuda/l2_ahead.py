@@ -1,0 +1,73 @@
+"""Which GEMV of a decode step asks L2 for a later GEMV's weights (docs/KERNELS.md phase 17).
+
+With programmatic launches a GEMV's weights stream from DRAM only once the GEMV runs, while the
+latency-bound kernels before it (the attention block, a kernel's tail) leave DRAM idle. A GEMV
+that has finished its own loads can instead ask L2 for the weights of one that comes later
+(gemv.cu ``ahead``: one ``prefetch.global.L2`` per 128-byte line, spread over its grid), so
+those reads overlap the kernels in between. A site is one (issuing GEMV, prefetched weight)
+pair; each prefetched weight must fit in a fraction of the L2 (``L2_FRACTION``), so the
+prefetches of one layer cannot evict each other or the lines the kernels in between read.
+
+Only with programmatic launches (SM90+): without them there is no window to fill, and an
+RTX 3050's 2 MB L2 would hold none of these weights. Hints only: results are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.cuda.weights import LinearWeight
+
+L2_AHEAD = True  # set to False to turn the prefetches off (benchmarks/ablate_step.py compares)
+# (issuing GEMV, weight it prefetches): "qkv>gate_up" = layer i's qkv asks for layer i's gate/up;
+# "down>qkv" = layer i's down asks for layer i + 1's qkv.
+ALL_SITES = ("qkv>o", "qkv>gate_up", "gate_up>down", "down>qkv")
+SITES = frozenset(ALL_SITES)
+L2_FRACTION = 0.5  # the most of the L2 one prefetched weight may take
+
+
+@dataclass(frozen=True)
+class LayerAhead:
+    """The tensors each GEMV of one layer prefetches (empty tuples: none)."""
+
+    qkv: tuple[torch.Tensor, ...] = ()
+    gate_up: tuple[torch.Tensor, ...] = ()
+    down: tuple[torch.Tensor, ...] = ()
+
+
+NONE = LayerAhead()
+
+
+def weight_tensors(w: LinearWeight) -> tuple[torch.Tensor, ...]:
+    """The tensors a GEMV over ``w`` reads (the packed tiles and scales; nothing for a dense one)."""
+    if not w.quantized:
+        return ()
+    return tuple(t for t in (w.qa, w.qb, w.scales) if t is not None)
+
+
+def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def plan(layers, l2_bytes: int, enabled: bool, sites: frozenset[str] | None = None) -> list[LayerAhead]:
+    """Per layer, what its GEMVs prefetch. ``layers``: the model's LayerWeights; ``l2_bytes``: the
+    GPU's L2; ``enabled``: prefetches are worth issuing (programmatic launches); ``sites``: a
+    subset of ALL_SITES (default SITES)."""
+    sites = SITES if sites is None else sites
+    if not enabled or not sites:
+        return [NONE] * len(layers)
+    limit = int(L2_FRACTION * l2_bytes)
+
+    def fits(w: LinearWeight) -> tuple[torch.Tensor, ...]:
+        tensors = weight_tensors(w)
+        return tensors if 0 < _nbytes(tensors) <= limit else ()
+
+    out = []
+    for i, layer in enumerate(layers):
+        qkv = (fits(layer.o) if "qkv>o" in sites else ()) + (fits(layer.gate_up) if "qkv>gate_up" in sites else ())
+        gate_up = fits(layer.down) if "gate_up>down" in sites else ()
+        down = fits(layers[i + 1].qkv) if "down>qkv" in sites and i + 1 < len(layers) else ()
+        out.append(LayerAhead(qkv, gate_up, down))
+    return out
