@@ -14,7 +14,8 @@ kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGU
 ``no_preload`` never copies GEMV weights into shared memory before the wait
 (app.kernels.gemv.PRELOAD_WEIGHTS = False). ``no_l2_ahead`` issues no L2 prefetch of a later
 GEMV's weights (app.engine.cuda.l2_ahead.SITES empty); ``ahead=SITE+SITE`` only those sites;
-``l2_fraction=F`` lets a prefetched weight take F of the L2 (l2_ahead.L2_FRACTION).
+``l2_fraction=F`` lets a prefetch take F of the L2 (l2_ahead.L2_FRACTION);
+``no_partial_ahead`` prefetches whole weights only (l2_ahead.PARTIAL = False).
 ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
 (app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
@@ -57,9 +58,10 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             # only some of l2_ahead's sites: "ahead=" + the sites joined by "+"
             **{f"ahead={site}": (f"ahead={site}",) for site in l2_ahead.ALL_SITES},
             "ahead=qkv>gate_up+gate_up>down": ("ahead=qkv>gate_up+gate_up>down",),
-            "l2_fraction=0.6": ("l2_fraction=0.6",)}
+            "l2_fraction=0.3": ("l2_fraction=0.3",), "l2_fraction=0.6": ("l2_fraction=0.6",),
+            "no_partial_ahead": ("partial_ahead",)}
 SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",
-            "l2_ahead")  # not ops: switches of the full step (and "ahead=..." items)
+            "l2_ahead", "partial_ahead")  # not ops: switches of the full step (and "ahead=..." items)
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -93,7 +95,9 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         l2_ahead.SITES = frozenset()
     for item in (n for n in skipped if n.startswith("ahead=")):
         l2_ahead.SITES = frozenset(item.removeprefix("ahead=").split("+"))
-    fraction = l2_ahead.L2_FRACTION
+    fraction, partial = l2_ahead.L2_FRACTION, l2_ahead.PARTIAL
+    if "partial_ahead" in skipped:
+        l2_ahead.PARTIAL = False
     for item in (n for n in skipped if n.startswith("l2_fraction=")):
         l2_ahead.L2_FRACTION = float(item.removeprefix("l2_fraction="))
     try:
@@ -108,6 +112,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
         gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
         gemv_module.PRELOAD_WEIGHTS, l2_ahead.SITES, l2_ahead.L2_FRACTION = preload, sites, fraction
+        l2_ahead.PARTIAL = partial
 
 
 def main() -> None:
