@@ -58,6 +58,7 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             # only some of l2_ahead's sites: "ahead=" + the sites joined by "+"
             **{f"ahead={site}": (f"ahead={site}",) for site in l2_ahead.ALL_SITES},
             "ahead=qkv>gate_up+gate_up>down": ("ahead=qkv>gate_up+gate_up>down",),
+            "ahead=qkv>o+gate_up>down+down>qkv+down>gate_up": ("ahead=qkv>o+gate_up>down+down>qkv+down>gate_up",),
             "l2_fraction=0.3": ("l2_fraction=0.3",), "l2_fraction=0.6": ("l2_fraction=0.6",),
             "no_partial_ahead": ("partial_ahead",)}
 SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",

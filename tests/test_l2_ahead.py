@@ -41,7 +41,8 @@ def test_each_gemv_asks_for_the_weights_the_sites_name():
         assert ahead.qkv == l2_ahead.weight_tensors(layers[i].o) + l2_ahead.weight_tensors(layers[i].gate_up)
         assert ahead.gate_up == l2_ahead.weight_tensors(layers[i].down)
         # the last layer's down has no next qkv (the head is far too big for L2)
-        assert ahead.down == (l2_ahead.weight_tensors(layers[i + 1].qkv) if i < 2 else ())
+        assert ahead.down == (l2_ahead.weight_tensors(layers[i + 1].qkv) + l2_ahead.weight_tensors(layers[i + 1].gate_up)
+                              if i < 2 else ())
     assert nbytes(plan[0].gate_up) == 2048 * 11008 // 2 + 2048 * 86 * 2  # tiles + scales
 
 

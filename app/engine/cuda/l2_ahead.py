@@ -25,8 +25,9 @@ from app.kernels.tiles import TILE_ROWS
 L2_AHEAD = True  # set to False to turn the prefetches off (benchmarks/ablate_step.py compares)
 # (issuing GEMV, weight it prefetches): "qkv>gate_up" = layer i's qkv asks for layer i's gate/up;
 # "down>qkv" = layer i's down asks for layer i + 1's qkv.
-ALL_SITES = ("qkv>o", "qkv>gate_up", "gate_up>down", "down>qkv")
-SITES = frozenset(ALL_SITES)
+# "down>gate_up": layer i's down asks for layer i + 1's gate/up (earlier than its qkv would).
+ALL_SITES = ("qkv>o", "qkv>gate_up", "gate_up>down", "down>qkv", "down>gate_up")
+SITES = frozenset(ALL_SITES[:4])
 L2_FRACTION = 0.5  # the most of the L2 one prefetched weight may take
 # A weight larger than that: prefetch the rows its first blocks read, up to the same share.
 PARTIAL = True
@@ -90,6 +91,9 @@ def plan(layers, l2_bytes: int, enabled: bool, sites: frozenset[str] | None = No
         qkv = fits(layer.o) if "qkv>o" in sites else ()
         qkv += fits(layer.gate_up, gated=True) if "qkv>gate_up" in sites else ()
         gate_up = fits(layer.down) if "gate_up>down" in sites else ()
-        down = fits(layers[i + 1].qkv) if "down>qkv" in sites and i + 1 < len(layers) else ()
+        down: tuple[torch.Tensor, ...] = ()
+        if i + 1 < len(layers):
+            down += fits(layers[i + 1].qkv) if "down>qkv" in sites else ()
+            down += fits(layers[i + 1].gate_up, gated=True) if "down>gate_up" in sites else ()
         out.append(LayerAhead(qkv, gate_up, down))
     return out
