@@ -13,9 +13,9 @@ step with the batch-1 RMSNorms run by the norm kernel instead of fused into the 
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 ``no_preload`` never copies GEMV weights into shared memory before the wait
 (app.kernels.gemv.PRELOAD_WEIGHTS = False). ``no_l2_ahead`` issues no L2 prefetch of a later
-GEMV's weights (app.engine.cuda.l2_ahead.SITES empty); ``ahead=SITE+SITE`` only those sites;
-``l2_fraction=F`` lets a prefetch take F of the L2 (l2_ahead.L2_FRACTION);
-``no_partial_ahead`` prefetches whole weights only (l2_ahead.PARTIAL = False).
+GEMV's weights (app.engine.cuda.l2_ahead.SITES empty); ``ahead=SITE+SITE`` those sites instead
+of the default; ``ahead_without_preload`` lets a gate/up that does not preload prefetch the
+down projection too (l2_ahead.GATE_UP_MUST_PRELOAD = False).
 ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
 (app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
@@ -55,20 +55,18 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
             "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
             "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",), "no_l2_ahead": ("l2_ahead",),
-            # only some of l2_ahead's sites: "ahead=" + the sites joined by "+"
+            # other sets of l2_ahead's sites: "ahead=" + the sites joined by "+"
             **{f"ahead={site}": (f"ahead={site}",) for site in l2_ahead.ALL_SITES},
             "ahead=qkv>gate_up+gate_up>down": ("ahead=qkv>gate_up+gate_up>down",),
-            "ahead=qkv>o+gate_up>down+down>qkv+down>gate_up": ("ahead=qkv>o+gate_up>down+down>qkv+down>gate_up",),
-            "l2_fraction=0.3": ("l2_fraction=0.3",), "l2_fraction=0.6": ("l2_fraction=0.6",),
-            "no_partial_ahead": ("partial_ahead",)}
+            "ahead_without_preload": ("ahead_needs_preload",)}
 SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",
-            "l2_ahead", "partial_ahead")  # not ops: switches of the full step (and "ahead=..." items)
+            "l2_ahead", "ahead_needs_preload")  # not ops: switches of the full step (and "ahead=..." items)
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     ops = KernelOps()
-    for name in (n for n in skipped if n not in SETTINGS and not n.startswith(("ahead=", "l2_fraction="))):
+    for name in (n for n in skipped if n not in SETTINGS and not n.startswith("ahead=")):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     return ops
 
@@ -96,11 +94,9 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         l2_ahead.SITES = frozenset()
     for item in (n for n in skipped if n.startswith("ahead=")):
         l2_ahead.SITES = frozenset(item.removeprefix("ahead=").split("+"))
-    fraction, partial = l2_ahead.L2_FRACTION, l2_ahead.PARTIAL
-    if "partial_ahead" in skipped:
-        l2_ahead.PARTIAL = False
-    for item in (n for n in skipped if n.startswith("l2_fraction=")):
-        l2_ahead.L2_FRACTION = float(item.removeprefix("l2_fraction="))
+    needs_preload = l2_ahead.GATE_UP_MUST_PRELOAD
+    if "ahead_needs_preload" in skipped:
+        l2_ahead.GATE_UP_MUST_PRELOAD = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -112,8 +108,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
         gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
-        gemv_module.PRELOAD_WEIGHTS, l2_ahead.SITES, l2_ahead.L2_FRACTION = preload, sites, fraction
-        l2_ahead.PARTIAL = partial
+        gemv_module.PRELOAD_WEIGHTS, l2_ahead.SITES, l2_ahead.GATE_UP_MUST_PRELOAD = preload, sites, needs_preload
 
 
 def main() -> None:

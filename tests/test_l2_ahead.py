@@ -34,52 +34,46 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def test_each_gemv_asks_for_the_weights_the_sites_name():
+def test_by_default_a_preloading_gate_up_asks_for_its_down_projection():
     layers = [layer(2048, 11008) for _ in range(3)]  # the 3B's shapes: gate/up 22 MB, down 11 MB
+    plan = l2_ahead.plan(layers, l2_bytes=50 * MB, enabled=True)
+    assert [a.gate_up for a in plan] == [l2_ahead.weight_tensors(lw.down) for lw in layers]
+    assert all(a.qkv == () and a.down == () for a in plan)
+    assert nbytes(plan[0].gate_up) == 2048 * 11008 // 2 + 2048 * 86 * 2  # tiles + scales
+    # a gate/up that streams its weights to its end (no preload) asks for nothing
+    streaming = l2_ahead.plan(layers, l2_bytes=50 * MB, enabled=True, preloads=lambda w: False)
+    assert streaming == [l2_ahead.NONE] * 3
+
+
+def test_each_gemv_asks_for_the_weights_the_sites_name():
+    layers = [layer(2048, 11008) for _ in range(3)]
     plan = l2_ahead.plan(layers, l2_bytes=50 * MB, enabled=True, sites=frozenset(l2_ahead.ALL_SITES))
     for i, ahead in enumerate(plan):
         assert ahead.qkv == l2_ahead.weight_tensors(layers[i].o) + l2_ahead.weight_tensors(layers[i].gate_up)
         assert ahead.gate_up == l2_ahead.weight_tensors(layers[i].down)
         # the last layer's down has no next qkv (the head is far too big for L2)
-        assert ahead.down == (l2_ahead.weight_tensors(layers[i + 1].qkv) + l2_ahead.weight_tensors(layers[i + 1].gate_up)
-                              if i < 2 else ())
-    assert nbytes(plan[0].gate_up) == 2048 * 11008 // 2 + 2048 * 86 * 2  # tiles + scales
+        assert ahead.down == (l2_ahead.weight_tensors(layers[i + 1].qkv) if i < 2 else ())
 
 
-def test_of_a_weight_larger_than_the_l2_share_only_the_first_blocks_rows(monkeypatch):
-    # the 7B `mixed` shapes: gate/up (W3) 51 MB, down 26.5 MB, against an H200's 50 MiB of L2
+def test_a_weight_larger_than_the_l2_share_is_not_prefetched():
+    # the 7B `mixed` shapes: gate/up (W3) 51 MB, down 26.5 MB
     layers = [layer(3584, 18944, gate_up_bits=3) for _ in range(2)]
     plan = l2_ahead.plan(layers, l2_bytes=50 * MB, enabled=True, sites=frozenset(l2_ahead.ALL_SITES))
-    o, gate_up = layers[0].o, layers[0].gate_up
-    assert plan[0].qkv[:2] == l2_ahead.weight_tensors(o)  # o (6.4 MB) whole
-    spans = plan[0].qkv[2:]  # a, b, scales: each the leading rows of the gate half and of the up half
-    assert len(spans) == 6 and nbytes(spans) <= 25 * MB
-    rows = spans[0].shape[0]
-    assert rows % 16 == 0 and 8000 < rows < 18944
-    half = 18944
-    for t, (gate_rows, up_rows) in zip(l2_ahead.weight_tensors(gate_up), zip(spans[::2], spans[1::2])):
-        assert gate_rows.data_ptr() == t.data_ptr() and up_rows.data_ptr() == t[half].data_ptr()
-        assert gate_rows.shape == up_rows.shape == (rows, t.shape[1])
-    assert len(plan[0].gate_up) == 3 and nbytes(plan[0].gate_up) <= 25 * MB  # the down's leading rows
-    monkeypatch.setattr(l2_ahead, "PARTIAL", False)
-    whole_only = l2_ahead.plan(layers, l2_bytes=50 * MB, enabled=True, sites=frozenset(l2_ahead.ALL_SITES))
-    assert whole_only[0].qkv == l2_ahead.weight_tensors(o) and whole_only[0].gate_up == ()
-
-
-def test_a_small_l2_takes_only_what_fits():
-    # a 2 MB L2 (an RTX 3050's; it has no programmatic launches, so this is the rule alone): no
-    # whole 3B weight, leading rows of at most 1 MB per site (the qkv's two sites: o and gate/up)
-    small = l2_ahead.plan([layer(2048, 11008)] * 2, l2_bytes=2 * MB, enabled=True)
-    assert all(0 < nbytes(a.gate_up) <= MB and nbytes(a.qkv) <= 2 * MB for a in small)
-    assert 0 < nbytes(small[0].down) <= MB and small[1].down == ()
+    assert plan[0].qkv == l2_ahead.weight_tensors(layers[0].o)  # o (6.4 MB), not the gate/up
+    assert plan[0].gate_up == ()
+    assert len(l2_ahead.weight_tensors(layers[0].gate_up)) == 3  # W3: a, b, scales
+    larger_l2 = l2_ahead.plan(layers, l2_bytes=60 * MB, enabled=True)  # an H200's 60 MiB: 30 MiB each
+    assert larger_l2[0].gate_up == l2_ahead.weight_tensors(layers[0].down)
+    # a 2 MB L2 (an RTX 3050's, which has no programmatic launches either) holds no 3B weight
+    small = l2_ahead.plan([layer(2048, 11008)] * 2, l2_bytes=2 * MB, enabled=True,
+                         sites=frozenset(l2_ahead.ALL_SITES))
+    assert small == [l2_ahead.NONE] * 2
 
 
 def test_nothing_is_prefetched_without_programmatic_launches_or_sites():
     layers = [layer(2048, 11008)] * 2
     assert l2_ahead.plan(layers, 50 * MB, enabled=False) == [l2_ahead.NONE] * 2
     assert l2_ahead.plan(layers, 50 * MB, enabled=True, sites=frozenset()) == [l2_ahead.NONE] * 2
-    only = l2_ahead.plan(layers, 50 * MB, enabled=True, sites=frozenset({"gate_up>down"}))
-    assert only[0].qkv == () and only[0].down == () and only[0].gate_up
 
 
 def test_a_dense_weight_is_never_prefetched():
@@ -115,13 +109,13 @@ def test_prefetching_changes_no_output_bit(bits, gated):
 
 
 @pytest.mark.gpu
-def test_more_than_eight_spans_or_another_device_is_refused():
+def test_more_than_six_spans_or_another_device_is_refused():
     from app.kernels import gemv_w4
     from app.kernels.loader import KernelArgumentError
     from tests.test_kernels_gpu import activations, weights
 
     w = weights(4, 256, 256, seed=1)
-    with pytest.raises(KernelArgumentError, match="at most 8"):
-        gemv_w4(activations(1, 256, seed=1), *w, ahead=w * 5)
+    with pytest.raises(KernelArgumentError, match="at most 6"):
+        gemv_w4(activations(1, 256, seed=1), *w, ahead=w * 4)
     with pytest.raises(KernelArgumentError, match="ahead\\[0\\]"):
         gemv_w4(activations(1, 256, seed=1), *w, ahead=(torch.empty(4),))

@@ -354,9 +354,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
             const char* ahead2, int ahead2_lines,
             const char* ahead3, int ahead3_lines,
             const char* ahead4, int ahead4_lines,
-            const char* ahead5, int ahead5_lines,
-            const char* ahead6, int ahead6_lines,
-            const char* ahead7, int ahead7_lines) {
+            const char* ahead5, int ahead5_lines) {
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
@@ -507,8 +505,6 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
     prefetch_span_l2(ahead3, ahead3_lines);
     prefetch_span_l2(ahead4, ahead4_lines);
     prefetch_span_l2(ahead5, ahead5_lines);
-    prefetch_span_l2(ahead6, ahead6_lines);
-    prefetch_span_l2(ahead7, ahead7_lines);
 
     // Add the slices' partial sums in a fixed order (deterministic, batch-invariant). Split:
     // result tile 0 (gate) sums the even slices, tile 1 (up) the odd ones.

@@ -60,7 +60,7 @@ NORM_PROLOGUE_BYTES = 8 << 20
 # fits in one wave (app.kernels.gemv_preload, preload_plan). Set to False to turn it off
 # (benchmarks/ablate_step.py).
 PRELOAD_WEIGHTS = True
-AHEAD_REGIONS = 8  # gemv.cu ahead0..7: spans of a later GEMV's weights prefetched into L2
+AHEAD_REGIONS = 6  # gemv.cu ahead0..5: spans of a later GEMV's weights prefetched into L2
 L2_LINE = 128
 NO_AHEAD = (0, np.int32(0)) * AHEAD_REGIONS
 
@@ -326,7 +326,7 @@ def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias:
 
     ``out`` may be ``residual`` itself (in-place residual add). ``norm``: x is RMSNorm'd first
     (batch 1, see :class:`FusedNorm`). ``sums_out`` [M, N/16] fp32: the chunk sums of squares
-    of the output rows, for a fused norm in the next GEMV. ``ahead``: up to eight tensors (a
+    of the output rows, for a fused norm in the next GEMV. ``ahead``: up to six tensors (a
     later GEMV's weights) whose bytes the kernel asks L2 for once its own loads are done.
     """
     return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,

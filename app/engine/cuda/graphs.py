@@ -22,6 +22,8 @@ from app.engine.cuda import l2_ahead
 from app.engine.cuda.step_norms import StepNorms
 from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
+from app.kernels import loader
+from app.kernels.gemv import COLUMN_BLOCK, preload_plan
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
@@ -128,7 +130,8 @@ class DecodeStep:
                               and all(lw.quantized for lw in linears)
                               and all(layer.gate_up.bias is None for layer in weights.layers))
         self._norm_sites: dict[int, frozenset[str]] = {}  # per batch size: decided once, not per step
-        self.ahead = l2_ahead.plan(weights.layers, *_l2_ahead_room(ops, weights.device))
+        self.ahead = l2_ahead.plan(weights.layers, *_l2_ahead_room(ops, weights.device),
+                                   preloads=lambda w: _gate_up_preloads(w, weights.device))
 
     def run(self, b: int) -> None:
         s, w, ops, bf = self.spec, self.w, self.ops, self.buffers
@@ -141,7 +144,8 @@ class DecodeStep:
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
-            ahead = self.ahead[i]  # later weights this layer's GEMVs ask L2 for (l2_ahead.py)
+            # later weights this layer's GEMVs ask L2 for (l2_ahead.py): where the gate/up copies
+            ahead = self.ahead[i] if b <= COLUMN_BLOCK else l2_ahead.NONE
             ops.linear(x, layer.qkv, out=qkv, norm=fused, ahead=ahead.qkv)
             if fuse_rope:
                 ops.rope_attention(qkv, self.cos, self.sin, positions, seq_lens, slots, k_cache, v_cache,
@@ -179,10 +183,13 @@ def _l2_ahead_room(ops, device: torch.device) -> tuple[int, bool]:
     """(L2 bytes, whether L2 prefetches are worth issuing): the kernels with programmatic launches."""
     if not (l2_ahead.L2_AHEAD and getattr(ops, "name", "") == "kernels" and device.type == "cuda"):
         return 0, False
-    from app.kernels import loader
-
     with torch.cuda.device(device):
         return torch.cuda.get_device_properties(device).L2_cache_size, loader.programmatic_launches()
+
+
+def _gate_up_preloads(w, device: torch.device) -> bool:
+    """Whether the gated GEMV over ``w`` copies its weights into shared memory before its wait."""
+    return w.quantized and preload_plan(w.bits, w.out_features // 2, w.in_features, True, device) is not None
 
 
 def decode_buckets(num_slots: int, rows: int, batch_invariant_linears: bool) -> list[int]:
