@@ -12,11 +12,7 @@ step with the batch-1 RMSNorms run by the norm kernel instead of fused into the 
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 ``no_preload`` never copies GEMV weights into shared memory before the wait
-(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``no_l2_ahead`` issues no L2 prefetch of a later
-GEMV's weights (app.engine.cuda.l2_ahead.SITES empty); ``ahead=SITE+SITE`` those sites instead
-of the default; ``ahead_without_preload`` lets a gate/up that does not preload prefetch the
-down projection too (l2_ahead.GATE_UP_MUST_PRELOAD = False).
-``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
+(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
 (app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
@@ -43,7 +39,6 @@ from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
 import app.engine.cuda.graphs as graphs_module  # noqa: E402
 import app.engine.cuda.runner as runner_module  # noqa: E402
 import app.kernels.gemv as gemv_module  # noqa: E402
-from app.engine.cuda import l2_ahead  # noqa: E402
 from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
@@ -54,19 +49,14 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             "no_attention": ("attention", "rope_fusion"), "linears_only": SKIPPABLE + ("rope_fusion",),
             "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
             "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
-            "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",), "no_l2_ahead": ("l2_ahead",),
-            # other sets of l2_ahead's sites: "ahead=" + the sites joined by "+"
-            **{f"ahead={site}": (f"ahead={site}",) for site in l2_ahead.ALL_SITES},
-            "ahead=qkv>gate_up+gate_up>down": ("ahead=qkv>gate_up+gate_up>down",),
-            "ahead_without_preload": ("ahead_needs_preload",)}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",
-            "l2_ahead", "ahead_needs_preload")  # not ops: switches of the full step (and "ahead=..." items)
+            "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     ops = KernelOps()
-    for name in (n for n in skipped if n not in SETTINGS and not n.startswith("ahead=")):
+    for name in (n for n in skipped if n not in SETTINGS):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     return ops
 
@@ -89,14 +79,6 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         graphs_module.FUSE_ROPE = False
     if "weight_preload" in skipped:
         gemv_module.PRELOAD_WEIGHTS = False
-    sites = l2_ahead.SITES
-    if "l2_ahead" in skipped:
-        l2_ahead.SITES = frozenset()
-    for item in (n for n in skipped if n.startswith("ahead=")):
-        l2_ahead.SITES = frozenset(item.removeprefix("ahead=").split("+"))
-    needs_preload = l2_ahead.GATE_UP_MUST_PRELOAD
-    if "ahead_needs_preload" in skipped:
-        l2_ahead.GATE_UP_MUST_PRELOAD = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
                                                   prefill_mode="gemm", label=f"Qwen2.5-{model}")
@@ -108,7 +90,7 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         runner.close()
         gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
         gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
-        gemv_module.PRELOAD_WEIGHTS, l2_ahead.SITES, l2_ahead.GATE_UP_MUST_PRELOAD = preload, sites, needs_preload
+        gemv_module.PRELOAD_WEIGHTS = preload
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ from bench_kernels import DEV, MODELS, gemv_cases, gemv_fn, n_copies, rand_weigh
 from app.kernels import (  # noqa: E402
     GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, loader,
 )
-from app.kernels.gemv import COLUMN_BLOCK, NO_AHEAD  # noqa: E402
+from app.kernels.gemv import COLUMN_BLOCK  # noqa: E402
 
 STAMP_SLOTS = 8  # per warp: t0, t1, t2, cycles wait, cycles loop, smid, -, t3 (warp 0)
 STAMP_WARPS = 1 << 17
@@ -241,7 +241,7 @@ def variant_fn(kernel, variant, cfg, bits, gated, ws, x, out):
         qa, qb, scales = (w[0], w[1], w[2]) if bits == 3 else (w[0], None, w[1])
         args = (qa.data_ptr(), qb.data_ptr() if qb is not None else 0, scales.data_ptr(), x.data_ptr(), 0, 0,
                 out.data_ptr(), np.int32(x.shape[0]), np.int32(n_out), np.int32(x.shape[1]), np.int32(cfg.warps),
-                0, 0, np.float32(0), 0, *NO_AHEAD)  # no fused norm, no chunk sums, no L2 prefetch
+                0, 0, np.float32(0), 0)  # no fused norm, no chunk sums
         loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.warps,), args,
                       shared_mem=x.numel() * 2 if variant in X_STAGED else 0)
     return fn

@@ -128,14 +128,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
 
-// Lines [0, lines) of 128 bytes from p (128-byte aligned) into L2, spread over the grid's
-// threads: the weights of a GEMV further down the step, fetched while this kernel's tail and
-// the latency-bound kernels between them leave DRAM idle (docs/KERNELS.md phase 17).
-__device__ __forceinline__ void prefetch_span_l2(const char* p, int lines) {
-    const int stride = gridDim.x * blockDim.x;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lines; i += stride) prefetch_l2(p + (long)i * 128);
-}
-
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

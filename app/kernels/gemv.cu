@@ -348,13 +348,7 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
             const half_t* __restrict__ norm_w,    // [K] or null: x is h, normalized (STAGE_X, M = 1)
             const float* __restrict__ norm_sums,  // [K / 16]: h's chunk sums (with norm_w)
             float eps,
-            float* __restrict__ sums_out,         // [M, N / 16] or null: chunk sums of y (not GATED)
-            const char* ahead0, int ahead0_lines, // L2 prefetches after the main loop (128-byte lines)
-            const char* ahead1, int ahead1_lines, //   of a later GEMV's weights: null / 0 for none
-            const char* ahead2, int ahead2_lines,
-            const char* ahead3, int ahead3_lines,
-            const char* ahead4, int ahead4_lines,
-            const char* ahead5, int ahead5_lines) {
+            float* __restrict__ sums_out) {       // [M, N / 16] or null: chunk sums of y (not GATED)
     constexpr bool SPLIT = GATED && TILES == 1;  // warps alternate gate / up (nwarps, ksplit even)
     constexpr int OUT_TILES = GATED ? (SPLIT ? 1 : TILES / 2) : TILES;
     constexpr int RES_TILES = SPLIT ? 2 : TILES;  // tiles of results after the block reduction
@@ -497,14 +491,6 @@ gemv_kernel(const unsigned* __restrict__ qa,      // W4 tiles [R, K/8] | W3 tile
                         else partial[slice][at][lane] = acc[j][cb][c];
                     }
     }
-
-    // This block's loads are done: DRAM is free for a later GEMV's weights (L2 hints only).
-    prefetch_span_l2(ahead0, ahead0_lines);
-    prefetch_span_l2(ahead1, ahead1_lines);
-    prefetch_span_l2(ahead2, ahead2_lines);
-    prefetch_span_l2(ahead3, ahead3_lines);
-    prefetch_span_l2(ahead4, ahead4_lines);
-    prefetch_span_l2(ahead5, ahead5_lines);
 
     // Add the slices' partial sums in a fixed order (deterministic, batch-invariant). Split:
     // result tile 0 (gate) sums the even slices, tile 1 (up) the odd ones.

@@ -60,9 +60,6 @@ NORM_PROLOGUE_BYTES = 8 << 20
 # fits in one wave (app.kernels.gemv_preload, preload_plan). Set to False to turn it off
 # (benchmarks/ablate_step.py).
 PRELOAD_WEIGHTS = True
-AHEAD_REGIONS = 6  # gemv.cu ahead0..5: spans of a later GEMV's weights prefetched into L2
-L2_LINE = 128
-NO_AHEAD = (0, np.int32(0)) * AHEAD_REGIONS
 
 
 @dataclass(frozen=True)
@@ -246,8 +243,7 @@ def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int,
 
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
          residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
-         norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None,
-         ahead: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+         norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None) -> torch.Tensor:
     dev = w.qa.device
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
@@ -283,26 +279,10 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x, preload))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
-            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps), *norm_args, sums_ptr,
-            *_ahead_args(ahead, dev))
+            np.int32(m), np.int32(n_out), np.int32(w.k), np.int32(cfg.warps), *norm_args, sums_ptr)
     shared = (x_bytes if stage_x else 0) + (plan.weight_bytes if preload else 0)
     loader.launch(kernel, cfg.grid(n_out, gated), (32 * cfg.block_warps(cols),), args, shared_mem=shared)
     return y
-
-
-def _ahead_args(ahead: tuple[torch.Tensor, ...], dev: torch.device) -> tuple:
-    """(pointer, lines) kernel arguments for the L2 prefetch of ``ahead``'s bytes (whole
-    128-byte lines from each tensor's aligned start), padded with null spans."""
-    if len(ahead) > AHEAD_REGIONS:
-        raise KernelArgumentError(f"ahead: at most {AHEAD_REGIONS} tensors to prefetch, got {len(ahead)}")
-    args = []
-    for i, t in enumerate(ahead):
-        if not isinstance(t, torch.Tensor) or t.device != dev or not t.is_contiguous():
-            raise KernelArgumentError(f"ahead[{i}]: must be a contiguous tensor on {dev}")
-        start = t.data_ptr() & ~(L2_LINE - 1)
-        end = t.data_ptr() + t.numel() * t.element_size()
-        args += [start, np.int32(-(-(end - start) // L2_LINE))]
-    return (*args, *NO_AHEAD[len(args):])
 
 
 def _norm_args(norm: FusedNorm | None, m: int, k: int, dev: torch.device) -> tuple:
@@ -320,39 +300,38 @@ def _norm_args(norm: FusedNorm | None, m: int, k: int, dev: torch.device) -> tup
 def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             config: GemvConfig | None = None, norm: FusedNorm | None = None,
-            sums_out: torch.Tensor | None = None, ahead: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+            sums_out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M<=16, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
     layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
     ``out`` may be ``residual`` itself (in-place residual add). ``norm``: x is RMSNorm'd first
     (batch 1, see :class:`FusedNorm`). ``sums_out`` [M, N/16] fp32: the chunk sums of squares
-    of the output rows, for a fused norm in the next GEMV. ``ahead``: up to six tensors (a
-    later GEMV's weights) whose bytes the kernel asks L2 for once its own loads are done.
+    of the output rows, for a fused norm in the next GEMV.
     """
     return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,
-                norm=norm, sums_out=sums_out, ahead=ahead)
+                norm=norm, sums_out=sums_out)
 
 
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             out: torch.Tensor | None = None, config: GemvConfig | None = None, norm: FusedNorm | None = None,
-            sums_out: torch.Tensor | None = None, ahead: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+            sums_out: torch.Tensor | None = None) -> torch.Tensor:
     """Like :func:`gemv_w4` for W3 in the tile layout (a [Np, K/16], b [Np, K/32], Np = padded_rows(N))."""
     return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
-                config=config, norm=norm, sums_out=sums_out, ahead=ahead)
+                config=config, norm=norm, sums_out=sums_out)
 
 
 def gate_up_silu_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: FusedNorm | None = None, ahead: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                    norm: FusedNorm | None = None) -> torch.Tensor:
     """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
     return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config,
-                norm=norm, ahead=ahead)
+                norm=norm)
 
 
 def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: FusedNorm | None = None, ahead: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                    norm: FusedNorm | None = None) -> torch.Tensor:
     """Like :func:`gate_up_silu_w4` for W3 in the tile layout (I % 16 == 0)."""
     return _run(_check_w3(a, b, scales), x, gated=True, bias=None, residual=None, out=out,
-                config=config, norm=norm, ahead=ahead)
+                config=config, norm=norm)

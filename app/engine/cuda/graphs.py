@@ -18,12 +18,9 @@ from dataclasses import dataclass, fields
 import torch
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.cuda import l2_ahead
 from app.engine.cuda.step_norms import StepNorms
 from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
-from app.kernels import loader
-from app.kernels.gemv import COLUMN_BLOCK, preload_plan
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
@@ -130,8 +127,6 @@ class DecodeStep:
                               and all(lw.quantized for lw in linears)
                               and all(layer.gate_up.bias is None for layer in weights.layers))
         self._norm_sites: dict[int, frozenset[str]] = {}  # per batch size: decided once, not per step
-        self.ahead = l2_ahead.plan(weights.layers, *_l2_ahead_room(ops, weights.device),
-                                   preloads=lambda w: _gate_up_preloads(w, weights.device))
 
     def run(self, b: int) -> None:
         s, w, ops, bf = self.spec, self.w, self.ops, self.buffers
@@ -144,9 +139,7 @@ class DecodeStep:
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
-            # later weights this layer's GEMVs ask L2 for (l2_ahead.py): where the gate/up copies
-            ahead = self.ahead[i] if b <= COLUMN_BLOCK else l2_ahead.NONE
-            ops.linear(x, layer.qkv, out=qkv, norm=fused, ahead=ahead.qkv)
+            ops.linear(x, layer.qkv, out=qkv, norm=fused)
             if fuse_rope:
                 ops.rope_attention(qkv, self.cos, self.sin, positions, seq_lens, slots, k_cache, v_cache,
                                    num_q_heads=s.num_heads, workspace=workspace, out=attn)
@@ -157,10 +150,9 @@ class DecodeStep:
             # h += o_proj(attn), leaving h's chunk sums for the fused norm of the gate/up
             ops.linear(attn.view(b, s.q_size), layer.o, residual=h, out=h, sums_out=norm.sums_after_o())
             x, fused = norm.before("post", layer.post_norm)
-            ops.gate_up(x, layer.gate_up, out=act, norm=fused, ahead=ahead.gate_up)
+            ops.gate_up(x, layer.gate_up, out=act, norm=fused)
             last = i == len(w.layers) - 1
-            ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_after_down(last),
-                       ahead=ahead.down)  # h += down(act)
+            ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_after_down(last))  # h += down(act)
         x, fused = norm.before("final", w.final_norm)
         ops.linear(x, w.lm_head, out=bf.logits[:b], norm=fused)
         torch.argmax(bf.logits[:b], dim=-1, out=bf.tokens[:b])  # (no copy kernel)
@@ -177,19 +169,6 @@ class DecodeStep:
         layer = self.w.layers[0]  # every layer has the same shapes
         consumers = {"input": (layer.qkv, False), "post": (layer.gate_up, True), "final": (self.w.lm_head, False)}
         return frozenset(site for site, (lw, gated) in consumers.items() if self.ops.fuses_norm(b, lw, gated))
-
-
-def _l2_ahead_room(ops, device: torch.device) -> tuple[int, bool]:
-    """(L2 bytes, whether L2 prefetches are worth issuing): the kernels with programmatic launches."""
-    if not (l2_ahead.L2_AHEAD and getattr(ops, "name", "") == "kernels" and device.type == "cuda"):
-        return 0, False
-    with torch.cuda.device(device):
-        return torch.cuda.get_device_properties(device).L2_cache_size, loader.programmatic_launches()
-
-
-def _gate_up_preloads(w, device: torch.device) -> bool:
-    """Whether the gated GEMV over ``w`` copies its weights into shared memory before its wait."""
-    return w.quantized and preload_plan(w.bits, w.out_features // 2, w.in_features, True, device) is not None
 
 
 def decode_buckets(num_slots: int, rows: int, batch_invariant_linears: bool) -> list[int]:

@@ -60,21 +60,18 @@ class KernelOps:
         return (fuses_norm(m, w.in_features)
                 and gemv.norm_prologue_bytes(n_out, w.in_features, gated, w.scales.device) <= gemv.NORM_PROLOGUE_BYTES)
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None,
-               ahead=()):
-        """``ahead``: tensors of a later GEMV's weights to ask L2 for (app.engine.cuda.l2_ahead)."""
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         if not w.quantized:
             _no_fusion(w, norm, sums_out)
             return dense_linear(x, w, residual, out)
         kernel = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
-        return kernel(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out,
-                      ahead=ahead)
+        return kernel(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out)
 
-    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None, ahead=()):
+    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         if not w.quantized or w.bias is not None:  # the fused kernel has no bias epilogue
             return _unfused_gate_up(self, x, w, out, norm)
         kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
-        return kernel(x, *_tiles(w), w.scales, out=out, norm=norm, ahead=ahead)
+        return kernel(x, *_tiles(w), w.scales, out=out, norm=norm)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
@@ -125,9 +122,8 @@ class ReferenceOps:
     def fuses_norm(m: int, w: LinearWeight, gated: bool) -> bool:
         return fuses_norm(m, w.in_features)  # wherever the kernels can: the CPU checks the wiring
 
-    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None,
-               ahead=()):
-        _check_fp16(x=x, out=out)  # (ahead: L2 hints, nothing to compute)
+    def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
+        _check_fp16(x=x, out=out)
         if not w.quantized:
             _no_fusion(w, norm, sums_out)
             return dense_linear(x, w, residual, out)
@@ -141,7 +137,7 @@ class ReferenceOps:
             sums_out.copy_(ref.norm_chunk_sums_ref(out))
         return out
 
-    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None, ahead=()):
+    def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         _check_fp16(x=x, out=out)
         if not w.quantized or w.bias is not None:
             return _unfused_gate_up(self, x, w, out, norm)
