@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import KERNEL_ARCH_VAR
+from tests.conftest import KERNEL_ARCH_VAR
 
 
 @pytest.mark.gpu
