@@ -57,8 +57,7 @@ def role(name: str, gemv_index: int, layers: int) -> str:
     if "gemv_kernel" in name:
         return "lm_head" if gemv_index >= 4 * layers else ("qkv", "o", "gate_up", "down")[gemv_index % 4]
     for key, part in (("attn_split", "attention split"), ("attn_combine", "attention combine"),
-                      ("combine", "attention combine"), ("attn", "attention split"), ("rms_norm", "norm"),
-                      ("rope", "rope"), ("argmax", "argmax"), ("index", "embedding"), ("lookup", "embedding")):
+                      ("rms_norm", "norm"), ("rope", "rope"), ("argmax", "argmax")):
         if key in low:
             return part
     return "other: " + name[:60]
@@ -79,9 +78,11 @@ def timeline(model: str, recipe: str) -> dict:
     exposed: dict[str, float] = defaultdict(float)
     duration: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    gemvs, prev_end = 0, kernels[0][1]
+    gemvs, prev_end, layers_started = 0, kernels[0][1], False
     for name, start, end in kernels:
-        part = role(name, gemvs, spec.num_layers)
+        # everything before the first norm or GEMV is the embedding lookup (PyTorch ops)
+        layers_started = layers_started or "gemv_kernel" in name or "rms_norm" in name
+        part = role(name, gemvs, spec.num_layers) if layers_started else "embedding"
         gemvs += "gemv_kernel" in name
         exposed[part] += max(0.0, end - prev_end)
         duration[part] += end - start
