@@ -6,8 +6,8 @@ The 3B `w4` layer's weights (38 MB) fit in an H200's 60 MiB L2, so from layer 1 
 reads L2, not DRAM (the head, 153 MB, still streams from DRAM and flushes L2 once a step). The
 difference bounds what any DRAM-side change of the GEMVs (more bytes in flight, prefetches,
 layouts) can give; what remains of the shared-weights step is the kernels' latency chain.
-Not a correctness run (shared weights are repacked once per layer in place: garbage values,
-the same kernels and launches). Graph-only step after 512-token prompts, batch 1, as
+Not a correctness run (a model whose layers are all the same one; the same kernels, shapes and
+launches as the product's step). Graph-only step after 512-token prompts, batch 1, as
 benchmarks/ablate_step.py times it; rounds interleaved.
 
     python3 benchmarks/probe_l2_step.py --commit SHA [--out docs/results/probe_l2_step_h200.json]

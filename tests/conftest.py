@@ -166,6 +166,8 @@ def pytest_configure(config):
         return  # no GPU tests run here anyway
     # CuPy's own choice of architecture (its private functions, read on every compile; the cache
     # key includes the architecture, so these PTX modules never mix with the GPU's own cubins).
+    if not (hasattr(compiler, "_get_arch") and hasattr(compiler, "_use_ptx")):
+        raise pytest.UsageError(f"{KERNEL_ARCH_VAR}: this CuPy has no _get_arch / _use_ptx to override")
     compiler._get_arch = lambda: arch
     compiler._use_ptx = True
 
