@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from app.kernels.tiles import TILE_ROWS
+from app.kernels.tiles import GROUP, TILE_ROWS
 
-GROUP_SIZE = 128
 # The compiled bounds of the groups a warp preloads (gemv.cu PRELOAD; its scales stay in registers).
 GROUP_BOUNDS = (2, 4, 8)
 # Shared memory one lane-set of a tile and a group takes: W4 2 x 16 B x 32 lanes, W3 (16 + 8) B x 32.
@@ -56,7 +55,7 @@ def plan(n_out: int, k: int, gated: bool, bits: int, warps: int, sm_count: int, 
     is how many such blocks an SM holds. ``x_bytes``: the most staged x any batch puts before
     the copies. Needs at least 2 groups per warp (one is what the register stage holds anyway).
     """
-    groups = k // GROUP_SIZE
+    groups = k // GROUP
     blocks = -(-n_out // TILE_ROWS)
     fewest = 2 if gated else 1  # gated: warps alternate gate / up
     while warps >= fewest:

@@ -174,6 +174,7 @@ def programmatic_launches() -> bool:
 
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_DYNAMIC_SHARED = 48 << 10  # what a kernel may take without opting in
+_shared_granted: dict[int, int] = {}  # CUfunction handle -> dynamic shared bytes it is opted in to
 
 
 def allow_dynamic_shared(kernel, shared_mem: int) -> bool:
@@ -191,9 +192,6 @@ def allow_dynamic_shared(kernel, shared_mem: int) -> bool:
         return False
     _shared_granted[handle] = shared_mem
     return True
-
-
-_shared_granted: dict[int, int] = {}
 
 
 def resident_blocks(kernel, threads: int, shared_mem: int) -> int:
