@@ -19,7 +19,8 @@ import torch
 
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.step_norms import StepNorms
-from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
+from app.engine.cuda.dequant import embedding_rows
+from app.engine.cuda.weights import DequantTables, ModelWeights
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
@@ -117,8 +118,9 @@ class DecodeStep:
     """The decode step itself, on the first ``b`` rows of the buffers (eager or captured)."""
 
     def __init__(self, weights: ModelWeights, ops, cache: StaticKVCache, rope: tuple[torch.Tensor, torch.Tensor],
-                 buffers: DecodeBuffers, tables: DequantTables):
+                 buffers: DecodeBuffers, tables: DequantTables, dequant_kernel=None):
         self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
+        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (dequant.py), or None
         self.cos, self.sin = rope
         self.spec = weights.spec
         # A fused norm needs quantized GEMVs on both sides (and the gate/up without an MLP bias).
@@ -135,7 +137,7 @@ class DecodeStep:
         workspace = bf.workspace
         norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
         fuse_rope = FUSE_ROPE and b <= ROPE_MAX_ROWS
-        lookup_rows(w.embed, ids, self.tables, out=h)
+        embedding_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
