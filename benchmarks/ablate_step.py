@@ -12,7 +12,9 @@ step with the batch-1 RMSNorms run by the norm kernel instead of fused into the 
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
 kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
 ``no_preload`` never copies GEMV weights into shared memory before the wait
-(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
+(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``torch_embedding`` looks the embedding up with
+PyTorch ops instead of the dequantization kernel (runner_for_weights(dequant=False)); ``torch_argmax``
+takes the greedy tokens with ``torch.argmax`` instead of argmax.cu. ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
 (app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
@@ -49,8 +51,10 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             "no_attention": ("attention", "rope_fusion"), "linears_only": SKIPPABLE + ("rope_fusion",),
             "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
             "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
-            "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",)}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload")  # not ops: switches of the full step
+            "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",),
+            "torch_embedding": ("embedding_kernel",), "torch_argmax": ("argmax_kernel",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",
+            "embedding_kernel", "argmax_kernel")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -58,6 +62,8 @@ def ops_without(skipped: tuple[str, ...]) -> KernelOps:
     ops = KernelOps()
     for name in (n for n in skipped if n not in SETTINGS):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
+    if "argmax_kernel" in skipped:  # PyTorch's reduction instead of argmax.cu
+        ops.argmax = lambda logits, *, out, workspace: torch.argmax(logits, dim=-1, out=out)
     return ops
 
 
@@ -81,7 +87,8 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         gemv_module.PRELOAD_WEIGHTS = False
     try:
         runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
-                                                  prefill_mode="gemm", label=f"Qwen2.5-{model}")
+                                                  prefill_mode="gemm", label=f"Qwen2.5-{model}",
+                                                  dequant="embedding_kernel" not in skipped)
     finally:
         runner_module.default_ops = original
     try:

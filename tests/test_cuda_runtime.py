@@ -354,6 +354,31 @@ def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 3])
+def test_embedding_lookup_kernel_is_bit_equal_to_pytorch_and_graph_safe(bits):
+    from app.engine.cuda.dequant import DequantKernel, embedding_rows
+
+    n, k = 1024, 896
+    g = torch.Generator().manual_seed(20 + bits)
+    q = quantize_linear(LinearWeight(16, n, k, dense=(torch.randn(n, k, generator=g) * 0.05).half()), bits)
+    want = dequantized_linear(q).half().cuda()
+    qg = to_kernel_layout_linear(replace(q, qa=q.qa.cuda(), qb=None if q.qb is None else q.qb.cuda(),
+                                         scales=q.scales.cuda()))
+    kernel, tables = DequantKernel(torch.device("cuda")), DequantTables("cuda")
+    ids = torch.tensor([n - 1, 0, 517, 517, 3], dtype=torch.int32, device="cuda")
+    out = torch.full((5, k), float("nan"), dtype=torch.float16, device="cuda")
+    assert torch.equal(embedding_rows(qg, ids, tables, out, kernel), want[ids.long()])
+    assert torch.equal(embedding_rows(qg, ids, tables, out.clone(), None), want[ids.long()])  # PyTorch's
+    graph = torch.cuda.CUDAGraph()  # the ids are read on the device: new ids, same graph
+    with torch.cuda.graph(graph):
+        kernel.lookup(qg, ids, out)
+    ids.copy_(torch.tensor([7, 8, n - 2, 0, 1], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, want[ids.long()])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch,recipe", CASES)
 @pytest.mark.parametrize("prefill_mode", ["gemm", "graph"])
 def test_gpu_runner_matches_fp32_reference_over_50_steps(arch, recipe, prefill_mode):

@@ -126,6 +126,22 @@ def test_runtime_conversion_keeps_values_and_tied_embedding():
     assert to_kernel_layout(tiled, in_place=True).lm_head is tiled.lm_head  # converting twice is a no-op
 
 
+@pytest.mark.parametrize("vocab,bits", [(1024, 3), (512, 4), (1000, 4)])
+def test_an_untied_embedding_is_repacked_in_place_where_no_copy_is_needed(vocab, bits):
+    weights = _model(vocab=vocab, inter=256)
+    embed = _linear(vocab, 128, bits, 6, "embed")
+    weights = ModelWeights(weights.spec, embed, weights.layers, weights.final_norm, weights.lm_head)
+    want = dequantized_linear(embed).half()
+    ids = torch.tensor([vocab - 1, 0, 17, 17], dtype=torch.int32)
+    tiled = to_kernel_layout(weights, in_place=True)
+    # a vocabulary of whole 16-row tiles is repacked in its own tensors; 1,000 rows would need a copy
+    assert tiled.embed.layout == ("rows" if vocab % 16 else "tiles")
+    assert tiled.embed.qa is embed.qa or tiled.embed is embed
+    out = torch.full((4, 128), float("nan"), dtype=torch.float16)
+    assert torch.equal(lookup_rows(tiled.embed, ids, DequantTables("cpu"), out), want[ids.long()])
+    assert to_kernel_layout(_model(vocab=1024, inter=256), in_place=False).embed.layout == "tiles"  # tied: the head's
+
+
 def test_runtime_conversion_pads_a_partial_tile_and_runs_odd_gate_up_dense():
     weights = _model(vocab=1000, inter=256, gate_up_rows=2 * 264)  # 1000 and 264 are not multiples of 16
     want_head, want_gate_up = dequantized_linear(weights.lm_head), dequantized_linear(weights.layers[0].gate_up)

@@ -7,6 +7,7 @@ The references in :mod:`app.kernels.reference` are the CPU path. docs/KERNELS.md
 the design and the measurements. Importing this package never needs a GPU.
 """
 
+from app.kernels.argmax import argmax_rows, argmax_workspace
 from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits, rope_decode_attention
 from app.kernels.gemv import GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
 from app.kernels.loader import (

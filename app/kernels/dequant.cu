@@ -1,4 +1,5 @@
-// W4/W3 -> fp16 dequantization of weight rows (the GEMM prefill's reused tile buffer).
+// W4/W3 -> fp16 dequantization of weight rows (the GEMM prefill's reused tile buffer, and the
+// embedding lookup of a decode step or prefill chunk: ids non-null, output row n = weight row ids[n]).
 // Layouts: the runtime's tile layouts (app/kernels/w4_tiles.py, w3_tiles.py), any row range.
 // W4: one thread per packed word writes 8 fp16 (one 16-byte store); W3: one thread per row
 // and 32 inputs reads its 3 words and writes 32.
@@ -9,17 +10,25 @@ __device__ __forceinline__ half2_t dequant_pair(int even, int odd, int offset, f
     return float2_to_half2((float)(even - offset) * s, (float)(odd - offset) * s);
 }
 
+// The weight row of output row n: ids[n] (token ids, which the previous kernel may have written:
+// read after the wait), or start + n.
+__device__ __forceinline__ long long weight_row(const int* ids, long long start, long long n) {
+    if (ids == nullptr) return start + n;
+    pdl_wait();
+    return ids[n];
+}
+
 // W4 tile layout (app/kernels/w4_tiles.py: [tile][group][h][lane][4 words]), rows
 // start..start+rows-1 -> out [rows, K] fp16; thread i = output word i (k = 8j .. 8j+7 of its row).
 extern "C" __global__ void dequant_w4_tiles_kernel(const unsigned* __restrict__ tiles,
                                                    const half_t* __restrict__ scales,
                                                    half_t* __restrict__ out, long long start, long long words,
-                                                   int groups) {
+                                                   int groups, const int* __restrict__ ids) {
     pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= words) return;
     const int words_per_row = 16 * groups;
-    const long long r = start + i / words_per_row;  // weight row
+    const long long r = weight_row(ids, start, i / words_per_row);
     const int j = (int)(i % words_per_row), grp = j >> 4, t = (j >> 2) & 3;
     const int slot = (int)(r & 15);
     const long long lane_vec = (((r >> 4) * groups + grp) * 2 + (slot >> 3)) * 32 + 4 * (slot & 7) + t;
@@ -39,11 +48,11 @@ extern "C" __global__ void dequant_w3_tiles_kernel(const unsigned* __restrict__ 
                                                    const unsigned* __restrict__ b,
                                                    const half_t* __restrict__ scales,
                                                    half_t* __restrict__ out, long long start, long long threads,
-                                                   int groups) {
+                                                   int groups, const int* __restrict__ ids) {
     pdl_launch_dependents();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= threads) return;
-    const long long r = start + i / (4 * groups);  // weight row
+    const long long r = weight_row(ids, start, i / (4 * groups));
     const int grp = (int)((i / 4) % groups), t = (int)(i & 3);
     const int slot = (int)(r & 15), g = slot & 7, h = slot >> 3;
     const long long at = ((r >> 4) * groups + grp) * 32 + 4 * g + t;  // the GEMV lane's vector index

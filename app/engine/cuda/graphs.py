@@ -19,7 +19,9 @@ import torch
 
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.step_norms import StepNorms
-from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
+from app.engine.cuda.dequant import embedding_rows
+from app.engine.cuda.weights import DequantTables, ModelWeights
+from app.kernels.argmax import ARGMAX_BLOCKS
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
 
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
@@ -45,6 +47,8 @@ class DecodeBuffers:
     act: torch.Tensor  # fp16 [R, I]: silu(gate) * up
     logits: torch.Tensor  # fp16 [R, V]
     tokens: torch.Tensor  # int64 [R]: argmax of logits
+    argmax_v: torch.Tensor  # fp32 [R, ARGMAX_BLOCKS]: the argmax's per-slice maxima
+    argmax_i: torch.Tensor  # int32 [R, ARGMAX_BLOCKS]: and their indices
     part_o: torch.Tensor  # fp32 [R, Hq, splits, D]: attention partials
     part_ml: torch.Tensor  # fp32 [R, Hq, splits, 2]
     norm_sums: torch.Tensor  # fp32 [2, R, H/16]: chunk sums of h for the fused norms (after o, after down)
@@ -63,6 +67,8 @@ class DecodeBuffers:
             "act": ((rows, spec.intermediate_size), torch.float16),
             "logits": ((rows, spec.vocab_size), torch.float16),
             "tokens": ((rows,), torch.int64),
+            "argmax_v": ((rows, ARGMAX_BLOCKS), torch.float32),
+            "argmax_i": ((rows, ARGMAX_BLOCKS), torch.int32),
             "part_o": ((rows, hq, splits, d), torch.float32),
             "part_ml": ((rows, hq, splits, 2), torch.float32),
             "norm_sums": ((2, rows, -(-spec.hidden_size // 16)), torch.float32),
@@ -117,8 +123,9 @@ class DecodeStep:
     """The decode step itself, on the first ``b`` rows of the buffers (eager or captured)."""
 
     def __init__(self, weights: ModelWeights, ops, cache: StaticKVCache, rope: tuple[torch.Tensor, torch.Tensor],
-                 buffers: DecodeBuffers, tables: DequantTables):
+                 buffers: DecodeBuffers, tables: DequantTables, dequant_kernel=None):
         self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
+        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (dequant.py), or None
         self.cos, self.sin = rope
         self.spec = weights.spec
         # A fused norm needs quantized GEMVs on both sides (and the gate/up without an MLP bias).
@@ -135,7 +142,7 @@ class DecodeStep:
         workspace = bf.workspace
         norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
         fuse_rope = FUSE_ROPE and b <= ROPE_MAX_ROWS
-        lookup_rows(w.embed, ids, self.tables, out=h)
+        embedding_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
@@ -155,7 +162,7 @@ class DecodeStep:
             ops.linear(act, layer.down, residual=h, out=h, sums_out=norm.sums_after_down(last))  # h += down(act)
         x, fused = norm.before("final", w.final_norm)
         ops.linear(x, w.lm_head, out=bf.logits[:b], norm=fused)
-        torch.argmax(bf.logits[:b], dim=-1, out=bf.tokens[:b])  # (no copy kernel)
+        ops.argmax(bf.logits[:b], out=bf.tokens[:b], workspace=(bf.argmax_v, bf.argmax_i))
 
     def fused_norm_sites(self, b: int) -> frozenset[str]:
         """The norms fused into their GEMV at batch b (app.engine.cuda.step_norms)."""

@@ -29,7 +29,8 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     copy in VRAM); otherwise, and when N is not a multiple of 16 (a padded last tile: e.g. a
     vocabulary of 32,001), into new tensors (:func:`kernel_layout_extra_bytes` counts them).
     A gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
-    tied embedding stays tied: the lookup reads the tile layout too.
+    tied embedding stays tied: the lookup reads the tile layout too. An untied embedding is
+    repacked only in place (the dequantization kernel then looks its rows up in one launch).
     """
     memo: dict[int, LinearWeight] = {}
 
@@ -41,7 +42,9 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     layers = [replace(layer, **{part: convert(getattr(layer, part), gated) for part, gated in GEMV_PARTS})
               for layer in weights.layers]
     head = convert(weights.lm_head)
-    embed = memo.get(id(weights.embed), weights.embed)
+    embed = memo.get(id(weights.embed))
+    if embed is None:  # untied: repacked too where that needs no copy (one-launch lookup, dequant.py)
+        embed = convert(weights.embed) if in_place and _needs_copy(weights.embed, False) is None else weights.embed
     return replace(weights, embed=embed, layers=layers, lm_head=head)
 
 

@@ -112,11 +112,14 @@ def attention_splits(spec: ModelSpec, max_context: int, sm_count: int) -> int:
 
 def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
-    the fused norms' chunk sums."""
+    the fused norms' chunk sums, the argmax's partials."""
+    from app.kernels.argmax import ARGMAX_BLOCKS
+
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
     per_row += 2 * 4 * 4  # the draw's inputs (cuda/draw.py DRAW_INPUTS) and their pinned upload
     per_row += 2 * -(-h // 16) * 4
+    per_row += 8 * ARGMAX_BLOCKS  # the argmax's per-slice maxima and indices
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 

@@ -73,6 +73,10 @@ class KernelOps:
         kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
         return kernel(x, *_tiles(w), w.scales, out=out, norm=norm)
 
+    def argmax(self, logits, *, out, workspace):
+        """out[i] = torch.argmax(logits[i]) (argmax.cu: two programmatic launches)."""
+        return self.k.argmax_rows(logits, workspace=workspace, out=out)
+
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
             return self.k.rms_norm(x, weight, eps, out=out)
@@ -145,6 +149,10 @@ class ReferenceOps:
         if w.bits == 4:
             return out.copy_(ref.gate_up_silu_w4_ref(x, *w.checkpoint_words(), w.scales))
         return out.copy_(ref.gate_up_silu_w3_ref(x, *w.checkpoint_words(), w.scales))
+
+    def argmax(self, logits, *, out, workspace):
+        _check_fp16(logits=logits)
+        return torch.argmax(logits, dim=-1, out=out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)

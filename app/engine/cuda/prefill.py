@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
+from app.engine.cuda.dequant import embedding_rows
+from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows
 
 TILE_ROW_MULTIPLE = 16
 
@@ -151,8 +152,8 @@ class GemmPrefill:
         """
         s, w, ops, dev = self.spec, self.w, self.ops, self.w.device
         t = ids.shape[0]
-        h = lookup_rows(w.embed, ids, self.tables, out=torch.empty((t, s.hidden_size), dtype=torch.float16,
-                                                                   device=dev))
+        h = embedding_rows(w.embed, ids, self.tables, torch.empty((t, s.hidden_size), dtype=torch.float16, device=dev),
+                           self.dequant_kernel)
         y = torch.empty_like(h)
         pending = None  # the last sublayer's output, added to h by the next norm (fused)
         for i, layer in enumerate(w.layers):

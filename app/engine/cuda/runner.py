@@ -89,7 +89,7 @@ class CudaRunner:
         self._in_flight = TokensInFlight(rows, self.device)
         # Sampled tokens drawn after the step; top-k / top-p only where the plan has room for the sort.
         self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw)
-        self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables)
+        self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
         use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
