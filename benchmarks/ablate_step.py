@@ -10,7 +10,8 @@ away could give. ``unstaged_x`` is not a skip: the full step with x never staged
 memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm``: the full
 step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
 (app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
-kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES).
+kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES);
+``norm_prologue_20mib`` raises that limit to 20 MiB, which fuses the 7B's gate/up norm and no head's.
 ``no_preload`` never copies GEMV weights into shared memory before the wait
 (app.kernels.gemv.PRELOAD_WEIGHTS = False). ``torch_embedding`` looks the embedding up with
 PyTorch ops instead of the dequantization kernel (runner_for_weights(dequant=False)); ``torch_argmax``
@@ -52,9 +53,10 @@ VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "
             "unstaged_x": ("x_staging",), "unfused_norm": ("norm_fusion",),
             "fused_norm_everywhere": ("norm_prologue_limit",), "no_norm_at_all": ("rms_norm", "norm_fusion"),
             "unfused_rope": ("rope_fusion",), "no_preload": ("weight_preload",),
-            "torch_embedding": ("embedding_kernel",), "torch_argmax": ("argmax_kernel",)}
-SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "rope_fusion", "weight_preload",
-            "embedding_kernel", "argmax_kernel")  # not ops: switches of the full step
+            "torch_embedding": ("embedding_kernel",), "torch_argmax": ("argmax_kernel",),
+            "norm_prologue_20mib": ("norm_prologue_20mib",)}
+SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "norm_prologue_20mib", "rope_fusion",
+            "weight_preload", "embedding_kernel", "argmax_kernel")  # not ops: switches of the full step
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
@@ -81,6 +83,8 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
         graphs_module.FUSE_NORMS = False
     if "norm_prologue_limit" in skipped:
         gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
+    if "norm_prologue_20mib" in skipped:  # the 7B gate/up's 17 MB of prologues, not the heads'
+        gemv_module.NORM_PROLOGUE_BYTES = 20 << 20
     if "rope_fusion" in skipped:
         graphs_module.FUSE_ROPE = False
     if "weight_preload" in skipped:
