@@ -153,9 +153,14 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 # the code an RTX 3050 Laptop runs, its `__CUDA_ARCH__ < 900` branches included. The wait of a
 # programmatic launch compiles to nothing there, so those launches are turned off too.
 KERNEL_ARCH_VAR = "QWEN_TRAY_TEST_KERNEL_ARCH"
+# QWEN_TRAY_TEST_SM_COUNT=16 plans every GEMV grid and attention split for that many SMs (the
+# RTX 3050 Laptop's 16) whatever the GPU has: with the variable above, the 3050's code and its
+# launch shapes run on the H200.
+SM_COUNT_VAR = "QWEN_TRAY_TEST_SM_COUNT"
 
 
 def pytest_configure(config):
+    _plan_for_sm_count(os.environ.get(SM_COUNT_VAR))
     arch = os.environ.get(KERNEL_ARCH_VAR)
     if not arch:
         return
@@ -170,6 +175,16 @@ def pytest_configure(config):
         raise pytest.UsageError(f"{KERNEL_ARCH_VAR}: this CuPy has no _get_arch / _use_ptx to override")
     compiler._get_arch = lambda: arch
     compiler._use_ptx = True
+
+
+def _plan_for_sm_count(value: str | None) -> None:
+    if not value:
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise pytest.UsageError(f"{SM_COUNT_VAR} must be a positive number of SMs, got {value!r}")
+    from app.kernels import loader
+
+    loader.sm_count = lambda device: int(value)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -88,13 +88,13 @@ def test_the_step_fuses_where_the_prologues_read_little():
     (9,496 blocks would each read x, the weight and the sums); the 7B only the qkv's."""
     from app.engine.cuda.ops import KernelOps
     from app.engine.cuda.weights import LinearWeight
-    from app.kernels import gemv
+    from app.kernels import gemv, loader
 
     def linear(n, k):  # shapes only: the rule never reads the values
         return LinearWeight(4, n, k, qa=torch.empty(n, k // 8, dtype=torch.int32, device="cuda"),
                             scales=torch.empty(n, k // 128, dtype=torch.float16, device="cuda"))
 
-    ops, sms = KernelOps(), torch.cuda.get_device_properties(0).multi_processor_count
+    ops, sms = KernelOps(), loader.sm_count(torch.device("cuda", 0))  # the planned count (conftest)
     assert ops.fuses_norm(1, linear(2560, 2048), False) and not ops.fuses_norm(2, linear(2560, 2048), False)
     assert ops.fuses_norm(1, linear(4608, 3584), False)
     heads = [linear(151936, 2048), linear(152064, 3584)]

@@ -152,8 +152,7 @@ class _AttentionLaunch:
         check_tensor("seq_lens", seq_lens, torch.int32, (batch,), device=dev, aligned=False)
         check_tensor("slots", slots, torch.int32, (batch,), device=dev, aligned=False)
         if workspace is None:
-            props = torch.cuda.get_device_properties(dev)
-            splits = default_num_splits(hkv, k_cache.shape[2], props.multi_processor_count)
+            splits = default_num_splits(hkv, k_cache.shape[2], loader.sm_count(dev))
             workspace = DecodeAttentionWorkspace.allocate(batch, hq, head_dim, splits, dev)
         ws_b, ws_hq, _, ws_d = workspace.part_o.shape
         if ws_b < batch or ws_hq != hq or ws_d != head_dim:

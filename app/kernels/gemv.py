@@ -192,12 +192,8 @@ def _check_w3(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor) -> _Weight
 def norm_prologue_bytes(n_out: int, k: int, gated: bool, device: torch.device) -> int:
     """What the blocks of a GEMV with a fused norm read in their prologues (batch 1): x, the
     norm weight and the chunk sums, once per block of the default config."""
-    blocks = default_gemv_config(n_out, k, gated, _sm_count(device)).grid(n_out, gated)[0]
+    blocks = default_gemv_config(n_out, k, gated, loader.sm_count(device)).grid(n_out, gated)[0]
     return blocks * (2 * k * 2 + k // NORM_CHUNK * 4)
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def most_staged_x_bytes(k: int) -> int:
@@ -230,7 +226,7 @@ def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int,
     with torch.cuda.device(device_index):
         if not loader.programmatic_launches():
             return None  # no window before the wait to fill
-        sm_count = _sm_count(torch.device("cuda", device_index))
+        sm_count = loader.sm_count(torch.device("cuda", device_index))
         base = default_gemv_config(n_out, k, gated, sm_count)
 
         def resident(warps: int, bound: int, shared: int) -> int:
@@ -269,7 +265,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
     if plan is not None:  # its split for every batch; the copies only with one column block
         cfg = GemvConfig(tiles=1, warps=plan.warps, unroll=1)
     else:
-        cfg = config or default_gemv_config(n_out, w.k, gated, _sm_count(dev))
+        cfg = config or default_gemv_config(n_out, w.k, gated, loader.sm_count(dev))
     preload = plan.groups if plan is not None and cols == 1 else 0
     if cols > 1 and cfg.tiles * cfg.unroll * cols > 4:  # registers (spills) and shared memory
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "

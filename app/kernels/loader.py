@@ -158,6 +158,15 @@ def _capability(device_index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
+def sm_count(device) -> int:
+    """The SM count that GEMV grids and attention splits are planned for. Every such choice asks
+    here, so the GPU tests can plan for another card (tests/conftest.py, QWEN_TRAY_TEST_SM_COUNT:
+    the RTX 3050 Laptop's 16 SMs on the H200)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _function_handle(kernel) -> int:
     """The CUfunction of a compiled kernel (CuPy 13: a Function with .ptr; CuPy 14: a RawKernel
     whose .kernel is that Function)."""

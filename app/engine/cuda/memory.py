@@ -64,9 +64,11 @@ class GpuInfo:
     def of(cls, device) -> GpuInfo:
         import torch
 
+        from app.kernels import loader
+
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        return cls(props.name, total, free, props.multi_processor_count, (props.major, props.minor))
+        return cls(props.name, total, free, loader.sm_count(device), (props.major, props.minor))
 
 
 # The target card: 4 GB, 16 SMs, SM86 (what is free depends on the desktop; ~3.4 GB typical).

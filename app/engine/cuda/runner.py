@@ -44,6 +44,7 @@ from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
 from app.errors import QwenTrayError
+from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
 from app.kernels.gemv import MAX_BATCH
 
@@ -112,8 +113,7 @@ class CudaRunner:
     def _splits(self) -> int:
         if self.device.type != "cuda":
             return 1
-        return attention_splits(self.spec, self.max_context, torch.cuda.get_device_properties(self.device)
-                                .multi_processor_count)
+        return attention_splits(self.spec, self.max_context, loader.sm_count(self.device))
 
     # -- the Runner protocol --------------------------------------------------------------
     @torch.inference_mode()
