@@ -200,10 +200,7 @@ def linears_only_us(runner) -> float:
 
 def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> dict:
     """bf16 cuBLAS and int4 tinygemm linear stacks (batch 1, graphed, distinct weights per layer)."""
-    h, i, qkv = spec.hidden_size, spec.intermediate_size, spec.q_size + 2 * spec.kv_size
-    shapes = [(qkv, h), (h, spec.q_size), (2 * i, h), (h, i)]
-    xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
-    xh = torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
+    shapes, xs, xh = peer_inputs(spec)
     out = {}
     for name, stack in (("bf16_cublas", bf16_stack), ("int4_tinygemm", int4_stack)):
         try:
@@ -212,6 +209,14 @@ def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> d
             out[name + "_error"] = str(e).splitlines()[0][:300]
         fresh()
     return out
+
+
+def peer_inputs(spec: ModelSpec):
+    """The peers' linear shapes (qkv, o, gate/up, down) and bf16 inputs: (shapes, xs, head's x)."""
+    h, i, qkv = spec.hidden_size, spec.intermediate_size, spec.q_size + 2 * spec.kv_size
+    shapes = [(qkv, h), (h, spec.q_size), (2 * i, h), (h, i)]
+    xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
+    return shapes, xs, torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
 
 
 def bf16_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
@@ -231,6 +236,13 @@ def bf16_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
 
 
 def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
+    step, nbytes = int4_peer_step(spec, shapes, xs, xh)
+    us = time_us(step, graph=True, launches=1, trials=20)
+    return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
+
+
+def int4_peer_step(spec, shapes, xs, xh):
+    """PyTorch's int4 kernel (tinygemm, group 128) over the linear layers of one step: (step(i), bytes read)."""
     def pack(n, k):
         q = torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV)
         q = q | (torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV) << 4)
@@ -248,8 +260,7 @@ def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
                 torch.ops.aten._weight_int4pack_mm(x, wt, 128, sz)
         torch.ops.aten._weight_int4pack_mm(xh, head[0], 128, head[1])
 
-    us = time_us(step, graph=True, launches=1, trials=20)
-    return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
+    return step, nbytes
 
 
 def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:

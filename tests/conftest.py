@@ -160,31 +160,23 @@ SM_COUNT_VAR = "QWEN_TRAY_TEST_SM_COUNT"
 
 
 def pytest_configure(config):
-    _plan_for_sm_count(os.environ.get(SM_COUNT_VAR))
-    arch = os.environ.get(KERNEL_ARCH_VAR)
-    if not arch:
-        return
-    os.environ["QWEN_TRAY_PDL"] = "off"
-    try:
-        from cupy.cuda import compiler
-    except ImportError:
-        return  # no GPU tests run here anyway
-    # CuPy's own choice of architecture (its private functions, read on every compile; the cache
-    # key includes the architecture, so these PTX modules never mix with the GPU's own cubins).
-    if not (hasattr(compiler, "_get_arch") and hasattr(compiler, "_use_ptx")):
-        raise pytest.UsageError(f"{KERNEL_ARCH_VAR}: this CuPy has no _get_arch / _use_ptx to override")
-    compiler._get_arch = lambda: arch
-    compiler._use_ptx = True
+    sms, arch = os.environ.get(SM_COUNT_VAR), os.environ.get(KERNEL_ARCH_VAR)
+    if sms:
+        if not sms.isdigit() or int(sms) < 1:
+            raise pytest.UsageError(f"{SM_COUNT_VAR} must be a positive number of SMs, got {sms!r}")
+        from app.kernels import emulate
 
+        emulate.plan_for_sm_count(int(sms))
+    if arch:
+        os.environ["QWEN_TRAY_PDL"] = "off"
+        try:
+            from app.kernels import emulate
 
-def _plan_for_sm_count(value: str | None) -> None:
-    if not value:
-        return
-    if not value.isdigit() or int(value) < 1:
-        raise pytest.UsageError(f"{SM_COUNT_VAR} must be a positive number of SMs, got {value!r}")
-    from app.kernels import loader
-
-    loader.sm_count = lambda device: int(value)
+            emulate.build_as_ptx(arch)
+        except ImportError:
+            return  # no CuPy: no GPU tests run here anyway
+        except emulate.EmulationError as e:
+            raise pytest.UsageError(f"{KERNEL_ARCH_VAR}: {e}") from None
 
 
 def pytest_collection_modifyitems(config, items):
