@@ -90,18 +90,26 @@ class HeldSMs:
         cupy.cuda.Device().synchronize()
 
     def _launch_all(self) -> None:
-        self.hold((self.held,), (32,), (self.release, self.held_smids), shared_mem=self.smem, stream=self.hold_stream)
-        self.where((self.probe_smids.size,), (32,), (self.probe_smids,), stream=self.side)
+        self._hold()
+        self._probe()
         with self.side:
             self.release.fill(1)
+
+    def _hold(self) -> None:
+        with self.hold_stream:
+            self.hold((self.held,), (32,), (self.release, self.held_smids), shared_mem=self.smem)
+
+    def _probe(self) -> None:
+        with self.side:
+            self.where((self.probe_smids.size,), (32,), (self.probe_smids,))
 
     def __enter__(self) -> HeldSMs:
         self.release.fill(0)
         self.held_smids.fill(-1)
         self.probe_smids.fill(-1)
         cupy.cuda.Device().synchronize()
-        self.hold((self.held,), (32,), (self.release, self.held_smids), shared_mem=self.smem, stream=self.hold_stream)
-        self.where((self.probe_smids.size,), (32,), (self.probe_smids,), stream=self.side)
+        self._hold()
+        self._probe()
         self.side.synchronize()  # the probe ran while the holders were resident
         return self
 
