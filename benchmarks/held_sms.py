@@ -1,0 +1,118 @@
+"""Hold all but a few SMs of the GPU, so a benchmark runs on the rest (a small GPU's SM count).
+
+Each held SM runs one block of ``hold_sm`` that takes the SM's whole shared memory: every block
+reserves at least 1 KB of it, so no other block fits beside it, whatever it asks for. With
+``ga10x=True`` each free SM also gets a block that takes 16 warps and all but 100 KB of shared
+memory, so a free SM offers what an RTX 30-series (GA10x) SM offers: 48 warps and 100 KB of
+shared memory (the registers, 64 K, are the same). Blocks of a probe kernel launched while the
+SMs are held record where they ran; :meth:`HeldSMs.check` says whether the hold was as meant.
+
+While held, nothing may synchronize the whole device (the holders end only on release): time
+with events on a stream (:func:`replay_us`). CUDA_MODULE_LOADING=EAGER should be set before CUDA
+starts, so no module loads lazily while SMs are held.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import cupy
+import torch
+
+GA10X_SHARED_BYTES = 100 << 10  # shared memory per SM of an RTX 30-series GPU
+GA10X_WARPS = 48  # resident warps per SM of an RTX 30-series GPU
+
+HOLD_SOURCE = r"""
+extern "C" __global__ void hold_sm(const volatile int* release, int* smids) {
+    extern __shared__ int reserved[];  // asked for at launch: what other blocks cannot have
+    if (threadIdx.x == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        smids[blockIdx.x] = (int)smid;
+        while (*release == 0) __nanosleep(2000);
+        reserved[0] = (int)smid;
+    }
+    __syncthreads();  // every warp stays resident, holding its slot, until the release
+}
+extern "C" __global__ void where_blocks_ran(int* smids) {
+    if (threadIdx.x == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        smids[blockIdx.x] = (int)smid;
+    }
+}
+"""
+
+
+class HeldSMs:
+    """All but ``free`` SMs held inside ``with`` (and the free ones trimmed to a GA10x SM's
+    warps and shared memory when ``ga10x``)."""
+
+    def __init__(self, free: int, ga10x: bool = False):
+        props = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())
+        self.total, self.free, self.ga10x = props["multiProcessorCount"], free, ga10x
+        self.held = self.total - free
+        module = cupy.RawModule(code=HOLD_SOURCE, options=("-std=c++17",))
+        self.hold, self.where = module.get_function("hold_sm"), module.get_function("where_blocks_ran")
+        self.whole = props["sharedMemPerBlockOptin"]
+        reserve = props.get("reservedSharedMemPerBlock", 1024)
+        self.trim = props["sharedMemPerMultiprocessor"] - GA10X_SHARED_BYTES - reserve
+        self.hold.max_dynamic_shared_size_bytes = max(self.whole, self.trim)
+        self.trim_threads = 32 * (props["maxThreadsPerMultiProcessor"] // 32 - GA10X_WARPS)
+        self.release = cupy.ones(1, cupy.int32)
+        self.held_smids = cupy.full(self.held, -1, cupy.int32)
+        self.trimmed_smids = cupy.full(free, -1, cupy.int32)
+        self.probe_smids = cupy.full(8 * self.total, -1, cupy.int32)
+        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+        self._launch()  # warm: every kernel loaded before any SM is held
+        with self.streams[2]:
+            self.release.fill(1)
+        cupy.cuda.Device().synchronize()
+
+    def _launch(self) -> None:
+        with self.streams[0]:
+            self.hold((self.held,), (32,), (self.release, self.held_smids), shared_mem=self.whole)
+        if self.ga10x:
+            with self.streams[1]:
+                self.hold((self.free,), (self.trim_threads,), (self.release, self.trimmed_smids), shared_mem=self.trim)
+        with self.streams[2]:
+            self.where((self.probe_smids.size,), (32,), (self.probe_smids,))
+
+    def __enter__(self) -> HeldSMs:
+        for a in (self.held_smids, self.trimmed_smids, self.probe_smids):
+            a.fill(-1)
+        self.release.fill(0)
+        cupy.cuda.Device().synchronize()
+        self._launch()
+        self.streams[2].synchronize()  # the probe ran while the holders were resident
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.streams[2]:
+            self.release.fill(1)
+        cupy.cuda.Device().synchronize()
+
+    def check(self) -> dict:
+        """Distinct held SMs, the probe's blocks only on the free ones (and those trimmed)."""
+        held, probed = set(self.held_smids.get().tolist()), set(self.probe_smids.get().tolist())
+        trimmed = set(self.trimmed_smids.get().tolist()) if self.ga10x else probed
+        ok = len(held) == self.held and -1 not in held and not held & probed and probed <= trimmed
+        if self.ga10x:
+            ok = ok and len(trimmed) == self.free and -1 not in trimmed and not held & trimmed
+        return dict(sms=self.total, held=len(held), trimmed=len(trimmed) if self.ga10x else 0,
+                    probe_sms=len(probed), overlap=len(held & probed), ok=ok)
+
+
+def replay_us(replay, stream: torch.cuda.Stream, launches: int = 10, trials: int = 5) -> float:
+    """Median µs per call of ``replay()`` on ``stream``, timed with events only."""
+    samples = []
+    with torch.cuda.stream(stream):
+        for _ in range(trials):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(launches):
+                replay()
+            end.record(stream)
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1000 / launches)
+    return statistics.median(samples)
