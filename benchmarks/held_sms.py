@@ -2,9 +2,10 @@
 
 Each held SM runs one block of ``hold_sm`` that takes the SM's whole shared memory: every block
 reserves at least 1 KB of it, so no other block fits beside it, whatever it asks for. With
-``ga10x=True`` each free SM also gets a block that takes 16 warps and all but 100 KB of shared
-memory, so a free SM offers what an RTX 30-series (GA10x) SM offers: 48 warps and 100 KB of
-shared memory (the registers, 64 K, are the same). Blocks of a probe kernel launched while the
+``ga10x=True`` each free SM also gets a one-warp block that takes all but 100 KB of its shared
+memory, what an RTX 30-series (GA10x) SM has (the registers, 64 K, are the same). Its 48-warp
+limit (64 here) is not imitated: a holder of 16 warps also takes registers, and a 1,024-thread
+block that fits a GA10x SM then no longer fits (tried: the decode step hung). Blocks of a probe kernel launched while the
 SMs are held record where they ran; :meth:`HeldSMs.check` says whether the hold was as meant.
 
 While held, nothing may synchronize the whole device (the holders end only on release): time
@@ -20,7 +21,6 @@ import cupy
 import torch
 
 GA10X_SHARED_BYTES = 100 << 10  # shared memory per SM of an RTX 30-series GPU
-GA10X_WARPS = 48  # resident warps per SM of an RTX 30-series GPU
 
 HOLD_SOURCE = r"""
 extern "C" __global__ void hold_sm(const volatile int* release, int* smids) {
@@ -46,7 +46,7 @@ extern "C" __global__ void where_blocks_ran(int* smids) {
 
 class HeldSMs:
     """All but ``free`` SMs held inside ``with`` (and the free ones trimmed to a GA10x SM's
-    warps and shared memory when ``ga10x``)."""
+    shared memory when ``ga10x``)."""
 
     def __init__(self, free: int, ga10x: bool = False):
         props = cupy.cuda.runtime.getDeviceProperties(torch.cuda.current_device())
@@ -58,7 +58,6 @@ class HeldSMs:
         reserve = props.get("reservedSharedMemPerBlock", 1024)
         self.trim = props["sharedMemPerMultiprocessor"] - GA10X_SHARED_BYTES - reserve
         self.hold.max_dynamic_shared_size_bytes = max(self.whole, self.trim)
-        self.trim_threads = 32 * (props["maxThreadsPerMultiProcessor"] // 32 - GA10X_WARPS)
         self.release = cupy.ones(1, cupy.int32)
         self.held_smids = cupy.full(self.held, -1, cupy.int32)
         self.trimmed_smids = cupy.full(free, -1, cupy.int32)
@@ -74,7 +73,7 @@ class HeldSMs:
             self.hold((self.held,), (32,), (self.release, self.held_smids), shared_mem=self.whole)
         if self.ga10x:
             with self.streams[1]:
-                self.hold((self.free,), (self.trim_threads,), (self.release, self.trimmed_smids), shared_mem=self.trim)
+                self.hold((self.free,), (32,), (self.release, self.trimmed_smids), shared_mem=self.trim)
         with self.streams[2]:
             self.where((self.probe_smids.size,), (32,), (self.probe_smids,))
 

@@ -6,16 +6,18 @@ step the way that card would: kernels built as SM86 PTX with programmatic launch
 (app.kernels.emulate.build_as_ptx), every grid and attention split planned for 16 SMs
 (emulate.plan_for_sm_count), and the step replayed while all other SMs are held by one block
 each that takes the SM's whole shared memory (so no other block fits beside it; a probe
-kernel's blocks, launched meanwhile, must land only on the free SMs, which is checked).
+kernel's blocks, launched meanwhile, must land only on the free SMs, which is checked); then
+again with the free SMs' shared memory cut to a GA10x SM's 100 KB (benchmarks/held_sms.py).
 
 What it shows: the rate at which 16 SMs running our kernels consume the step's weight bytes,
 next to the rate of a plain copy and of PyTorch's int4 kernel (linears only) on the same 16 SMs.
 The 3050 has 192 GB/s of DRAM; where 16 SMs at the 3050's clock consume bytes faster than
 that, the card's DRAM, not the kernels, bounds its speed. What it cannot show: the 3050's DRAM
-efficiency, its 2 MB L2 (the H200's 60 MB L2 stays shared by all SMs) and its 100 KB of shared
-memory per SM.
+efficiency and latency, its 2 MB L2 (the H200's 60 MB L2 stays shared by all SMs), its 48-warp
+limit per SM, and GA10x tensor cores' half rate with fp32 accumulation. ``--sweep`` also times
+the MLP and head GEMVs in ten configs each on the trimmed SMs.
 
-    python3 benchmarks/probe_3050_proxy.py --commit SHA [--out docs/results/proxy_3050_h200.json]
+    python3 benchmarks/probe_3050_proxy.py --commit SHA [--sweep] [--out docs/results/proxy_3050_h200.json]
 """
 
 from __future__ import annotations
