@@ -58,6 +58,9 @@ class HeldSMs:
         reserve = props.get("reservedSharedMemPerBlock", 1024)
         self.trim = props["sharedMemPerMultiprocessor"] - GA10X_SHARED_BYTES - reserve
         self.hold.max_dynamic_shared_size_bytes = max(self.whole, self.trim)
+        # All of L1 as shared memory: else a trimmed SM is configured with just enough shared
+        # memory for the trimming block, none is left for others, and whatever needs some hangs.
+        self.hold.preferred_shared_memory_carveout = 100
         self.release = cupy.ones(1, cupy.int32)
         self.held_smids = cupy.full(self.held, -1, cupy.int32)
         self.trimmed_smids = cupy.full(free, -1, cupy.int32)
