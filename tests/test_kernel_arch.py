@@ -39,3 +39,16 @@ def test_grids_are_planned_for_the_sm_count_asked_for():
     assert loader.sm_count(device) == GpuInfo.of(device).sm_count == sms
     blocks = gemv.default_gemv_config(18944, 3584, True, sms).grid(18944, True)[0]  # the 7B gate/up
     assert gemv.norm_prologue_bytes(18944, 3584, True, device) == blocks * (2 * 3584 * 2 + 3584 // 16 * 4)
+
+
+def test_plan_for_sm_count_changes_what_the_grids_are_planned_for(monkeypatch):
+    from app.kernels import emulate, gemv, loader
+
+    monkeypatch.setattr(loader, "sm_count", loader.sm_count)  # put back after the test
+    emulate.plan_for_sm_count(16)
+    assert loader.sm_count("cuda") == 16
+    # what the 7B gate/up's prologue rule then sees: the 3050's grid, not this machine's
+    blocks = gemv.default_gemv_config(18944, 3584, True, 16).grid(18944, True)[0]
+    assert gemv.norm_prologue_bytes(18944, 3584, True, "cuda") == blocks * (2 * 3584 * 2 + 3584 // 16 * 4)
+    with pytest.raises(ValueError, match="positive"):
+        emulate.plan_for_sm_count(0)
