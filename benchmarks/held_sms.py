@@ -16,6 +16,7 @@ starts, so no module loads lazily while SMs are held.
 from __future__ import annotations
 
 import statistics
+import time
 
 import cupy
 import torch
@@ -89,10 +90,11 @@ class HeldSMs:
         self.streams[2].synchronize()  # the probe ran while the holders were resident
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         with self.streams[2]:
             self.release.fill(1)
-        cupy.cuda.Device().synchronize()
+        if exc_type is None:  # after a HoldHung the release itself may find no SM: do not wait on it
+            cupy.cuda.Device().synchronize()
 
     def check(self) -> dict:
         """Distinct held SMs, the probe's blocks only on the free ones (and those trimmed)."""
@@ -105,8 +107,15 @@ class HeldSMs:
                     probe_sms=len(probed), overlap=len(held & probed), ok=ok)
 
 
-def replay_us(replay, stream: torch.cuda.Stream, launches: int = 10, trials: int = 5) -> float:
-    """Median µs per call of ``replay()`` on ``stream``, timed with events only."""
+class HoldHung(RuntimeError):
+    """Work did not finish while SMs were held: some block of it fits no free SM."""
+
+
+def replay_us(replay, stream: torch.cuda.Stream, launches: int = 10, trials: int = 5,
+              limit_s: float = 30.0) -> float:
+    """Median µs per call of ``replay()`` on ``stream``, timed with events only. Raises
+    :class:`HoldHung` when a trial has not ended after ``limit_s`` (the holders never release
+    by themselves: the caller should record what it has and exit the process)."""
     samples = []
     with torch.cuda.stream(stream):
         for _ in range(trials):
@@ -115,6 +124,10 @@ def replay_us(replay, stream: torch.cuda.Stream, launches: int = 10, trials: int
             for _ in range(launches):
                 replay()
             end.record(stream)
-            end.synchronize()
+            deadline = time.monotonic() + limit_s
+            while not end.query():
+                if time.monotonic() > deadline:
+                    raise HoldHung(f"not done after {limit_s:.0f} s")
+                time.sleep(0.001)
             samples.append(start.elapsed_time(end) * 1000 / launches)
     return statistics.median(samples)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_decode import DEV, PROMPT, fresh, int4_peer_step, peer_inputs, prompt_ids, spec_of  # noqa: E402
 from bench_kernels import gemv_cases, gemv_fn, n_copies, rand_weights, vars_of  # noqa: E402
 from bench_kernels import weight_bytes  # noqa: E402
-from held_sms import HeldSMs, replay_us  # noqa: E402
+from held_sms import HeldSMs, HoldHung, replay_us  # noqa: E402
 
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
@@ -132,10 +132,10 @@ def proxy_sweep_configs(gated: bool) -> list[GemvConfig]:
     return [GemvConfig(tiles=t, warps=w, unroll=u) for t, w, u in shapes if not (gated and t == 1 and w % 2)]
 
 
-def sweep_gemvs(held: HeldSMs, stream) -> list[dict]:
+def sweep_gemvs(held: HeldSMs, stream, rows: list[dict], save) -> None:
     """The 3B `w4` and 7B `mixed` MLP and head GEMVs in each config, batch 1, on the trimmed
-    SMs, weights rotated so each launch reads from DRAM."""
-    rows = []
+    SMs, weights rotated so each launch reads from DRAM; each row appended to ``rows``, then
+    ``save()``."""
     for model in ("3b_w4", "7b_mixed"):
         for name, bits, n, k, gated in gemv_cases(model)[2:]:  # gate/up, down, head
             nbytes = weight_bytes(bits, n, k)
@@ -150,13 +150,13 @@ def sweep_gemvs(held: HeldSMs, stream) -> list[dict]:
                     us = replay_us(graph.replay, stream, launches=3, trials=3) / len(ws)
                 shape_rows.append(dict(shape=name, bits=bits, config=vars_of(cfg), is_default=cfg == default, us=us,
                                        gbps=nbytes / us / 1e3, hold_ok=held.check()["ok"]))
+                rows.append(shape_rows[-1])
+                save()
             best = min(shape_rows, key=lambda r: r["us"])
             print(f"  {name:16s} default {shape_rows[0]['config']} {shape_rows[0]['us']:8.1f} µs"
                   f"  best {best['config']} {best['us']:8.1f} µs ({shape_rows[0]['us'] / best['us']:.2f}x)", flush=True)
-            rows += shape_rows
             del ws
             fresh()
-    return rows
 
 
 def sm_clock_ghz() -> float:
@@ -180,15 +180,28 @@ def main() -> None:
           f"the 3050's code (SM86 PTX, no programmatic launches) and grids", flush=True)
     result = dict(gpu=torch.cuda.get_device_name(), date=dt.date.today().isoformat(), commit=args.commit,
                   sms=total, free_sms=SMS_3050, clock_ghz=clock_ghz, clock_3050_ghz=CLOCK_3050_GHZ,
-                  dram_3050_gbps=DRAM_3050_GBPS, copy=copy_on(holds, stream), models=[])
-    wanted = set(args.models.split(","))
-    for model, recipe in (r for r in RUNS if r[0] in wanted):
-        result["models"].append(run_model(model, recipe, holds, stream, clock_ghz / CLOCK_3050_GHZ))
-    if args.sweep:
-        result["gemv_sweep_ga10x"] = sweep_gemvs(holds["ga10x"], stream)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+                  dram_3050_gbps=DRAM_3050_GBPS, models=[])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
 
+    def save() -> None:  # after every measurement: a hang keeps what came before it
+        out.write_text(json.dumps(result, indent=1))
+
+    try:
+        result["copy"] = copy_on(holds, stream)
+        save()
+        wanted = set(args.models.split(","))
+        for model, recipe in (r for r in RUNS if r[0] in wanted):
+            result["models"].append(run_model(model, recipe, holds, stream, clock_ghz / CLOCK_3050_GHZ))
+            save()
+        if args.sweep:
+            result["gemv_sweep_ga10x"] = []
+            sweep_gemvs(holds["ga10x"], stream, result["gemv_sweep_ga10x"], save)
+    except HoldHung as e:
+        result["hung"] = str(e)
+        save()
+        print(f"hung while SMs were held ({e}); what came before is in {out}", flush=True)
+        os._exit(3)  # the holders never end by themselves: leave without waiting for them
 
 if __name__ == "__main__":
     main()
