@@ -4,9 +4,10 @@ Each held SM runs one block of ``hold_sm`` that takes the SM's whole shared memo
 reserves at least 1 KB of it, so no other block fits beside it, whatever it asks for. With
 ``ga10x=True`` each free SM also gets a one-warp block that takes all but 100 KB of its shared
 memory, what an RTX 30-series (GA10x) SM has (the registers, 64 K, are the same). Its 48-warp
-limit (64 here) is not imitated: a holder of 16 warps also takes registers, and a 1,024-thread
-block that fits a GA10x SM then no longer fits (tried: the decode step hung). Blocks of a probe kernel launched while the
-SMs are held record where they ran; :meth:`HeldSMs.check` says whether the hold was as meant.
+limit (64 here) is not imitated: a holder of 16 warps would also take registers that a GA10x SM
+still has (the one attempt hung, though the carveout, below, may have been why). Blocks of a
+probe kernel launched while the SMs are held record where they ran; :meth:`HeldSMs.check` says
+whether the hold was as meant.
 
 While held, nothing may synchronize the whole device (the holders end only on release): time
 with events on a stream (:func:`replay_us`). CUDA_MODULE_LOADING=EAGER should be set before CUDA
