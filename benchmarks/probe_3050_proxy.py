@@ -54,7 +54,9 @@ DRAM_3050_GBPS = 192.0
 CLOCK_3050_GHZ = 1.5  # a laptop 3050's sustained clock (boost 1.5-1.74 GHz by the maker's power limit)
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
+
 def graphed(fn) -> torch.cuda.CUDAGraph:
+    """``fn(0)`` captured in a CUDA graph (after one warm call), replayed once, device idle."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
