@@ -35,22 +35,28 @@ MODELS = {  # hidden, intermediate, q heads, kv heads, head_dim, layers, vocab, 
 }
 
 
+def capture(fn, launches: int = 1) -> torch.cuda.CUDAGraph:
+    """fn(0), ..., fn(launches - 1) captured in one CUDA graph, after a warm call of fn(0) on a
+    side stream (cuBLAS and kernel choices made outside the capture)."""
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(0)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            fn(i)
+    return g
+
+
 def time_us(fn, *, graph: bool, launches: int = 20, trials: int = 25) -> float:
     """Median microseconds per call of fn(i) over `trials` timed batches of `launches` calls."""
     for i in range(3):
         fn(i)
     torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(0)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(g):
-            for i in range(launches):
-                fn(i)
-        run = g.replay
+        run = capture(fn, launches).replay
     else:
         def run():
             for i in range(launches):

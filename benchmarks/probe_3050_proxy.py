@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_decode import DEV, PROMPT, fresh, int4_peer_step, peer_inputs, prompt_ids, spec_of  # noqa: E402
-from bench_kernels import gemv_cases, gemv_fn, n_copies, rand_weights, vars_of  # noqa: E402
+from bench_kernels import capture, gemv_cases, gemv_fn, n_copies, rand_weights, vars_of  # noqa: E402
 from bench_kernels import weight_bytes  # noqa: E402
 from held_sms import HeldSMs, HoldHung, replay_us  # noqa: E402
 
@@ -56,15 +56,8 @@ RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
 def graphed(fn) -> torch.cuda.CUDAGraph:
-    """``fn(0)`` captured in a CUDA graph (after one warm call), replayed once, device idle."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(0)  # warm: cuBLAS / kernel selection outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(0)
+    """``fn(0)`` captured in a CUDA graph, replayed once before any SM is held, device idle."""
+    graph = capture(fn)
     graph.replay()
     torch.cuda.synchronize()
     return graph

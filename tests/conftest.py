@@ -168,8 +168,7 @@ def pytest_configure(config):
 
         emulate.plan_for_sm_count(int(sms))
     if arch:
-        os.environ["QWEN_TRAY_PDL"] = "off"
-        try:
+        try:  # build_as_ptx turns programmatic launches off before it needs CuPy
             from app.kernels import emulate
 
             emulate.build_as_ptx(arch)

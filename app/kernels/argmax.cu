@@ -1,11 +1,11 @@
 // Row-wise argmax of fp16 logits [B, V] -> int64 tokens [B], as torch.argmax: the first index
 // of the largest value, a NaN counting as larger than any number (the first NaN wins).
 // Two programmatic launches instead of PyTorch's one reduction (11 µs exposed in an H200 decode
-// step, docs/KERNELS.md phase 17): argmax_part_kernel, grid (ARGMAX_BLOCKS, B), reduces a slice
-// of a row to (value, index); argmax_final_kernel, one warp per row, reduces the slices.
+// step, docs/KERNELS.md phase 17): argmax_part_kernel, grid (slices, B) with the slice count
+// argmax.py's ARGMAX_BLOCKS (<= 32), reduces a slice of a row to (value, index);
+// argmax_final_kernel, one warp per row, reduces the slices.
 
-constexpr int ARGMAX_BLOCKS = 32;   // slices of a row (argmax.py ARGMAX_BLOCKS)
-constexpr int ARGMAX_THREADS = 256;
+constexpr int ARGMAX_THREADS = 256;  // argmax.py ARGMAX_THREADS
 constexpr int ARGMAX_UNROLL = 8;    // loads in flight per thread
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
