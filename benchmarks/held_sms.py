@@ -11,7 +11,9 @@ whether the hold was as meant.
 
 While held, nothing may synchronize the whole device (the holders end only on release): time
 with events on a stream (:func:`replay_us`). CUDA_MODULE_LOADING=EAGER should be set before CUDA
-starts, so no module loads lazily while SMs are held.
+starts, so no module loads lazily while SMs are held. The release flag is written by a copy
+from pinned host memory, which needs no SM: work that fits no free SM (:class:`HoldHung`) can
+be let through with :meth:`HeldSMs.release_after_hang` and the run goes on.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import statistics
 import time
 
 import cupy
+import numpy as np
 import torch
 
 GA10X_SHARED_BYTES = 100 << 10  # shared memory per SM of an RTX 30-series GPU
@@ -64,14 +67,21 @@ class HeldSMs:
         # memory for the trimming block, none is left for others, and whatever needs some hangs.
         self.hold.preferred_shared_memory_carveout = 100
         self.release = cupy.ones(1, cupy.int32)
+        self.flag_values = {v: cupy.cuda.alloc_pinned_memory(4) for v in (0, 1)}  # host sources of the flag
+        for v, mem in self.flag_values.items():
+            np.frombuffer(mem, np.int32, 1)[0] = v
         self.held_smids = cupy.full(self.held, -1, cupy.int32)
         self.trimmed_smids = cupy.full(free, -1, cupy.int32)
         self.probe_smids = cupy.full(8 * self.total, -1, cupy.int32)
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
         self._launch()  # warm: every kernel loaded before any SM is held
-        with self.streams[2]:
-            self.release.fill(1)
+        self._set_release(1)
         cupy.cuda.Device().synchronize()
+
+    def _set_release(self, value: int) -> None:
+        """The flag written by a host-to-device copy on its own stream: a copy engine's work, no SM."""
+        cupy.cuda.runtime.memcpyAsync(self.release.data.ptr, self.flag_values[value].ptr, 4,
+                                      cupy.cuda.runtime.memcpyHostToDevice, self.streams[2].ptr)
 
     def _launch(self) -> None:
         with self.streams[0]:
@@ -85,17 +95,28 @@ class HeldSMs:
     def __enter__(self) -> HeldSMs:
         for a in (self.held_smids, self.trimmed_smids, self.probe_smids):
             a.fill(-1)
-        self.release.fill(0)
+        self._set_release(0)
         cupy.cuda.Device().synchronize()
         self._launch()
         self.streams[2].synchronize()  # the probe ran while the holders were resident
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        with self.streams[2]:
-            self.release.fill(1)
-        if exc_type is None:  # after a HoldHung the release itself may find no SM: do not wait on it
+        self._set_release(1)
+        if exc_type is None:  # after a HoldHung: release_after_hang decides whether to wait
             cupy.cuda.Device().synchronize()
+
+    def release_after_hang(self, stream: torch.cuda.Stream, limit_s: float = 30.0) -> bool:
+        """After a :class:`HoldHung` on ``stream``: release the SMs and wait for the stuck work to
+        run on them. False if it has not ended after ``limit_s`` (then only leaving the process helps)."""
+        self._set_release(1)
+        deadline = time.monotonic() + limit_s
+        while not (stream.query() and self.streams[2].done):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        cupy.cuda.Device().synchronize()
+        return True
 
     def check(self) -> dict:
         """Distinct held SMs, the probe's blocks only on the free ones (and those trimmed)."""
