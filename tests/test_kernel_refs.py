@@ -273,8 +273,17 @@ def test_default_gemv_config_follows_the_h200_sweep():
     assert default_gemv_config(2560, 2048, False, sms).warps == 16  # 3B qkv
     assert default_gemv_config(3584, 18944, False, sms).warps == 16  # 7B down: 224 blocks, more than the SMs
     assert default_gemv_config(2048, 11008, False, sms).warps == 32  # 3B down: a block per SM, 86 groups
-    assert default_gemv_config(2048, 11008, False, 16).warps == 16  # RTX 3050 (16 SMs): 8 blocks per SM
-    assert default_gemv_config(11008, 2048, True, 16).warps == 4  # RTX 3050: 43 blocks per SM, enough warps
+
+
+def test_default_gemv_config_follows_the_3050_proxy_sweep():
+    """proxy_3050_sweep_h200.json (ae44534, 16 SMs of the H200 trimmed to a GA10x SM): a grid of
+    many waves splits K over fewer warps than the H200's one-wave grids."""
+    sms = 16
+    assert default_gemv_config(2048, 11008, False, sms).warps == 8  # 3B down: 8 blocks per SM; 16 warps 1.51x slower
+    assert default_gemv_config(3584, 18944, False, sms).warps == 4  # 7B down: 16 warps 1.59x slower
+    assert default_gemv_config(18944, 3584, True, sms).warps == 4  # 7B gate/up: 8 warps 1.20x slower
+    assert default_gemv_config(11008, 2048, True, sms).warps == 4  # 3B gate/up: 43 blocks per SM, enough warps
+    assert default_gemv_config(151936, 2048, False, sms).warps == 4  # 3B lm_head
 
 
 def test_default_num_splits_bounds():

@@ -44,6 +44,10 @@ MAX_WARPS = 32  # K slices per block (gemv.cu MAX_KSPLIT); above 16 only 32, one
 MAX_BLOCK_WARPS = 16  # warps of a 512-thread block; 32-slice splits take 1024 threads where they fit
 MAX_GROUPS_PER_WARP = 8  # of 128 inputs, in the many-block shapes (default_gemv_config)
 MIN_WARPS_PER_SM = 32  # launched in the many-block shapes (default_gemv_config)
+# Warps of 64 registers that fill an SM's 64 K registers (SM80-SM90 alike), and the most waves
+# of them a split may spread over when default_gemv_config adds warps for groups per warp.
+RESIDENT_WARPS_PER_SM = 32
+MAX_SPLIT_WAVES = 3
 SOURCE = "gemv.cu"
 # x is staged in shared memory (gemv.cu STAGE_X) when it is at most this many bytes (M * K * 2):
 # batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
@@ -137,7 +141,12 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
     flight: at least 4 when there are at least 4 blocks per SM (the heads, the MLP gate/up),
     doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps, -10 %)
     and until the grid has at least 32 warps per SM (the 3B gate/up on an H200: 688 blocks,
-    8 warps instead of 4, -6 %, probe_gemv_path_h200.json);
+    8 warps instead of 4, -6 %, probe_gemv_path_h200.json), but never doubled for groups past
+    ``MAX_SPLIT_WAVES`` waves of resident warps: on a small GPU (the RTX 3050's 16 SMs) a grid
+    of many waves gains nothing from more warps per block, whose warps then wait through the
+    block's reduction and warp 0's epilogue holding their registers (the 3050 proxy's sweep,
+    docs/KERNELS.md phase 19: 3B down 16 -> 8 warps 1.51x, 7B down 16 -> 4 1.59x, 7B gate/up
+    8 -> 4 1.20x);
     16 when there are fewer than 2 blocks per SM (the small qkv / o / down projections), else
     8; 32 (a 1,024-thread block) when every block has an SM of its own and K has at least 32
     groups (the 3B down projection on an H200); never more warps than groups of 128 per tile
@@ -147,7 +156,9 @@ def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvC
     groups = k // GROUP_SIZE
     if blocks >= 4 * sm_count:
         warps = 4
-        while warps < MAX_BLOCK_WARPS and (2 if gated else 1) * groups > MAX_GROUPS_PER_WARP * warps:
+        wave = RESIDENT_WARPS_PER_SM * sm_count
+        while (warps < MAX_BLOCK_WARPS and (2 if gated else 1) * groups > MAX_GROUPS_PER_WARP * warps
+               and blocks * 2 * warps <= MAX_SPLIT_WAVES * wave):
             warps *= 2
         while warps < MAX_BLOCK_WARPS and blocks * warps < MIN_WARPS_PER_SM * sm_count:
             warps *= 2
