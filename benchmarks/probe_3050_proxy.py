@@ -120,19 +120,21 @@ def copy_on(holds: dict, stream) -> dict:
 
 
 def proxy_sweep_configs(gated: bool) -> list[GemvConfig]:
-    """Ten configs around the defaults (each is a compile of its own): 4-32 warps, 1-2 tiles
-    per warp, 1-2 groups per stage."""
-    shapes = [(1, 4, 1), (1, 8, 1), (1, 16, 1), (1, 32, 1), (2, 4, 1), (2, 8, 1), (2, 16, 1), (1, 8, 2),
-              (1, 16, 2), (2, 8, 2)]
+    """Thirteen configs around the defaults (each is a compile of its own): 1-32 warps, 1-2
+    tiles per warp, 1-2 groups per stage."""
+    shapes = [(1, 1, 1), (1, 2, 1), (2, 2, 1), (1, 4, 1), (1, 8, 1), (1, 16, 1), (1, 32, 1), (2, 4, 1), (2, 8, 1),
+              (2, 16, 1), (1, 8, 2), (1, 16, 2), (2, 8, 2)]
     return [GemvConfig(tiles=t, warps=w, unroll=u) for t, w, u in shapes if not (gated and t == 1 and w % 2)]
 
 
-def sweep_gemvs(held: HeldSMs, stream, rows: list[dict], save) -> None:
-    """The 3B `w4` and 7B `mixed` MLP and head GEMVs in each config, batch 1, on the trimmed
-    SMs, weights rotated so each launch reads from DRAM; each row appended to ``rows``, then
-    ``save()``."""
+def sweep_gemvs(held: HeldSMs, stream, rows: list[dict], save, roles: set[str]) -> None:
+    """The 3B `w4` and 7B `mixed` GEMVs of these roles (qkv, o, gate_up, down, lm_head) in each
+    config, batch 1, on the trimmed SMs, weights rotated so each launch reads from DRAM; each
+    row appended to ``rows``, then ``save()``."""
     for model in ("3b_w4", "7b_mixed"):
-        for name, bits, n, k, gated in gemv_cases(model)[2:]:  # gate/up, down, head
+        for name, bits, n, k, gated in gemv_cases(model):
+            if name.split(".")[1] not in roles:
+                continue
             nbytes = weight_bytes(bits, n, k)
             ws = rand_weights(bits, n, k, n_copies(nbytes))
             x = torch.randn(1, k, device=DEV).half()
@@ -181,7 +183,8 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/proxy_3050_h200.json")
     ap.add_argument("--models", default="3B,7B")
-    ap.add_argument("--sweep", action="store_true", help="also every GEMV config of the MLP and head shapes")
+    ap.add_argument("--sweep", action="store_true", help="also every GEMV config of the --sweep-roles")
+    ap.add_argument("--sweep-roles", default="gate_up,down,lm_head", help="of qkv, o, gate_up, down, lm_head")
     args = ap.parse_args()
     emulate.build_as_ptx("86")
     emulate.plan_for_sm_count(SMS_3050)
@@ -207,7 +210,7 @@ def main() -> None:
             save()
         if args.sweep:
             result["gemv_sweep_ga10x"] = []
-            sweep_gemvs(holds["ga10x"], stream, result["gemv_sweep_ga10x"], save)
+            sweep_gemvs(holds["ga10x"], stream, result["gemv_sweep_ga10x"], save, set(args.sweep_roles.split(",")))
     except HoldHung as e:
         result["hung"] = str(e)
         save()
