@@ -15,9 +15,10 @@ The 3050 has 192 GB/s of DRAM; where 16 SMs at the 3050's clock consume bytes fa
 that, the card's DRAM, not the kernels, bounds its speed. What it cannot show: the 3050's DRAM
 efficiency and latency, its 2 MB L2 (the H200's 60 MB L2 stays shared by all SMs), its 48-warp
 limit per SM, and GA10x tensor cores' half rate with fp32 accumulation. ``--sweep`` also times
-the MLP and head GEMVs in ten configs each on the trimmed SMs.
+GEMVs (``--sweep-roles``: the MLP and head ones unless told) in thirteen configs each on the
+trimmed SMs (docs/KERNELS.md phase 19).
 
-    python3 benchmarks/probe_3050_proxy.py --commit SHA [--sweep] [--out docs/results/proxy_3050_h200.json]
+    python3 benchmarks/probe_3050_proxy.py --commit SHA [--sweep [--sweep-roles qkv,o]] [--out docs/results/proxy_3050_h200.json]
 """
 
 from __future__ import annotations
