@@ -19,6 +19,9 @@ values). Per model:
   3.2GiB (the allocator is capped there: exceeding it is an error), 7B q4 must be refused.
 
     python3 benchmarks/bench_decode.py [--quick] [--commit SHA] [--out docs/results/decode_h200.json]
+
+On a 4 GB card (an RTX 3050 Laptop) only the budgeted runs fit: ``--budget-only`` runs them, each
+in its own process, and this process then holds no GPU memory beside them (no copy measured).
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def spec_of(model: str) -> ModelSpec:
 
 def fresh() -> None:
     gc.collect()
+    if not torch.cuda.is_initialized():  # (--budget-only: this process keeps off the GPU)
+        return
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -282,13 +287,24 @@ def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
     return drawn
 
 
-def bench_budget(model: str, recipe: str, context: int, budget: str, prefill_mode: str = "auto") -> dict:
-    """One budget case in a fresh process: what a user's process holds, nothing left over from
-    earlier measurements (cuBLAS workspaces, graph pools) counted against the budget."""
+def in_fresh_process(fn, *args):
+    """fn(*args) in a spawned process: its CUDA context and memory end with it."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_budget_case, (model, recipe, context, budget, prefill_mode))
+        return pool.apply(fn, args)
+
+
+def device_facts() -> dict:
+    props = torch.cuda.get_device_properties(DEV)
+    return dict(gpu=props.name, sms=props.multi_processor_count,
+                programmatic_launch=programmatic.enabled(torch.cuda.get_device_capability(DEV)))
+
+
+def bench_budget(model: str, recipe: str, context: int, budget: str, prefill_mode: str = "auto") -> dict:
+    """One budget case in a fresh process: what a user's process holds, nothing left over from
+    earlier measurements (cuBLAS workspaces, graph pools) counted against the budget."""
+    return in_fresh_process(_budget_case, model, recipe, context, budget, prefill_mode)
 
 
 def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mode: str) -> dict:
@@ -339,11 +355,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.launch:  # through the environment, so the budget runs' spawned processes see it too
         os.environ[programmatic.ENV_VAR] = args.launch
-    props = torch.cuda.get_device_properties(DEV)
-    copy = copy_bandwidth_gbps()
-    result = dict(gpu=props.name, sms=props.multi_processor_count, date=dt.date.today().isoformat(),
-                  commit=args.commit, torch=torch.__version__, copy_gbps=copy, models=[], budget=[],
-                  programmatic_launch=programmatic.enabled(torch.cuda.get_device_capability(DEV)))
+    # With --budget-only this process never touches the GPU: on a 4 GB card its CUDA context alone
+    # would take memory the budget runs' processes need.
+    facts = in_fresh_process(device_facts) if args.budget_only else device_facts()
+    copy = None if args.budget_only else copy_bandwidth_gbps()
+    if not args.budget_only:
+        fresh()  # the copy's 2 GiB must not stay cached while a budget run's process plans
+    result = dict(**facts, date=dt.date.today().isoformat(), commit=args.commit, torch=torch.__version__,
+                  copy_gbps=copy, models=[], budget=[])
     # most important first: a timeout then loses the least
     jobs = [("models", m, r, None) for m, r in RUNS[:2]] + [("budget", m, r, c) for m, r, *c in BUDGET_RUNS] + [
         ("models", m, r, None) for m, r in RUNS[2:]]
@@ -373,7 +392,8 @@ def record(result: dict, key: str, run, out: str) -> None:
 def print_table(r: dict) -> None:
     for error in r.get("errors", []):
         print("ERROR", error)
-    print(f"\n{r['gpu']} ({r['sms']} SMs), copy {r['copy_gbps']:.0f} GB/s, torch {r['torch']}, commit {r['commit']}, "
+    copy = f"copy {r['copy_gbps']:.0f} GB/s" if r["copy_gbps"] else "copy not measured"
+    print(f"\n{r['gpu']} ({r['sms']} SMs), {copy}, torch {r['torch']}, commit {r['commit']}, "
           f"programmatic launches {'on' if r.get('programmatic_launch') else 'off'}")
     print(f"{'model':<18}{'B=1 tok/s':>10}{'pipe':>7}{'graph':>8}{'B=2':>7}{'B=4':>7}{'B=8':>7}{'%copy':>7}"
           f"{'lin-only':>9}{'bf16':>7}{'int4':>7}{'pf512':>8}{'pf2048':>8}{'ttft512':>8}{'peakGiB':>8}")
