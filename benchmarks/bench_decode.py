@@ -47,7 +47,7 @@ from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
 
 from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.memory import GiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
+from app.engine.cuda.memory import GiB, MiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.spec import ModelSpec  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
@@ -307,20 +307,36 @@ def bench_budget(model: str, recipe: str, context: int, budget: str, prefill_mod
     return in_fresh_process(_budget_case, model, recipe, context, budget, prefill_mode)
 
 
+def memory_beside_allocator(free_at_start: int, reserved_at_start: int, when: str) -> dict:
+    """What this process took from the device since the start, and how much of it lies outside
+    PyTorch's allocator (CUDA graphs, kernel modules and local memory, library handles)."""
+    taken = free_at_start - torch.cuda.mem_get_info()[0]
+    return {f"taken_{when}_bytes": taken,
+            f"outside_allocator_{when}_bytes": taken - (torch.cuda.memory_reserved() - reserved_at_start)}
+
+
 def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mode: str) -> dict:
     """Inside --vram-budget: prefill 512 + 128 decode steps at batch 1, then the whole context."""
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=2)
+    torch.cuda.init()
     fresh()
     before = torch.cuda.memory_reserved()
     row = dict(model=f"Qwen2.5-{model}", recipe=recipe, context=context, budget=budget,
-               budget_bytes=parse_size(budget), reserved_before_bytes=before)
+               budget_bytes=parse_size(budget), reserved_before_bytes=before,
+               free_at_start_bytes=torch.cuda.mem_get_info()[0])
     try:
         runner = runner_for_weights(weights, num_slots=1, max_context=context, device=DEV,
                                     vram_budget=parse_size(budget), label=f"Qwen2.5-{model} {recipe}",
                                     prefill_mode=prefill_mode)
     except VramBudgetError as e:
         return row | dict(fits=False, message=str(e))
+    except RuntimeError as e:  # CUDA out of memory beside the allocator, on a nearly full card
+        traceback.print_exc()
+        gc.collect()
+        return row | memory_beside_allocator(row["free_at_start_bytes"], before, "at_failure") | dict(
+            fits=True, error=f"{type(e).__name__} while building: {str(e).splitlines()[0][:200]}")
+    row |= memory_beside_allocator(row["free_at_start_bytes"], before, "built")
     try:
         tps, step_us, pipelined = decode_tokens_per_s(runner, 1, spec.vocab_size)
         drawn = sampled_steps(runner, spec.vocab_size)
@@ -336,6 +352,7 @@ def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mod
                     ttft_512_s=ttft, full_context_prefill_s=fill, peak_reserved_bytes=peak,
                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                     within_budget=peak - before <= parse_size(budget))
+        row |= memory_beside_allocator(row["free_at_start_bytes"], before, "after_run")
     except torch.cuda.OutOfMemoryError as e:
         row |= dict(fits=True, error=f"out of memory inside the budget: {str(e).splitlines()[0][:200]}")
     finally:
@@ -437,7 +454,9 @@ def print_table(r: dict) -> None:
         if not b["fits"]:
             print(f"  {b['model']} {b['recipe']} ctx {b['context']}: refused: {b['message']}")
         elif "error" in b:
-            print(f"  {b['model']} {b['recipe']} ctx {b['context']}: {b['error']}")
+            print(f"  {b['model']} {b['recipe']} ctx {b['context']}: {b['error']}; "
+                  f"{b.get('free_at_start_bytes', 0) / GiB:.2f} GiB free at the start, outside the allocator "
+                  f"{b.get('outside_allocator_at_failure_bytes', 0) / MiB:.0f} MiB at the failure")
         else:
             graphs = b.get("prefill_graph_reserved_bytes", 0) / 2**20, b.get("planned_prefill_graph_bytes", 0) / 2**20
             print(f"  {b['model']} {b['recipe']} ctx {b['context']} in {b['budget']}: "
@@ -447,7 +466,10 @@ def print_table(r: dict) -> None:
                   f"(pipelined {b.get('pipelined_tokens_per_s', 0):.0f}), prefill "
                   f"{b['prefill_mode']} ttft512 {b['ttft_512_s'] * 1e3:.0f} ms, "
                   f"full context {b['full_context_prefill_s']:.2f} s, drawn on the device: "
-                  f"{', '.join(b.get('sampled_draws_on_device', [])) or 'none'}")
+                  f"{', '.join(b.get('sampled_draws_on_device', [])) or 'none'}; "
+                  f"{b['free_at_start_bytes'] / GiB:.2f} GiB free at the start, outside the allocator "
+                  f"{b['outside_allocator_built_bytes'] / MiB:.0f} MiB built, "
+                  f"{b['outside_allocator_after_run_bytes'] / MiB:.0f} MiB after the run")
 
 
 if __name__ == "__main__":
