@@ -20,8 +20,8 @@ import torch
 
 from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.memory import (
-    GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget, model_weight_bytes,
-    parse_size, plan_memory, resolve_budget,
+    BESIDE_ALLOCATOR, GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget,
+    model_weight_bytes, parse_size, plan_memory, resolve_budget,
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
@@ -110,6 +110,20 @@ def test_budget_parsing_and_defaults():
     assert resolve_budget(None, card) == default_budget(card)
     with pytest.raises(VramBudgetError, match="more than the 3.00 GiB free"):
         resolve_budget(parse_size("3.5GiB"), card)
+
+
+def test_requested_budget_leaves_room_for_what_cuda_takes_beside_it():
+    """The H200 with 3.29 GiB free (a 4 GB card's case, emulated): a 3.2 GiB budget for the 7B
+    was accepted and loading died in CUDA's own out-of-memory error. Now the budget is lowered
+    to what is free less what CUDA takes beside the allocator, and the planner says what fits."""
+    card = GpuInfo("card", 4 * GiB, int(3.29 * GiB), 16, (8, 6))
+    assert resolve_budget(parse_size("3.2GiB"), card) == card.free_bytes - BESIDE_ALLOCATOR
+    assert resolve_budget(parse_size("3.0GiB"), card) == parse_size("3.0GiB")
+    assert default_budget(card) <= card.free_bytes - BESIDE_ALLOCATOR
+    nearly_full = GpuInfo("card", 4 * GiB, 200 * MiB, 16, (8, 6))
+    for requested in (None, 100 * MiB):
+        with pytest.raises(VramBudgetError, match="has only 0.20 GiB free"):
+            resolve_budget(requested, nearly_full)
 
 
 def test_plan_reports_bytes_for_health():

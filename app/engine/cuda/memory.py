@@ -25,6 +25,13 @@ FP16 = 2
 
 MIN_MARGIN = 256 * MiB  # kept free under the default budget (display, other apps)
 MARGIN_FRACTION = 0.05
+# Device memory a built runner takes beside PyTorch's allocator, so outside the budget's cap:
+# CUDA graph executables and the kernel modules CUDA loads (ours, PyTorch's, cuBLAS's for the
+# GEMM prefill). Measured on the H200 (bench_decode's budget runs, docs/KERNELS.md phase 19):
+# 164 MiB with the graph prefill (7B mixed), 252 MiB with the GEMM prefill (3B w4). A requested
+# budget must leave it free, else loading ends in CUDA's own out-of-memory error; the default
+# budget's margin is at least this much.
+BESIDE_ALLOCATOR = 256 * MiB
 KERNEL_MODULES = 8 * MiB  # CuPy/NVRTC modules of the kernels (code, constants)
 GRAPH_POOL = 4 * MiB  # small temporaries captured in the decode graphs (2 MB segments)
 LARGE_SEGMENT = 20 * MiB  # the caching allocator serves 1-10 MB tensors from 20 MB segments
@@ -93,7 +100,7 @@ def gib(nbytes: int) -> str:
 
 def default_budget(gpu: GpuInfo) -> int:
     """What is free now, minus a margin, so the card never has to page."""
-    return gpu.free_bytes - max(MIN_MARGIN, int(gpu.total_bytes * MARGIN_FRACTION))
+    return gpu.free_bytes - max(MIN_MARGIN, BESIDE_ALLOCATOR, int(gpu.total_bytes * MARGIN_FRACTION))
 
 
 def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
@@ -371,13 +378,17 @@ def model_weight_bytes(spec: ModelSpec, recipe_name: str) -> int:
 
 
 def resolve_budget(requested: int | None, gpu: GpuInfo) -> int:
-    """The budget to plan against: the requested one (never more than is free), else the default."""
-    if requested is None:
-        budget = default_budget(gpu)
-        if budget <= 0:
-            raise VramBudgetError(f"{gpu.name} has only {gib(gpu.free_bytes)} free; close other GPU programs")
-        return budget
-    if requested > gpu.free_bytes:
+    """The budget to plan against: the requested one (never more than is free, lowered to
+    :func:`usable_budget`), else the default."""
+    budget = default_budget(gpu) if requested is None else min(requested, usable_budget(gpu))
+    if budget <= 0:
+        raise VramBudgetError(f"{gpu.name} has only {gib(gpu.free_bytes)} free; close other GPU programs")
+    if requested is not None and requested > gpu.free_bytes:
         raise VramBudgetError(f"VRAM budget {gib(requested)} is more than the {gib(gpu.free_bytes)} free on "
                               f"{gpu.name}; lower --vram-budget (an over-full card pages to system memory)")
-    return requested
+    return budget
+
+
+def usable_budget(gpu: GpuInfo) -> int:
+    """The most a budget may be here: what is free less what CUDA takes beside the allocator."""
+    return gpu.free_bytes - BESIDE_ALLOCATOR

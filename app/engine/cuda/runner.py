@@ -36,8 +36,8 @@ from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
 from app.engine.sampling import RowSampling
 from app.engine.cuda.memory import (
-    GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits, plan_memory,
-    resolve_budget,
+    BESIDE_ALLOCATOR, GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, MiB, VramBudgetError,
+    attention_splits, gib, plan_memory, resolve_budget,
 )
 from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
@@ -314,14 +314,24 @@ def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: in
     check_slots(num_slots, label)
     gpu = GpuInfo.of(device)
     budget = resolve_budget(vram_budget, gpu)
+    lowered = "" if vram_budget is None or budget >= vram_budget else (
+        f"--vram-budget {gib(vram_budget)} lowered to {gib(budget)}: {gib(gpu.free_bytes)} free less the "
+        f"{BESIDE_ALLOCATOR // MiB} MiB CUDA takes beside the budget")
+    if lowered:
+        log.warning("%s", lowered)
     linears = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     dequant, why = dequant_kernel_or_none(device) if any(w.quantized for w in linears) else (None, None)
     if why:
         log.warning("prefill dequantizes with PyTorch ops: %s", why)
-    plan = plan_memory(weights.spec, nbytes, num_slots=num_slots, max_context=max_context, budget_bytes=budget,
-                       gpu=gpu, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
-                       quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
-                       prefill_mode=prefill_mode, prefill_graphs=use_graphs, label=label)
+    try:
+        plan = plan_memory(weights.spec, nbytes, num_slots=num_slots, max_context=max_context, budget_bytes=budget,
+                           gpu=gpu, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
+                           quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
+                           prefill_mode=prefill_mode, prefill_graphs=use_graphs, label=label)
+    except VramBudgetError as e:
+        if lowered:
+            raise VramBudgetError(f"{e} ({lowered})") from None
+        raise
     log.info("%s", plan.describe())
     return plan, dequant
 
