@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from app.engine.kv_cache import StaticKVCache
+from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
     BESIDE_ALLOCATOR, GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget,
-    model_weight_bytes, parse_size, plan_memory, resolve_budget,
+    fitted_shape, model_weight_bytes, parse_size, plan_memory, resolve_budget,
 )
 from app.engine.models.decoder import DecoderModel
 from app.engine.runner import TorchRunner
@@ -124,6 +125,45 @@ def test_requested_budget_leaves_room_for_what_cuda_takes_beside_it():
     for requested in (None, 100 * MiB):
         with pytest.raises(VramBudgetError, match="has only 0.20 GiB free"):
             resolve_budget(requested, nearly_full)
+
+
+def fitted(spec, recipe, slots, context, budget):
+    return fitted_shape(spec, model_weight_bytes(spec, recipe), num_slots=slots, max_context=context,
+                        budget_bytes=budget, gpu=RTX_3050_LAPTOP)
+
+
+def test_a_fitted_load_keeps_the_context_with_fewer_requests_then_shortens_it():
+    """The tray's 7B on a card with 3.4 GiB free (default budget 3.15 GiB): 4 requests x 4,096
+    tokens do not fit; one request with the longest context that does is what it loads."""
+    budget = resolve_budget(None, RTX_3050_LAPTOP)
+    with pytest.raises(VramBudgetError):
+        plan(QWEN7B, "mixed", 4096, budget=str(budget), slots=4)
+    slots, context = fitted(QWEN7B, "mixed", 4, 4096, budget)
+    assert slots == 1 and 3000 < context < 4096 and context % 16 == 0
+    plan(QWEN7B, "mixed", context, budget=str(budget))  # it fits, and 16 tokens more would not
+    with pytest.raises(VramBudgetError):
+        plan(QWEN7B, "mixed", context + 16, budget=str(budget))
+    assert fitted(QWEN3B, "w4", 32, 4096, budget)[1] == 4096  # fewer slots first, the context kept
+    assert fitted(QWEN3B, "w4", 32, 4096, budget)[0] < 32
+    # not even one request of 1,024 tokens: nothing is fitted (the refusal stands)
+    too_small = model_weight_bytes(QWEN7B, "mixed") + 40 * MiB
+    assert fitted(QWEN7B, "mixed", 4, 4096, too_small) is None
+
+
+def test_a_load_is_fitted_only_when_asked():
+    """load_plan.plan_load for the tray's 7B on the RTX 3050 (3.4 GiB free): refused as asked,
+    fitted with fit=True; and a requested budget above what the card can give is lowered."""
+    args = dict(num_slots=4, max_context=4096, label="Qwen2.5-7B", prefill_mode="auto")
+    nbytes = model_weight_bytes(QWEN7B, "mixed")
+    with pytest.raises(VramBudgetError, match="fits with max context"):
+        plan_load(QWEN7B, nbytes, RTX_3050_LAPTOP, vram_budget=None, **args)
+    fitted_plan = plan_load(QWEN7B, nbytes, RTX_3050_LAPTOP, vram_budget=None, fit=True, **args)
+    budget = resolve_budget(None, RTX_3050_LAPTOP)
+    assert (fitted_plan.num_slots, fitted_plan.max_context) == fitted(QWEN7B, "mixed", 4, 4096, budget)
+    assert fitted_plan.total_bytes <= fitted_plan.budget_bytes == budget
+    tight = GpuInfo("card", 4 * GiB, int(3.29 * GiB), 16, (8, 6))
+    with pytest.raises(VramBudgetError, match=r"--vram-budget 3\.20 GiB lowered to 3\.04 GiB"):
+        plan_load(QWEN7B, nbytes, tight, vram_budget=parse_size("3.2GiB"), **args | dict(num_slots=1))
 
 
 def test_plan_reports_bytes_for_health():

@@ -58,9 +58,12 @@ class Engine:
     def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
              max_context: int | None = None, adapter: str | Path | None = None,
              dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
-             vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT) -> Engine:
+             vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT,
+             fit_to_vram: bool = False) -> Engine:
         """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
-        card's free memory minus a margin. A model or context that does not fit is refused.
+        card's free memory minus a margin. A model or context that does not fit is refused, or
+        with ``fit_to_vram`` loaded with fewer concurrent requests, then a shorter context (at
+        least 1,024 tokens; ``max_batch_size`` and ``max_context`` then say what was chosen).
         ``lookup_draft``: see :class:`Engine` (0: never guess tokens)."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -70,7 +73,9 @@ class Engine:
         started = time.perf_counter()
         reason = _cuda_runner_unavailable(dev, dtype, Path(path))
         if reason is None:
-            loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget)
+            loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget,
+                                           fit_to_vram)
+            max_batch_size = runner.num_slots
         else:
             if dev.type == "cuda":
                 log.warning("using the PyTorch reference runner on %s: %s", dev, reason)
@@ -163,7 +168,7 @@ def _read_spec(path: Path) -> ModelSpec:
 
 
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
-                  progress: ProgressCallback | None, vram_budget: int | str | None):
+                  progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool):
     """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
     from app.engine.cuda.runner import create_cuda_runner, load_packed
     from app.engine.cuda.memory import parse_size
@@ -171,6 +176,6 @@ def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_contex
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
     loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
-                                device=dev, vram_budget=budget, label=loaded.model_id)
+                                device=dev, vram_budget=budget, label=loaded.model_id, fit=fit)
     return loaded, runner
 

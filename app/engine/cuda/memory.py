@@ -41,6 +41,9 @@ PREFILL_CHUNKS = (512, 256, 128)  # token chunk sizes tried for the dequantize +
 MIN_TILE_ELEMENTS = 1 << 20  # dequantized weight tile of the GEMM prefill (fp16 elements)
 MAX_TILE_ELEMENTS = 1 << 25
 MIN_CONTEXT = 256
+# The shortest context a load fitted to the card may get (fitted_shape): below it the tray's
+# summaries and rewrites would cut most texts into pieces.
+MIN_FIT_CONTEXT = 1024
 TORCH_DEQUANT_BYTES = 4  # uint8 temporaries per weight element of the PyTorch dequantizer
 # Drawing a sampled token on the device (app.engine.sampling.sample_rows, one row at a time),
 # fp32 temporaries per logit: temperature only (scaled logits, probabilities, their cumulative
@@ -333,6 +336,23 @@ def _does_not_fit(spec: ModelSpec, need, weights: int, slots: int, context: int,
             options.append(f"batch size {largest_slots} at context {context}")
         return f"{head}; it fits with {' or '.join(options)}"
     return f"{head}; {_smaller_weights_hint(spec, budget, decode + fixed + kv // slots)}"
+
+
+def fitted_shape(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_context: int, budget_bytes: int,
+                 gpu: GpuInfo, dense_decode: bool = False, min_context: int = MIN_FIT_CONTEXT) -> tuple[int, int] | None:
+    """(slots, context) to load with when ``num_slots`` x ``max_context`` do not fit the budget:
+    as many slots as fit at the asked context, else one slot with the longest context that fits
+    (a multiple of 16, at least ``min_context``); None when not even that fits."""
+    need = functools.partial(_required, spec, gpu, dense_decode)
+
+    def fits(slots: int, context: int) -> bool:
+        return weights_bytes + sum(need(slots, context)[2:]) <= budget_bytes
+
+    slots = _largest(lambda n: fits(n, max_context), 1, num_slots + 1)
+    if slots:
+        return slots, max_context
+    context = _largest(lambda c: fits(1, c * 16), -(-min_context // 16), max_context // 16 + 1) * 16
+    return (1, context) if context else None
 
 
 def _largest(ok, low: int, high: int) -> int:

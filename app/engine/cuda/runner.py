@@ -35,9 +35,9 @@ from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model
 from app.engine.sampling import RowSampling
+from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
-    BESIDE_ALLOCATOR, GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, MiB, VramBudgetError,
-    attention_splits, gib, plan_memory, resolve_budget,
+    GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits,
 )
 from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.weights import (
@@ -309,29 +309,20 @@ def load_packed(path: Path, *, adapter=None, max_context: int | None = None, pro
 
 
 def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
-          vram_budget: int | None, prefill_mode: str, label: str, use_graphs: bool):
-    """The VRAM plan and the dequantization kernel (None: PyTorch dequantizes), before any allocation."""
+          vram_budget: int | None, prefill_mode: str, label: str, use_graphs: bool, fit: bool = False):
+    """The VRAM plan (load_plan.plan_load; ``fit``: fewer slots or a shorter context where the
+    asked ones do not fit) and the dequantization kernel (None: PyTorch dequantizes), before any
+    allocation."""
     check_slots(num_slots, label)
     gpu = GpuInfo.of(device)
-    budget = resolve_budget(vram_budget, gpu)
-    lowered = "" if vram_budget is None or budget >= vram_budget else (
-        f"--vram-budget {gib(vram_budget)} lowered to {gib(budget)}: {gib(gpu.free_bytes)} free less the "
-        f"{BESIDE_ALLOCATOR // MiB} MiB CUDA takes beside the budget")
-    if lowered:
-        log.warning("%s", lowered)
     linears = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     dequant, why = dequant_kernel_or_none(device) if any(w.quantized for w in linears) else (None, None)
     if why:
         log.warning("prefill dequantizes with PyTorch ops: %s", why)
-    try:
-        plan = plan_memory(weights.spec, nbytes, num_slots=num_slots, max_context=max_context, budget_bytes=budget,
-                           gpu=gpu, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
-                           quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
-                           prefill_mode=prefill_mode, prefill_graphs=use_graphs, label=label)
-    except VramBudgetError as e:
-        if lowered:
-            raise VramBudgetError(f"{e} ({lowered})") from None
-        raise
+    plan = plan_load(weights.spec, nbytes, gpu, num_slots=num_slots, max_context=max_context, vram_budget=vram_budget,
+                     label=label, fit=fit, dense_decode=not all(w.quantized for w in linears + [weights.lm_head]),
+                     quantized=any(w.quantized for w in linears), torch_dequant=dequant is None,
+                     prefill_mode=prefill_mode, prefill_graphs=use_graphs)
     log.info("%s", plan.describe())
     return plan, dequant
 
@@ -358,24 +349,25 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
 
 def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
-                       use_graphs: bool = True) -> CudaRunner:
+                       use_graphs: bool = True, fit: bool = False) -> CudaRunner:
     """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
 
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
-    when the model, the cache or the runtime do not fit.
+    when the model, the cache or the runtime do not fit. ``fit``: load with fewer slots or a
+    shorter context where the asked ones do not fit (the runner's num_slots / max_context).
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
                       for t in store.values() if t is not None}
     weights = weights_from_model(model)
     plan, dequant = _plan(weights, arena_nbytes(list(module_tensors.values())) + kernel_layout_extra_bytes(weights),
                           num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
-                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
+                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs, fit=fit)
     del module_tensors, weights  # the CPU copies go once the arena holds the weights
 
     def build() -> CudaRunner:
         module_to_arena(model, device)
-        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=num_slots,
-                          max_context=max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=plan.num_slots,
+                          max_context=plan.max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
 
     return _build_capped(device, plan.budget_bytes, build)
 

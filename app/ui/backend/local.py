@@ -23,7 +23,8 @@ class LocalEngineBackend:
              device: str = "auto") -> LocalEngineBackend:
         from app.engine import Engine  # imported late: torch is slow to import
 
-        return cls(Engine.load(str(path), device=device, progress=progress))
+        # The tray has no batch or context settings: on a small card it takes what fits.
+        return cls(Engine.load(str(path), device=device, progress=progress, fit_to_vram=True))
 
     def chat(self, messages: list[Message], params: SamplingParams, priority: int) -> ChatStream:
         return self.engine.chat(messages, params, priority=priority)
