@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="same seed, same answer")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--max-context", type=int, metavar="N", help="tokens per request (default: model max, at most 4096)")
+    p.add_argument("--max-context", type=int, metavar="N", help="tokens per request (default: model max, at most 4096, or what fits the GPU)")
     p.add_argument("--vram-budget", metavar="SIZE",
                    help="GPU memory the model may use, e.g. 3.2GiB (default: what is free minus a margin)")
     p.set_defaults(func=run)
@@ -58,8 +58,10 @@ def _ask_local(args, messages, params) -> int:
 
     path = load_settings().resolve_model(args.model)
     with load_progress_bar(f"loading {path.name}") as progress:
+        # Without --max-context the context is the default's or, on a small card, what fits.
         engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
-                             adapter=args.adapter, progress=progress, vram_budget=args.vram_budget)
+                             adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
+                             fit_to_vram=args.max_context is None)
     with engine:
         generation = engine.chat(messages, params)
         try:
