@@ -19,6 +19,7 @@ from app.server.provider import EngineSlot
 from app.server.server import start_server
 
 log = logging.getLogger("app.server")
+DEFAULT_BATCH = 4  # --max-batch-size unless given
 
 
 def register(sub) -> None:
@@ -38,8 +39,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
     parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--max-batch-size", type=int, default=4, help="requests generated together (KV-cache slots)")
-    parser.add_argument("--max-context", type=int, default=None, help="tokens per request, prompt + answer")
+    parser.add_argument("--max-batch-size", type=int, default=None,
+                        help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
+                             "or fewer with a shorter context where the GPU cannot hold them)")
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="tokens per request, prompt + answer (default: model max, at most 4096)")
     parser.add_argument("--vram-budget", default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
     parser.add_argument("--lookup-draft", type=int, default=None, metavar="N",
@@ -87,9 +91,11 @@ def _load_engine(args: argparse.Namespace):
         if done == total:
             log.info("loading: %s done", stage)
 
-    return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size,
+    # Given neither --max-batch-size nor --max-context, a small card gets what fits (logged).
+    fit = args.max_batch_size is None and args.max_context is None
+    return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size or DEFAULT_BATCH,
                        max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
-                       **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
+                       fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 
 
 def run_serve(args: argparse.Namespace) -> int:

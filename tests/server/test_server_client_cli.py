@@ -119,3 +119,17 @@ def test_cli_serve_loads_serves_and_stops_on_sigterm(tiny_qwen_dir):
         reader.join(timeout=5)
     assert proc.returncode == 0, "".join(lines)
     assert json.dumps(lines).count("Traceback") == 0
+
+
+def test_cli_serve_defaults_to_four_requests_and_fits_only_without_flags(tiny_qwen_dir):
+    import argparse
+
+    from app.server.cli import DEFAULT_BATCH, _load_engine, add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(["--device", "cpu"])
+    assert args.max_batch_size is None and args.max_context is None  # so the load may be fitted to the GPU
+    args.model_path = str(tiny_qwen_dir)
+    with _load_engine(args) as engine:
+        assert engine.max_batch_size == DEFAULT_BATCH == 4
