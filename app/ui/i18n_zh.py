@@ -14,7 +14,7 @@ ZH_CN: dict[str, str] = {
     "Unavailable: {reason}": "不可用：{reason}",
     "Settings…": "设置…",
     "Quit": "退出",
-    "Ready": "就绪",
+    "Ready · {tokens} tokens of context": "就绪 · 上下文 {tokens} token",
     "Busy": "忙碌中",
     "No model loaded": "未加载模型",
     "Loading {model}…": "正在加载 {model}…",

@@ -75,7 +75,7 @@ def test_menu_is_built_from_state(qtbot, make_app):
         assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct…"
         assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # actions wait for the model
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == "Ready"
+    assert texts[0] == f"Ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
                           "Rewrite / polish\tCtrl+Alt+R", "Explain"]
     assert texts[6:] == ["Open chat", "Model", "Local API", "Settings…", "Quit"]
@@ -191,7 +191,7 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == "就绪" and "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token" and "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
 
 
 def test_corrupt_preferences_do_not_stop_the_app(qtbot, make_app):

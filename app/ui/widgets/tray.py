@@ -29,8 +29,8 @@ def state_text(app: TrayApp) -> str:
         return tr("Error: {message}", message=host.error)
     if host.busy:
         return tr("Busy")
-    if host.state == "ready":
-        return tr("Ready")
+    if host.state == "ready":  # the context too: on a small card a model may load with less than asked
+        return tr("Ready · {tokens} tokens of context", tokens=host.backend.max_context)
     return tr("No model loaded")
 
 
