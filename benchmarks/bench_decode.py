@@ -61,10 +61,12 @@ RUNS = [("3B", "w4"), ("7B", "mixed"), ("7B", "q4")]
 TARGETS = {("7B", "mixed"): 900, ("3B", "w4"): 1300}  # decode tokens/s at batch 1 (brief)
 LLAMA_CPP = {"3B": dict(model="Q4_0", prefill_512=16180, decode=461), "7B": dict(model="Q4_0", prefill_512=11051,
                                                                                    decode=334)}
-# (model, recipe, context, budget, prefill mode). The last: the 16-row graph prefill with ~4 MB
-# of headroom on the H200, where top-k / top-p draws share the prefill's segment margin.
+# (model, recipe, context, budget, prefill mode[, slots asked of a fitted load]). The fourth: the
+# 16-row graph prefill with ~4 MB of headroom on the H200, where top-k / top-p draws share the
+# prefill's segment margin. The last: the tray's load (4 requests, fitted to the budget).
 BUDGET_RUNS = [("7B", "mixed", 4096, "3.2GiB", "auto"), ("3B", "w4", 8192, "3.2GiB", "auto"),
-               ("7B", "q4", 4096, "3.2GiB", "auto"), ("7B", "mixed", 4096, "3.21GiB", "graph")]
+               ("7B", "q4", 4096, "3.2GiB", "auto"), ("7B", "mixed", 4096, "3.21GiB", "graph"),
+               ("7B", "mixed", 4096, "3.2GiB", "auto", 4)]
 PROMPT, DECODE_STEPS = 512, 128
 
 
@@ -301,10 +303,12 @@ def device_facts() -> dict:
                 programmatic_launch=programmatic.enabled(torch.cuda.get_device_capability(DEV)))
 
 
-def bench_budget(model: str, recipe: str, context: int, budget: str, prefill_mode: str = "auto") -> dict:
+def bench_budget(model: str, recipe: str, context: int, budget: str, prefill_mode: str = "auto",
+                 fitted_slots: int | None = None) -> dict:
     """One budget case in a fresh process: what a user's process holds, nothing left over from
-    earlier measurements (cuBLAS workspaces, graph pools) counted against the budget."""
-    return in_fresh_process(_budget_case, model, recipe, context, budget, prefill_mode)
+    earlier measurements (cuBLAS workspaces, graph pools) counted against the budget.
+    ``fitted_slots``: that many requests asked for, the load fitted to the budget (the tray's)."""
+    return in_fresh_process(_budget_case, model, recipe, context, budget, prefill_mode, fitted_slots)
 
 
 def memory_beside_allocator(free_at_start: int, reserved_at_start: int, when: str) -> dict:
@@ -315,7 +319,8 @@ def memory_beside_allocator(free_at_start: int, reserved_at_start: int, when: st
             f"outside_allocator_{when}_bytes": taken - (torch.cuda.memory_reserved() - reserved_at_start)}
 
 
-def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mode: str) -> dict:
+def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mode: str,
+                 fitted_slots: int | None) -> dict:
     """Inside --vram-budget: prefill 512 + 128 decode steps at batch 1, then the whole context."""
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=2)
@@ -326,9 +331,9 @@ def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mod
                budget_bytes=parse_size(budget), reserved_before_bytes=before,
                free_at_start_bytes=torch.cuda.mem_get_info()[0])
     try:
-        runner = runner_for_weights(weights, num_slots=1, max_context=context, device=DEV,
+        runner = runner_for_weights(weights, num_slots=fitted_slots or 1, max_context=context, device=DEV,
                                     vram_budget=parse_size(budget), label=f"Qwen2.5-{model} {recipe}",
-                                    prefill_mode=prefill_mode)
+                                    prefill_mode=prefill_mode, fit=fitted_slots is not None)
     except VramBudgetError as e:
         return row | dict(fits=False, message=str(e))
     except RuntimeError as e:  # CUDA out of memory beside the allocator, on a nearly full card
@@ -341,9 +346,10 @@ def _budget_case(model: str, recipe: str, context: int, budget: str, prefill_mod
         tps, step_us, pipelined = decode_tokens_per_s(runner, 1, spec.vocab_size)
         drawn = sampled_steps(runner, spec.vocab_size)
         ttft = prefill_time(runner, 512, spec.vocab_size, repeats=1)
-        fill = prefill_time(runner, context - 1, spec.vocab_size, repeats=1)  # the whole context
+        fill = prefill_time(runner, runner.max_context - 1, spec.vocab_size, repeats=1)  # the whole context
         peak = torch.cuda.max_memory_reserved()
         row |= dict(fits=True, plan=runner.plan.describe(), planned_bytes=runner.plan.total_bytes,
+                    slots_asked=fitted_slots or 1, slots=runner.num_slots, context_loaded=runner.max_context,
                     planned_prefill_graph_bytes=runner.plan.prefill_graph_bytes,
                     prefill_graph_reserved_bytes=runner.memory_info()["prefill_graph_reserved_bytes"],
                     prefill_mode=runner.prefill_mode, decode_tokens_per_s=tps, graph_step_us=step_us,
@@ -459,7 +465,9 @@ def print_table(r: dict) -> None:
                   f"{b.get('outside_allocator_at_failure_bytes', 0) / MiB:.0f} MiB at the failure")
         else:
             graphs = b.get("prefill_graph_reserved_bytes", 0) / 2**20, b.get("planned_prefill_graph_bytes", 0) / 2**20
-            print(f"  {b['model']} {b['recipe']} ctx {b['context']} in {b['budget']}: "
+            fitted = (f" (fitted: {b['slots_asked']} requests asked, {b['slots']} x {b['context_loaded']} tokens)"
+                      if b.get("slots_asked", 1) > 1 else "")
+            print(f"  {b['model']} {b['recipe']} ctx {b['context']}{fitted} in {b['budget']}: "
                   f"peak {b['peak_reserved_bytes'] / GiB:.3f} GiB "
                   f"(planned {b['planned_bytes'] / GiB:.3f}; prefill graphs {graphs[0]:.0f} of {graphs[1]:.0f} MiB) "
                   f"within={b['within_budget']}, decode {b['decode_tokens_per_s']:.0f} tok/s "

@@ -374,15 +374,15 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
 
 def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
-                       use_graphs: bool = True, dequant: bool = True) -> CudaRunner:
+                       use_graphs: bool = True, dequant: bool = True, fit: bool = False) -> CudaRunner:
     """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests)."""
     plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()) + kernel_layout_extra_bytes(weights),
                          num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
-                         prefill_mode=prefill_mode, label=label, use_graphs=use_graphs)
+                         prefill_mode=prefill_mode, label=label, use_graphs=use_graphs, fit=fit)
 
     def build() -> CudaRunner:
-        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=num_slots,
-                          max_context=max_context, plan=plan, use_graphs=use_graphs,
+        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=plan.num_slots,
+                          max_context=plan.max_context, plan=plan, use_graphs=use_graphs,
                           dequant_kernel=kernel if dequant else None)
 
     return _build_capped(device, plan.budget_bytes, build)
