@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="same seed, same answer")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--max-context", type=int, metavar="N", help="tokens per request (default: model max, at most 4096, or what fits the GPU)")
+    p.add_argument("--max-context", type=int, metavar="N",
+                   help="tokens per request (default: model max, at most 4096, or what fits the GPU)")
     p.add_argument("--vram-budget", metavar="SIZE",
                    help="GPU memory the model may use, e.g. 3.2GiB (default: what is free minus a margin)")
     p.set_defaults(func=run)
