@@ -339,7 +339,8 @@ def _does_not_fit(spec: ModelSpec, need, weights: int, slots: int, context: int,
 
 
 def fitted_shape(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_context: int, budget_bytes: int,
-                 gpu: GpuInfo, dense_decode: bool = False, min_context: int = MIN_FIT_CONTEXT) -> tuple[int, int] | None:
+                 gpu: GpuInfo, dense_decode: bool = False,
+                 min_context: int = MIN_FIT_CONTEXT) -> tuple[int, int] | None:
     """(slots, context) to load with when ``num_slots`` x ``max_context`` do not fit the budget:
     as many slots as fit at the asked context, else one slot with the longest context that fits
     (a multiple of 16, at least ``min_context``); None when not even that fits."""
