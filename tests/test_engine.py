@@ -152,3 +152,21 @@ def test_invalid_sampling_params_name_the_parameter(bad):
     with pytest.raises(InvalidParameterError) as info:
         SamplingParams(**bad)
     assert info.value.param == next(iter(bad))
+
+
+def test_close_frees_the_model_while_the_engine_object_lives(tiny_qwen_dir):
+    """A model switch closes the old engine, then plans the new one against the free memory: the
+    weights and the KV cache must go at close, not when the last reference to the engine does."""
+    import gc
+    import weakref
+
+    from app.errors import EngineClosedError
+
+    e = Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=2, max_context=256)
+    e.chat(CHAT, greedy(3)).wait(60)
+    runner = weakref.ref(e.runner)
+    e.close()
+    gc.collect()
+    assert runner() is None
+    with pytest.raises(EngineClosedError):
+        e.chat(CHAT, greedy(3))

@@ -50,6 +50,7 @@ class Scheduler:
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, arrival, seq)
         self._arrival = itertools.count()
         self._running: list[Sequence] = []
+        self.num_slots = runner.num_slots
         self._free_slots = list(range(runner.num_slots))
         self._closed = False
         self.speculative_hits = 0  # steps whose tokens were ready when the scheduler came for them
@@ -73,7 +74,7 @@ class Scheduler:
     def stats(self) -> dict:
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
-                    "slots": self.runner.num_slots, "free_slots": len(self._free_slots),
+                    "slots": self.num_slots, "free_slots": len(self._free_slots),
                     "speculative_hits": self.speculative_hits, "lookup_guessed": self.lookup_guessed,
                     "lookup_kept": self.lookup_kept}
 
@@ -83,6 +84,8 @@ class Scheduler:
             self._cond.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.runner = None  # the weights and the KV cache go now, not with the engine's last reference
 
     # -- the worker thread ----------------------------------------------------------------------
     def _loop(self) -> None:

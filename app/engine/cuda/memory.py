@@ -77,6 +77,9 @@ class GpuInfo:
         from app.kernels import loader
 
         props = torch.cuda.get_device_properties(device)
+        # Blocks PyTorch's allocator caches (a closed model's, on a model switch) are free to a
+        # new plan: hand them back, else the card looks fuller than it is.
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         return cls(props.name, total, free, loader.sm_count(device), (props.major, props.minor))
 
