@@ -579,6 +579,21 @@ def test_engine_loads_a_quantized_checkpoint_on_cuda(tiny_checkpoint):
     assert info["cuda_reserved_bytes"] <= before + info["vram_budget_bytes"]  # the allocator cap held
 
 
+@pytest.mark.gpu
+def test_closing_an_engine_gives_its_memory_back(tiny_checkpoint):
+    """A model switch closes the old engine, then plans the new one against the free memory."""
+    from app.engine import Engine
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    engine = Engine.load(tiny_checkpoint, device="cuda", max_batch_size=2, max_context=256, vram_budget="512MiB")
+    loaded = torch.cuda.memory_reserved()
+    assert loaded > before
+    engine.close()  # while `engine` still names the object
+    assert torch.cuda.memory_reserved() - before < (loaded - before) / 10
+
+
 # -- shapes the kernels do not cover ------------------------------------------------------------
 
 def test_unsupported_head_dim_is_named_and_qwen_shapes_are_supported():
