@@ -8,6 +8,10 @@ from contextlib import contextmanager
 
 from tqdm import tqdm
 
+# The load stage after the weights are read: moving them to the GPU, compiling the kernels (the
+# first run; cached on disk after it) and capturing the CUDA graphs. One step, no percentage.
+GPU_STAGE = "preparing the GPU"
+
 
 @contextmanager
 def load_progress_bar(description: str) -> Iterator:

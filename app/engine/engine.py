@@ -176,6 +176,6 @@ def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_contex
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
     loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
-                                device=dev, vram_budget=budget, label=loaded.model_id, fit=fit)
+                                device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress)
     return loaded, runner
 

@@ -18,6 +18,7 @@ ZH_CN: dict[str, str] = {
     "Busy": "忙碌中",
     "No model loaded": "未加载模型",
     "Loading {model}…": "正在加载 {model}…",
+    "Loading {model}: preparing the GPU…": "正在加载 {model}：正在准备 GPU…",
     "Error: {message}": "错误：{message}",
     "empty": "未加载",
     "loading": "加载中",

@@ -306,3 +306,17 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     assert any("global hotkeys are unavailable" in n for n in tray.notices)
     log = (ui_home / "data" / "qwen-tray.log").read_text(encoding="utf-8")
     assert "no-such-model" in log  # no console under pythonw: the log file tells what happened
+
+
+def test_status_line_says_when_the_gpu_is_being_prepared(make_app):
+    """After the weights are read a CUDA load moves them, compiles the kernels on a first run and
+    captures its graphs: one stage without a percentage."""
+    from app.progress import GPU_STAGE
+    from app.ui.widgets.tray import state_text
+
+    app = make_app()
+    app.host.state, app.host.entry = "loading", ModelEntry(name="Qwen2.5-7B", kind="local", path="/models/7b")
+    app.host.progress = ("weights", 50, 100)
+    assert state_text(app) == "Loading Qwen2.5-7B… 50%"
+    app.host.progress = (GPU_STAGE, 0, 1)
+    assert state_text(app) == "Loading Qwen2.5-7B: preparing the GPU…"

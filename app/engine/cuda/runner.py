@@ -44,6 +44,7 @@ from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
 from app.errors import QwenTrayError
+from app.progress import GPU_STAGE
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
 from app.kernels.gemv import MAX_BATCH
@@ -349,12 +350,13 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
 
 def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
-                       use_graphs: bool = True, fit: bool = False) -> CudaRunner:
+                       use_graphs: bool = True, fit: bool = False, progress=None) -> CudaRunner:
     """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
 
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
     when the model, the cache or the runtime do not fit. ``fit``: load with fewer slots or a
     shorter context where the asked ones do not fit (the runner's num_slots / max_context).
+    ``progress(stage, done, total)``: app.progress.GPU_STAGE 0 / 1 before the build, 1 / 1 after.
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
                       for t in store.values() if t is not None}
@@ -365,9 +367,14 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
     del module_tensors, weights  # the CPU copies go once the arena holds the weights
 
     def build() -> CudaRunner:
+        if progress:  # the kernels compile here on a first run, which may take a while
+            progress(GPU_STAGE, 0, 1)
         module_to_arena(model, device)
-        return CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=plan.num_slots,
-                          max_context=plan.max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+        runner = CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=plan.num_slots,
+                            max_context=plan.max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+        if progress:
+            progress(GPU_STAGE, 1, 1)
+        return runner
 
     return _build_capped(device, plan.budget_bytes, build)
 
