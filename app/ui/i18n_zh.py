@@ -15,6 +15,7 @@ ZH_CN: dict[str, str] = {
     "Settings…": "设置…",
     "Quit": "退出",
     "Ready · {tokens} tokens of context": "就绪 · 上下文 {tokens} token",
+    "Ready · {tokens} tokens of context · {gib} GiB of VRAM": "就绪 · 上下文 {tokens} token · 显存 {gib} GiB",
     "Busy": "忙碌中",
     "No model loaded": "未加载模型",
     "Loading {model}…": "正在加载 {model}…",

@@ -320,3 +320,10 @@ def test_status_line_says_when_the_gpu_is_being_prepared(make_app):
     assert state_text(app) == "Loading Qwen2.5-7B… 50%"
     app.host.progress = (GPU_STAGE, 0, 1)
     assert state_text(app) == "Loading Qwen2.5-7B: preparing the GPU…"
+
+
+def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
+    app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712), language="zh_CN")
+    _start(qtbot, app)
+    assert _menu_texts(app.tray.menu)[0] == "就绪 · 上下文 3712 token · 显存 3.20 GiB"
+    assert "显存 3.20 GiB" in app.tray.toolTip()

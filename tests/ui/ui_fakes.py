@@ -54,8 +54,8 @@ class FakeBackend:
 
     def __init__(self, name: str = "fake", answer: Callable[[list[dict]], str] | None = None,
                  max_context: int = 4096, count: Callable[[str], int] = words, log: list | None = None,
-                 gate: threading.Event | None = None):
-        self.name, self.max_context = name, max_context
+                 gate: threading.Event | None = None, vram: int | None = None):
+        self.name, self.max_context, self.vram = name, max_context, vram
         self._answer = answer or (lambda messages: "Summary: " + " ".join(messages[-1]["content"].split()[-3:]))
         self._count = count
         self.log = log if log is not None else []
@@ -71,6 +71,9 @@ class FakeBackend:
 
     def count_tokens(self, text: str) -> int:
         return self._count(text)
+
+    def vram_bytes(self) -> int | None:
+        return self.vram
 
     def count_chat_tokens(self, messages) -> int:
         return sum(self._count(m["content"]) + 3 for m in messages)

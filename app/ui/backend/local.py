@@ -35,5 +35,8 @@ class LocalEngineBackend:
     def count_chat_tokens(self, messages: list[Message]) -> int:
         return len(self.engine.tokenizer.encode_chat(messages))
 
+    def vram_bytes(self) -> int | None:
+        return self.engine.stats().get("cuda_reserved_bytes") if self.device == "cuda" else None
+
     def close(self) -> None:
         self.engine.close()

@@ -177,6 +177,9 @@ class RemoteBackend:
     def count_chat_tokens(self, messages: list[Message]) -> int:
         return sum(estimate_tokens(m["content"]) + 4 for m in messages)  # ~4 tokens of role markup each
 
+    def vram_bytes(self) -> int | None:
+        return None  # the remote server's memory is not ours to report
+
     def close(self) -> None:
         pass  # no persistent connection
 

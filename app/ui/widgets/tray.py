@@ -33,7 +33,11 @@ def state_text(app: TrayApp) -> str:
     if host.busy:
         return tr("Busy")
     if host.state == "ready":  # the context too: on a small card a model may load with less than asked
-        return tr("Ready · {tokens} tokens of context", tokens=host.backend.max_context)
+        vram = host.backend.vram_bytes()
+        if vram is None:
+            return tr("Ready · {tokens} tokens of context", tokens=host.backend.max_context)
+        return tr("Ready · {tokens} tokens of context · {gib} GiB of VRAM", tokens=host.backend.max_context,
+                  gib=f"{vram / 2**30:.2f}")
     return tr("No model loaded")
 
 
