@@ -191,7 +191,8 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token" and "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
+    assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
 
 
 def test_corrupt_preferences_do_not_stop_the_app(qtbot, make_app):
