@@ -325,16 +325,14 @@ def _largest_tile(spec, chunk, max_context, left, capability, quantized, torch_d
 
 
 def _does_not_fit(spec: ModelSpec, need, weights: int, slots: int, context: int, budget: int, label: str) -> str:
-    def fits(n_slots: int, n_context: int) -> bool:
-        return weights + sum(need(n_slots, n_context)[2:]) <= budget
-
+    fits = _fits(need, weights, budget)
     _, _, decode, fixed, kv = need(slots, context)
     head = (f"{label} does not fit the VRAM budget of {gib(budget)}: weights {gib(weights)} + KV cache "
             f"{gib(kv)} ({slots} x {context} tokens) + runtime {(decode + fixed) / MiB:.0f} MiB")
-    largest_context = _largest(lambda c: fits(slots, c * 16), MIN_CONTEXT // 16, context // 16) * 16
+    largest_context = _longest_context(fits, slots, MIN_CONTEXT, context)
     if largest_context:
         options = [f"max context {largest_context} at batch size {slots}"]
-        largest_slots = _largest(lambda n: fits(n, context), 1, slots)
+        largest_slots = _most_slots(fits, context, slots)
         if largest_slots:
             options.append(f"batch size {largest_slots} at context {context}")
         return f"{head}; it fits with {' or '.join(options)}"
@@ -347,16 +345,28 @@ def fitted_shape(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_con
     """(slots, context) to load with when ``num_slots`` x ``max_context`` do not fit the budget:
     as many slots as fit at the asked context, else one slot with the longest context that fits
     (a multiple of 16, at least ``min_context``); None when not even that fits."""
-    need = functools.partial(_required, spec, gpu, dense_decode)
-
-    def fits(slots: int, context: int) -> bool:
-        return weights_bytes + sum(need(slots, context)[2:]) <= budget_bytes
-
-    slots = _largest(lambda n: fits(n, max_context), 1, num_slots + 1)
+    fits = _fits(functools.partial(_required, spec, gpu, dense_decode), weights_bytes, budget_bytes)
+    slots = _most_slots(fits, max_context, num_slots)
     if slots:
         return slots, max_context
-    context = _largest(lambda c: fits(1, c * 16), -(-min_context // 16), max_context // 16 + 1) * 16
+    context = _longest_context(fits, 1, min_context, max_context)
     return (1, context) if context else None
+
+
+def _fits(need, weights: int, budget: int):
+    """fits(slots, context): weights, KV cache, decode buffers and fixed runtime within ``budget``
+    (the prefill then takes what is left, or runs through the decode graph)."""
+    return lambda slots, context: weights + sum(need(slots, context)[2:]) <= budget
+
+
+def _most_slots(fits, context: int, most: int) -> int:
+    """The most slots (at most ``most``) that fit at ``context``, or 0."""
+    return _largest(lambda n: fits(n, context), 1, most + 1)
+
+
+def _longest_context(fits, slots: int, shortest: int, longest: int) -> int:
+    """The longest context, a multiple of 16 in [shortest, longest], that fits ``slots``, or 0."""
+    return _largest(lambda c: fits(slots, c * 16), -(-shortest // 16), longest // 16 + 1) * 16
 
 
 def _largest(ok, low: int, high: int) -> int:

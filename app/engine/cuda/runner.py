@@ -337,6 +337,12 @@ def _kernel_layout_in_place(weights: ModelWeights) -> ModelWeights:
     return weights
 
 
+def _planned_runner(weights: ModelWeights, plan: MemoryPlan, use_graphs: bool, dequant) -> CudaRunner:
+    """The runner of weights already in the arena, with the slots and context the plan chose."""
+    return CudaRunner(_kernel_layout_in_place(weights), num_slots=plan.num_slots, max_context=plan.max_context,
+                      plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+
+
 def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
     cap_allocator(device, budget)
     try:
@@ -370,8 +376,7 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
         if progress:  # the kernels compile here on a first run, which may take a while
             progress(GPU_STAGE, 0, 1)
         module_to_arena(model, device)
-        runner = CudaRunner(_kernel_layout_in_place(weights_from_model(model)), num_slots=plan.num_slots,
-                            max_context=plan.max_context, plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+        runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant)
         if progress:
             progress(GPU_STAGE, 1, 1)
         return runner
@@ -388,8 +393,6 @@ def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: in
                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs, fit=fit)
 
     def build() -> CudaRunner:
-        return CudaRunner(_kernel_layout_in_place(weights_to_arena(weights, device)), num_slots=plan.num_slots,
-                          max_context=plan.max_context, plan=plan, use_graphs=use_graphs,
-                          dequant_kernel=kernel if dequant else None)
+        return _planned_runner(weights_to_arena(weights, device), plan, use_graphs, kernel if dequant else None)
 
     return _build_capped(device, plan.budget_bytes, build)
