@@ -129,9 +129,8 @@ class Engine:
             return
         self.closed = True
         self._scheduler.close()
-        close_runner = getattr(self.runner, "close", None)
-        if close_runner is not None:
-            close_runner()
+        if hasattr(self.runner, "close"):  # not held in a local: it would keep the runner alive below
+            self.runner.close()
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
         if torch.cuda.is_available():

@@ -24,6 +24,22 @@ from app.engine.cuda.weights import DequantTables, ModelWeights
 from app.kernels.argmax import ARGMAX_BLOCKS
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
 
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream per device that every CUDA graph is warmed up and captured on.
+
+    Why one: PyTorch keeps a cuBLAS workspace (32 MiB on Hopper) per stream that used cuBLAS,
+    for the life of the process. A new stream per model would leave one behind at every model
+    switch; one stream per process keeps one."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _capture_streams.get(index)
+    if stream is None:
+        stream = _capture_streams[index] = torch.cuda.Stream(index)
+    return stream
+
+
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
 BUCKETS = (1, 2, 4, 8)
@@ -211,9 +227,9 @@ class DecodeGraphs:
             graph.replay()
 
     def _capture(self) -> None:
-        # Warm up on a side stream first: kernels compile, cuBLAS makes its handles; the
-        # buffers hold pad rows, so nothing is written to the KV cache.
-        side = torch.cuda.Stream()
+        # Warm up on the stream that then captures first: kernels compile, cuBLAS makes its
+        # handles; the buffers hold pad rows, so nothing is written to the KV cache.
+        side = capture_stream(torch.device("cuda", torch.cuda.current_device()))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for b in self.buckets:
@@ -222,7 +238,7 @@ class DecodeGraphs:
         pool = None
         for b in reversed(self.buckets):  # largest first: the others reuse its memory pool
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=side):
                 self.step.run(b)
             pool = graph.pool()
             self.graphs[b] = graph

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from app.engine.cuda.graphs import capture_stream
 from app.engine.cuda.prefill import GemmPrefill, gathered_attention
 
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)
@@ -140,7 +141,7 @@ class PrefillGraphs:
         # compile, cuBLAS and SDPA pick their kernels. The inputs hold pads (slot -1): no cache
         # row is written. The warm-up's activations are then handed back (empty_cache): they
         # would otherwise stay reserved for the side stream next to the graphs' pool.
-        side = torch.cuda.Stream(dev)
+        side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for b in self.buckets:
