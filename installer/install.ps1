@@ -93,9 +93,11 @@ Invoke-Checked $VenvPython @("-m", "pip", "install", "torch>=2.4", "--index-url"
 $extras = if ($Torch -eq "cpu") { "ui" } else { "ui,cuda12" }
 Invoke-Checked $VenvPython @("-m", "pip", "install", "$Source[$extras]")
 if ($Torch -ne "cpu") {
-    & $VenvPython -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    if ($LASTEXITCODE -ne 0) {
-        Write-Host "warning: PyTorch sees no CUDA GPU (driver missing or too old?); Qwen Tray will run on the CPU." -ForegroundColor Yellow
+    # The app's own check (a GPU PyTorch sees, CuPy, NVRTC): said now, not at the first model load.
+    $reason = & $VenvPython -c "from app.kernels import unavailable_reason; print(unavailable_reason() or '')"
+    if ($LASTEXITCODE -ne 0) { Fail "the installed app does not import (see the error above)" }
+    if ($reason) {
+        Write-Host "warning: Qwen Tray's CUDA kernels cannot run here: $reason" -ForegroundColor Yellow
     }
 }
 

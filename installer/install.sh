@@ -80,6 +80,14 @@ else
     "${PIP[@]}" install "$SOURCE[$EXTRAS]"
 fi
 [ -x "$PREFIX/bin/qwen-tray" ] || die "the qwen-tray command was not installed into $PREFIX/bin"
+if [ "$CUDA" = 1 ]; then
+    # The app's own check (a GPU PyTorch sees, CuPy, NVRTC): said now, not at the first model load.
+    REASON=$("$PREFIX/bin/python" -c "from app.kernels import unavailable_reason; print(unavailable_reason() or '')") \
+        || die "the installed app does not import (see above)"
+    if [ -n "$REASON" ]; then
+        echo "warning: Qwen Tray's CUDA kernels cannot run here: $REASON" >&2
+    fi
+fi
 
 # 3. Icons and the menu entry.
 mkdir -p "$(dirname "$ICON_PNG")" "$(dirname "$ICON_SVG")" "$APPLICATIONS"

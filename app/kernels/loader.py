@@ -57,6 +57,27 @@ def _probe() -> str | None:
         cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CuPy raises its own CUDARuntimeError types; any of them means no GPU
         return f"CuPy cannot use the GPU: {e}"
+    return _nvrtc_reason(cupy)
+
+
+def _nvrtc_reason(cupy) -> str | None:
+    """None when CuPy finds NVRTC, the compiler library every kernel is built with, else why not.
+
+    CuPy's wheels do not carry it: it comes from a CUDA Toolkit or a pip wheel
+    (``nvidia-cuda-nvrtc-cu12``, ``nvidia-cuda-nvrtc`` for CUDA 13), which the ``cuda12`` /
+    ``cuda13`` extras install. PyTorch's Linux wheels pull the CUDA 12 one in, its Windows
+    wheels do not, so without this check a Windows user without the Toolkit would only learn
+    it from the first compile."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as e:  # CuPy 14 raises cuda.pathfinder's DynamicLibNotFoundError, CuPy 13 a RuntimeError
+        major = cupy.cuda.runtime.runtimeGetVersion() // 1000
+        wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else f"nvidia-cuda-nvrtc=={major}.*"
+        detail = " ".join(str(e).split())  # one line: pathfinder's message ends in a newline
+        return (f"CuPy cannot load NVRTC, the CUDA compiler library ({type(e).__name__}: {detail}); "
+                f"install it with: pip install \"{wheel}\" (the qwen-tray[cuda{major}] extra includes it)")
     return None
 
 

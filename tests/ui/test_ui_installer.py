@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from app.kernels import unavailable_reason
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "installer" / "install.sh"
@@ -49,6 +51,9 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     source = _checkout_copy(tmp_path / "src")
     done = _run("--offline", "--source", str(source), "--autostart", home=home)
     assert done.returncode == 0, done.stderr[-3000:]
+    reason = unavailable_reason()  # the installer's GPU check says it too (here: no GPU)
+    assert (f"warning: Qwen Tray's CUDA kernels cannot run here: {reason}"
+            in done.stderr) == (reason is not None)
 
     venv = home / ".local/share/qwen-tray/venv"
     app_entry = _desktop(home / ".local/share/applications/qwen-tray.desktop")
