@@ -77,8 +77,9 @@ class Engine:
                                            fit_to_vram)
             max_batch_size = runner.num_slots
         else:
-            if dev.type == "cuda":
-                log.warning("using the PyTorch reference runner on %s: %s", dev, reason)
+            if dev.type == "cuda":  # the GPU if the dense model fits it, else the CPU (auto) or an error
+                dev = _reference_device(Path(path), dev, device, reason, max_batch_size, max_context, vram_budget,
+                                        dtype)
             loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
                                 progress=progress)
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
@@ -157,6 +158,22 @@ def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path:
 
         reason = unsupported_shape(_read_spec(path))
     return reason
+
+
+def _reference_device(path: Path, dev: torch.device, asked: str, reason: str, num_slots: int,
+                      max_context: int | None, vram_budget: int | str | None, dtype: torch.dtype | None) -> torch.device:
+    """Where PyTorch's path runs a model the CUDA runner cannot take (app.engine.cuda.reference_fit)."""
+    if not path.is_dir():
+        return dev  # the loader names the missing folder
+    from app.engine.cuda.memory import GpuInfo, parse_size
+    from app.engine.cuda.reference_fit import reference_device
+    from app.engine.loading import context_length
+
+    spec = _read_spec(path)
+    return reference_device(spec, asked=asked, reason=reason, num_slots=num_slots,
+                            context=context_length(spec.max_position_embeddings, max_context),
+                            vram_budget=parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget,
+                            gpu=GpuInfo.of(dev), device=dev, dtype=dtype or torch.float16, label=path.name)
 
 
 def _read_spec(path: Path) -> ModelSpec:
