@@ -1,7 +1,7 @@
 """The ``qwen-tray`` command line.
 
-``qwen-tray`` alone starts the tray app; subcommands: tray, ask, models, serve, quantize,
-checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
+``qwen-tray`` alone starts the tray app; subcommands: tray, ask, models, doctor, serve,
+quantize, checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from app.commands import ask, models, tray
+    from app.commands import ask, doctor, models, tray
 
     tray.register(sub)
     ask.register(sub)
     models.register(sub)
+    doctor.register(sub)
     for module in ("app.server.cli", "app.quant.cli", "app.quant.checkpoint_cli"):
         _register_optional(sub, module)
     return parser
