@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from app.commands.doctor import _model_verdict, model_weights
+from app.commands.doctor import _gpu_line, _model_verdict, model_weights
 from app.engine.cuda.memory import GiB, RTX_3050_LAPTOP, gib, spec_to_hf_config
 from app.quant.checkpoint import FileEntry, Manifest, TensorEntry, write_manifest
 from app.quant.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
@@ -72,3 +73,10 @@ def test_without_the_kernels_a_7b_goes_to_the_cpu_and_a_missing_folder_is_named(
     verdict = _model_verdict(folder, "Qwen2.5-7B-mixed", RTX_3050_LAPTOP, SM75)
     assert verdict.endswith("; on the CPU (too large for the GPU without the kernels)")
     assert _model_verdict(tmp_path / "nowhere", "x", RTX_3050_LAPTOP, None) == f"missing ({tmp_path / 'nowhere'})"
+
+
+def test_the_gpu_line_gives_the_default_budget_or_says_too_little_is_free():
+    assert _gpu_line(RTX_3050_LAPTOP) == ("GPU: NVIDIA GeForce RTX 3050 Laptop GPU, SM 8.6, 16 SMs, 4.00 GiB "
+                                          "(3.40 GiB free; default VRAM budget 3.15 GiB)")
+    full = replace(RTX_3050_LAPTOP, free_bytes=200 * 2**20)
+    assert _gpu_line(full).endswith("(0.20 GiB free; too little free for a model)")

@@ -81,8 +81,10 @@ def _gpu_line(gpu) -> str:
     from app.engine.cuda.memory import default_budget, gib
 
     major, minor = gpu.capability
+    budget = default_budget(gpu)
+    budget_text = f"default VRAM budget {gib(budget)}" if budget > 0 else "too little free for a model"
     return (f"GPU: {gpu.name}, SM {major}.{minor}, {gpu.sm_count} SMs, {gib(gpu.total_bytes)} "
-            f"({gib(gpu.free_bytes)} free; default VRAM budget {gib(default_budget(gpu))})")
+            f"({gib(gpu.free_bytes)} free; {budget_text})")
 
 
 def _kernel_cache_dir() -> str:
