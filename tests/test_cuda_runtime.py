@@ -624,5 +624,6 @@ def test_a_model_the_kernels_do_not_cover_runs_on_the_reference_path(tiny_qwen_d
     with caplog.at_level("WARNING"), Engine.load(tiny_qwen_dir, device="cuda", max_batch_size=2) as engine:
         out = engine.generate([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)).result
         assert isinstance(engine.runner, TorchRunner) and engine.device == "cuda"
+        assert engine.kernels_unavailable == "head_dim 16 has no decode-attention kernel (only 64 and 128)"
     assert len(out.token_ids) == 4
     assert "head_dim 16 has no decode-attention kernel" in caplog.text

@@ -70,4 +70,13 @@ def test_engine_load_plans_the_reference_path(tiny_qwen_dir):
     with Engine.load(tiny_qwen_dir, device="auto", max_batch_size=1, vram_budget=1 * MiB) as engine:
         out = engine.generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)).result
         assert engine.device == "cpu"
+        assert engine.kernels_unavailable == "head_dim 16 has no decode-attention kernel (only 64 and 128)"
     assert len(out.token_ids) == 3
+
+
+def test_a_cpu_load_is_not_a_load_without_the_kernels(tiny_qwen_dir):
+    """kernels_unavailable (the tray's notice) is for a GPU machine only: the CPU by choice says nothing."""
+    from app.engine import Engine
+
+    with Engine.load(tiny_qwen_dir, device="cpu", max_batch_size=1) as engine:
+        assert engine.device == "cpu" and engine.kernels_unavailable is None

@@ -50,6 +50,9 @@ class Engine:
         self.device = runner.device.type
         self.max_context = runner.max_context
         self.max_batch_size = max_batch_size
+        # Why a model on a machine with a GPU runs without the CUDA kernels (PyTorch on the GPU,
+        # or the CPU when it is too large for the GPU that way); None when the kernels serve it.
+        self.kernels_unavailable: str | None = None
         self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids),
                                     lookup_draft=lookup_draft)
         self.closed = False
@@ -72,6 +75,7 @@ class Engine:
         dev = resolve_device(device)
         started = time.perf_counter()
         reason = _cuda_runner_unavailable(dev, dtype, Path(path))
+        on_gpu_machine = dev.type == "cuda"  # (dev may become the CPU below)
         if reason is None:
             loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget,
                                            fit_to_vram)
@@ -85,7 +89,10 @@ class Engine:
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
             runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
-        return cls(loaded, runner, max_batch_size, lookup_draft)
+        engine = cls(loaded, runner, max_batch_size, lookup_draft)
+        if reason is not None and on_gpu_machine:
+            engine.kernels_unavailable = reason
+        return engine
 
     @classmethod
     def from_runner(cls, runner, spec: ModelSpec, tokenizer: Tokenizer, *, model_id: str,

@@ -48,6 +48,7 @@ class TrayApp(QObject):
         self.host = EngineHost(opener, parent=self)
         self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
                                                                      message=message)))
+        self.host.loaded.connect(self._notice_without_kernels)
         self.hotkeys = HotkeyManager(hotkey_factory, parent=self)
         self.hotkeys.activated.connect(self._on_hotkey)
         self.injector = injector or create_key_injector()
@@ -79,6 +80,19 @@ class TrayApp(QObject):
         self.notified.emit(text)
         if self.tray is not None and QSystemTrayIcon.supportsMessages():
             self.tray.showMessage("Qwen Tray", text, QSystemTrayIcon.Information, 8000)
+
+    def _notice_without_kernels(self) -> None:
+        """Say once per load why a model on a GPU machine runs slower than it could."""
+        backend = self.host.backend
+        reason = getattr(backend, "kernels_unavailable", None)
+        if backend is None or reason is None:
+            return
+        if backend.device == "cuda":
+            self.notify(tr("{model} runs with PyTorch on the GPU, without its CUDA kernels (slower): {reason}",
+                           model=backend.name, reason=reason))
+        else:
+            self.notify(tr("{model} runs on the CPU: too large for the GPU without its CUDA kernels, which cannot run here: {reason}",
+                           model=backend.name, reason=reason))
 
     # -- models ------------------------------------------------------------------------------------
     def models(self) -> list[ModelEntry]:

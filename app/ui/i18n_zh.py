@@ -27,6 +27,10 @@ ZH_CN: dict[str, str] = {
     "error": "出错",
     # notices
     "Could not load the model: {message}": "无法加载模型：{message}",
+    "{model} runs with PyTorch on the GPU, without its CUDA kernels (slower): {reason}":
+        "{model} 在 GPU 上以 PyTorch 运行，未使用其 CUDA 内核（较慢）：{reason}",
+    "{model} runs on the CPU: too large for the GPU without its CUDA kernels, which cannot run here: {reason}":
+        "{model} 在 CPU 上运行：不使用 CUDA 内核时它放不进 GPU，而 CUDA 内核在此无法运行：{reason}",
     "Hotkey for {name} not registered: {reason}": "“{name}”的快捷键未注册：{reason}",
     "Local API running at {url}": "本地 API 已在 {url} 运行",
     "No model is ready yet ({state})": "模型尚未就绪（{state}）",

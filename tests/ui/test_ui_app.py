@@ -88,6 +88,24 @@ def test_menu_is_built_from_state(qtbot, make_app):
     assert f"{STARTER_NAME} · cpu" in app.tray.toolTip()
 
 
+@pytest.mark.parametrize("device,expected", [
+    ("cuda", "{model} runs with PyTorch on the GPU, without its CUDA kernels (slower): {reason}"),
+    ("cpu", "{model} runs on the CPU: too large for the GPU without its CUDA kernels, which cannot run here: "
+            "{reason}")])
+def test_a_model_without_the_kernels_is_told_once_per_load(qtbot, make_app, device, expected):
+    reason = "GPU NVIDIA GeForce GTX 1650 has compute capability 7.5; the kernels need 8.0 or newer"
+    app = make_app(opener=FakeOpener(device=device, kernels_unavailable=reason))
+    _start(qtbot, app)
+    told = [n for n in app.notices if reason in n]
+    assert told == [expected.format(model=app.host.backend.name, reason=reason)]
+
+
+def test_a_model_the_kernels_serve_brings_no_notice(qtbot, make_app):
+    app = make_app()
+    _start(qtbot, app)
+    assert app.notices == []
+
+
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
     save_local_models([LOCAL_B])  # registered like `qwen-tray models add`: the default model
     opener = FakeOpener()

@@ -50,12 +50,12 @@ class FakeStream:
 
 
 class FakeBackend:
-    device = "cpu"
-
     def __init__(self, name: str = "fake", answer: Callable[[list[dict]], str] | None = None,
                  max_context: int = 4096, count: Callable[[str], int] = words, log: list | None = None,
-                 gate: threading.Event | None = None, vram: int | None = None):
+                 gate: threading.Event | None = None, vram: int | None = None, device: str = "cpu",
+                 kernels_unavailable: str | None = None):
         self.name, self.max_context, self.vram = name, max_context, vram
+        self.device, self.kernels_unavailable = device, kernels_unavailable
         self._answer = answer or (lambda messages: "Summary: " + " ".join(messages[-1]["content"].split()[-3:]))
         self._count = count
         self.log = log if log is not None else []

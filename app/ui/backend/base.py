@@ -31,6 +31,7 @@ class ChatBackend(Protocol):
     name: str  # shown in the tooltip and menus
     device: str  # "cuda" | "cpu" | "remote"
     max_context: int  # tokens per request (prompt + answer)
+    kernels_unavailable: str | None  # why a GPU machine runs it without the CUDA kernels (Engine's)
 
     def chat(self, messages: list[Message], params: SamplingParams, priority: int) -> ChatStream: ...
 

@@ -17,6 +17,7 @@ class LocalEngineBackend:
         self.name = engine.model_id
         self.device = engine.device
         self.max_context = engine.max_context
+        self.kernels_unavailable = engine.kernels_unavailable
 
     @classmethod
     def load(cls, path: Path, progress: Callable[[str, int, int], None] | None = None,

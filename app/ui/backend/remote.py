@@ -135,6 +135,7 @@ class RemoteStream:
 
 class RemoteBackend:
     device = "remote"
+    kernels_unavailable = None  # the server's own affair
 
     def __init__(self, base_url: str, model: str, api_key: str = "", max_context: int = 32768,
                  name: str | None = None, timeout_s: float = 120.0):
