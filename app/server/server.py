@@ -118,7 +118,8 @@ class ApiServer(ThreadingHTTPServer):
             engine = status.engine
             stats = engine.stats()
             body.update(model=self.config.model_id or engine.model_id, device=engine.device,
-                        max_context=engine.max_context, max_batch_size=engine.max_batch_size)
+                        max_context=engine.max_context, max_batch_size=engine.max_batch_size,
+                        kernels_unavailable=engine.kernels_unavailable)
             for key in ("running", "waiting", "slots"):
                 if key in stats:
                     body[key] = stats[key]

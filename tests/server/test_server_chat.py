@@ -139,3 +139,4 @@ def test_health_reports_ready_model_device_and_memory(server, engine):
     assert health["slots"] == engine.max_batch_size and health["running"] == 0
     assert health["memory"]["weights_bytes"] > 0
     assert health["lookup"] == {"guessed": 0, "kept": 0}  # the CPU reference runner never guesses
+    assert health["kernels_unavailable"] is None  # the CPU by choice, not for want of the kernels
