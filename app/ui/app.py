@@ -45,7 +45,9 @@ class TrayApp(QObject):
         self.builtin_actions = load_builtin_actions()
         self.user_actions, actions_notice = load_user_actions()
         self.actions = all_actions(self.user_actions, self.builtin_actions)
-        self.host = EngineHost(opener, parent=self)
+        # A local model loads on the device the preferences name when its load starts.
+        self.host = EngineHost(lambda entry, progress=None: opener(entry, progress=progress,
+                                                                   device=self.store.prefs.device), parent=self)
         self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
                                                                      message=message)))
         self.host.loaded.connect(self._notice_without_kernels)
@@ -178,6 +180,7 @@ class TrayApp(QObject):
         """Save what Settings changed and take it into use (raises QwenTrayError naming a bad value)."""
         actions = all_actions(user_actions, self.builtin_actions)
         models = changes.pop("models", None)
+        device_changed = changes.get("device", self.store.prefs.device) != self.store.prefs.device
         if models is not None:
             # Local folders go to the core registry (shared with `qwen-tray models`); endpoints and GGUF
             # files to ours (a GGUF is registered as a folder once its first load has converted it).
@@ -188,6 +191,9 @@ class TrayApp(QObject):
         save_user_actions(user_actions)
         self.user_actions, self.actions = user_actions, actions
         self.apply_hotkeys()
+        entry = self.host.entry
+        if device_changed and entry is not None and entry.is_local_engine:
+            self.host.switch_to(entry)  # load it again where it should run now
 
     # -- local API --------------------------------------------------------------------------------------
     def set_local_api(self, enabled: bool) -> None:

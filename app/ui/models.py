@@ -103,8 +103,9 @@ def save_local_models(entries: list[ModelEntry]) -> None:
     save_settings(settings)
 
 
-def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBackend:
-    """Load/connect the model of ``entry`` (slow: call on the worker thread)."""
+def open_backend(entry: ModelEntry, progress: Progress | None = None, device: str = "auto") -> ChatBackend:
+    """Load/connect the model of ``entry`` (slow: call on the worker thread); a local one on
+    ``device`` ("auto": the GPU when there is one; "cpu")."""
     if entry.kind == "remote":
         from app.ui.backend.remote import RemoteBackend
 
@@ -118,7 +119,7 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None) -> ChatBac
         path = _gguf_path(entry, progress)
     else:
         path = Path(entry.path).expanduser()
-    return LocalEngineBackend.load(path, progress=progress)
+    return LocalEngineBackend.load(path, progress=progress, device=device)
 
 
 def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:

@@ -20,6 +20,7 @@ from app.ui.paths import config_dir
 from app.ui.platform.keys import HotkeyError, normalize_hotkey
 
 LANGUAGES = ("auto", "en", "zh_CN")
+DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
 FILE_NAME = "ui-preferences.json"
 
 
@@ -39,6 +40,7 @@ class Preferences:
     models: list[ModelEntry] = field(default_factory=list)  # the user's own entries (local folders, remote)
     local_api_enabled: bool = False
     local_api_port: int = 18000
+    device: str = "auto"  # one of DEVICES: "cpu" keeps the GPU free (games, other models)
     geometry: dict[str, str] = field(default_factory=dict)  # window name -> base64 of saveGeometry()
 
     def __post_init__(self) -> None:
@@ -64,6 +66,7 @@ class Preferences:
         _require(isinstance(self.local_api_enabled, bool), "local_api_enabled", "must be true or false")
         _require(isinstance(self.local_api_port, int) and 1024 <= self.local_api_port <= 65535,
                  "local_api_port", "must be 1024..65535")
+        _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
         _require(isinstance(self.geometry, dict) and all(isinstance(v, str) for v in self.geometry.values()),
                  "geometry", "must map window names to strings")
 

@@ -124,6 +124,23 @@ def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
     assert load_preferences()[0].active_model == STARTER_NAME  # remembered for the next start
 
 
+def test_settings_move_the_local_model_to_the_cpu_and_back(qtbot, make_app):
+    opener = FakeOpener()
+    app = make_app(opener=opener)
+    _start(qtbot, app)
+    app.open_settings()
+    dialog = app.settings_dialog
+    assert dialog.device.currentData() == "auto"
+    dialog.device.setCurrentIndex(dialog.device.findData("cpu"))
+    with qtbot.waitSignal(app.host.loaded, timeout=5000):  # the model loads again, on the CPU
+        assert dialog.apply()
+    assert opener.devices == ["auto", "cpu"]
+    assert opener.log == [("open", STARTER_NAME), ("close", STARTER_NAME), ("open", STARTER_NAME)]
+    assert load_preferences()[0].device == "cpu"  # and the next start loads it there too
+    assert dialog.apply()  # nothing changed: no reload
+    assert opener.devices == ["auto", "cpu"]
+
+
 def test_hotkeys_registered_and_conflicts_reported(qtbot, make_app):
     app = make_app(taken={"Ctrl+Alt+T"})
     backend = FakeHotkeys.instances[-1]

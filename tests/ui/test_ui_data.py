@@ -64,6 +64,8 @@ def test_corrupt_preferences_are_backed_up_and_replaced_by_defaults(content):
 
 
 def test_preferences_validation_names_the_field():
+    with pytest.raises(PreferencesError, match="preferences field 'device': must be one of auto, cpu"):
+        Preferences(device="gpu")
     with pytest.raises(PreferencesError, match="local_api_port"):
         Preferences(local_api_port=80)
     with pytest.raises(PreferencesError, match="action_modes"):

@@ -153,11 +153,13 @@ class FakeOpener:
         self.gate, self.fail = gate, fail or set()
         self.backend_kwargs = backend_kwargs
         self.backends: list[FakeBackend] = []
+        self.devices: list[str] = []  # the device each open was asked for
 
-    def __call__(self, entry, progress=None):
+    def __call__(self, entry, progress=None, device="auto"):
         from app.errors import ModelLoadError
 
         self.log.append(("open", entry.name))
+        self.devices.append(device)
         for i in range(3):
             if progress is not None:
                 progress("loading weights", i, 3)

@@ -22,7 +22,7 @@ from app.ui.i18n import tr
 from app.ui.models import ModelEntry, open_backend
 
 log = logging.getLogger(__name__)
-Opener = Callable[..., ChatBackend]  # (entry, progress=callable) -> backend
+Opener = Callable[..., ChatBackend]  # (entry, progress=callable, device="auto"|"cpu") -> backend
 
 
 class EngineHost(QObject):

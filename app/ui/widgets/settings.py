@@ -69,11 +69,16 @@ class SettingsDialog(QDialog):
         self.max_tokens = QSpinBox(minimum=16, maximum=8192, value=prefs.max_tokens, singleStep=64)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, value=prefs.temperature, singleStep=0.1)
         self.api_port = QSpinBox(minimum=1024, maximum=65535, value=prefs.local_api_port)
+        self.device = QComboBox()
+        for value, label in (("auto", tr("The GPU when there is one")), ("cpu", tr("The CPU only (keeps the GPU free)"))):
+            self.device.addItem(label, value)
+        self.device.setCurrentIndex(self.device.findData(prefs.device))
         form.addRow(tr("Language (after restart)"), self.language)
         form.addRow(tr("Translate into"), self.translate_target)
         form.addRow(tr("Answer length (tokens)"), self.max_tokens)
         form.addRow(tr("Temperature"), self.temperature)
         form.addRow(tr("Local API port"), self.api_port)
+        form.addRow(tr("Run local models on"), self.device)
         return page
 
     def _binding_rows(self) -> list[tuple[str, str, str, str | None]]:
@@ -137,7 +142,8 @@ class SettingsDialog(QDialog):
         changes = dict(language=self.language.currentData(),
                        translate_target=self.translate_target.currentText().strip(),
                        max_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 2),
-                       local_api_port=self.api_port.value(), hotkeys=hotkeys, action_modes=modes,
+                       local_api_port=self.api_port.value(), device=self.device.currentData(),
+                       hotkeys=hotkeys, action_modes=modes,
                        models=self.models_page.user)
         return changes, list(self.actions_page.actions)
 
