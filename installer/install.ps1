@@ -19,8 +19,9 @@ param(
     [string]$Prefix = (Join-Path $env:LOCALAPPDATA "QwenTray"),
     [string]$Source = "qwen-tray",
     [string]$Python = "",
-    # PyTorch wheel index: cu124 / cu126 are CUDA 12 builds (RTX 30xx = SM86 is supported); cpu for no GPU.
-    [ValidateSet("cu124", "cu126", "cu128", "cpu")][string]$Torch = "cu124",
+    # PyTorch wheel index: cu124 / cu126 / cu128 are CUDA 12 builds, cu130 CUDA 13 (RTX 30xx = SM86 is
+    # supported by all); cpu for no GPU.
+    [ValidateSet("cu124", "cu126", "cu128", "cu130", "cpu")][string]$Torch = "cu124",
     [switch]$Autostart,
     [switch]$Uninstall
 )
@@ -90,7 +91,8 @@ Invoke-Checked $VenvPython @("-m", "pip", "install", "--upgrade", "pip")
 
 # 2. PyTorch (CUDA build from PyTorch's own index: PyPI's Windows wheels are CPU-only), then the app.
 Invoke-Checked $VenvPython @("-m", "pip", "install", "torch>=2.4", "--index-url", "https://download.pytorch.org/whl/$Torch")
-$extras = if ($Torch -eq "cpu") { "ui" } else { "ui,cuda12" }
+# The CuPy + NVRTC extra of the CUDA major version that PyTorch was built with.
+$extras = if ($Torch -eq "cpu") { "ui" } elseif ($Torch -eq "cu130") { "ui,cuda13" } else { "ui,cuda12" }
 Invoke-Checked $VenvPython @("-m", "pip", "install", "$Source[$extras]")
 if ($Torch -ne "cpu") {
     # The app's own check (a GPU PyTorch sees, CuPy, NVRTC): said now, not at the first model load.

@@ -2,7 +2,7 @@
 # Qwen Tray installer for Linux: a virtual environment, the app, a menu entry and (optionally)
 # autostart at login. Everything goes under the user's home; nothing needs root.
 #
-#   installer/install.sh                      # CUDA build of PyTorch (PyPI's Linux default) + the cuda12 extra
+#   installer/install.sh                      # CUDA build of PyTorch (PyPI's Linux default) + the cuda12/13 extra
 #   installer/install.sh --cpu                # CPU-only PyTorch
 #   installer/install.sh --autostart          # also start Qwen Tray at login
 #   installer/install.sh --source /path/to/checkout   # install from a checkout or wheel instead of PyPI
@@ -65,9 +65,8 @@ if [ ! -x "$PREFIX/bin/python" ]; then
 fi
 PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check)
 
-# 2. PyTorch, then the app with its extras.
+# 2. PyTorch, then the app with its extras (CuPy and NVRTC for the CUDA major version PyTorch was built with).
 EXTRAS="ui"
-[ "$CUDA" = 1 ] && EXTRAS="ui,cuda12"
 if [ "$OFFLINE" = 1 ]; then
     # Everything the app needs must already be importable by the base Python.
     "${PIP[@]}" install --no-deps --no-build-isolation --no-index "$SOURCE"
@@ -76,6 +75,13 @@ else
         "${PIP[@]}" install "torch>=2.4"  # PyPI's Linux x86_64 wheels are the CUDA 12 builds
     else
         "${PIP[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+    fi
+    if [ "$CUDA" = 1 ]; then
+        CUDA_MAJOR=$("$PREFIX/bin/python" -c "import torch; print((torch.version.cuda or '').split('.')[0])")
+        case "$CUDA_MAJOR" in
+            12|13) EXTRAS="ui,cuda$CUDA_MAJOR" ;;
+            *) echo "warning: PyTorch has no CUDA 12 or 13 build here; the CUDA kernels are not installed" >&2 ;;
+        esac
     fi
     "${PIP[@]}" install "$SOURCE[$EXTRAS]"
 fi
