@@ -31,6 +31,7 @@ import datetime as dt
 import gc
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -370,7 +371,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--out", default="docs/results/decode_h200.json")
+    ap.add_argument("--out", help="JSON file (default: docs/results/decode[_budget]_<gpu>.json, e.g. "
+                    "decode_h200.json, decode_budget_rtx_3050_laptop_gpu.json)")
     ap.add_argument("--only", choices=[f"{m}-{r}" for m, r in RUNS], action="append")
     ap.add_argument("--budget-only", action="store_true", help="only the --vram-budget runs")
     ap.add_argument("--launch", choices=programmatic.MODES,
@@ -384,6 +386,7 @@ def main() -> None:
     copy = None if args.budget_only else copy_bandwidth_gbps()
     if not args.budget_only:
         fresh()  # the copy's 2 GiB must not stay cached while a budget run's process plans
+    args.out = args.out or default_out(facts["gpu"], args.budget_only)
     result = dict(**facts, date=dt.date.today().isoformat(), commit=args.commit, torch=torch.__version__,
                   copy_gbps=copy, models=[], budget=[])
     # most important first: a timeout then loses the least
@@ -397,6 +400,13 @@ def main() -> None:
         else:
             record(result, key, lambda: bench_budget(model, recipe, *context), args.out)
     print_table(result)
+
+
+def default_out(gpu_name: str, budget_only: bool) -> str:
+    """docs/results/decode[_budget]_<gpu>.json: "NVIDIA H200" -> h200, "NVIDIA GeForce RTX 3050
+    Laptop GPU" -> rtx_3050_laptop_gpu (a run on another card never overwrites the H200's file)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", gpu_name.lower()) if w and w not in ("nvidia", "geforce")]
+    return f"docs/results/decode{'_budget' if budget_only else ''}_{'_'.join(words) or 'gpu'}.json"
 
 
 def record(result: dict, key: str, run, out: str) -> None:
