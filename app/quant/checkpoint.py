@@ -355,15 +355,16 @@ def dequantized_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
 
 def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
                          dtype: torch.dtype | None = None, max_context: int | None = None,
-                         progress: Callable[[str, int, int], None] | None = None, backend: str = "dense"):
+                         progress: Callable[[str, int, int], None] | None = None, backend: str | None = None):
     """Load a checkpoint folder into a :class:`~app.engine.loading.LoadedModel`.
 
     Every file is verified first (size and sha256). ``backend`` picks how the quantized
-    modules compute (``app.quant.modules.BACKENDS``; "dense" dequantizes once at load).
+    modules compute (``app.quant.modules.BACKENDS``; "dense" dequantizes once at load, "int4"
+    keeps 4 bits for PyTorch's CPU kernel); default: ``modules.default_backend``.
     """
     from app.engine.loading import LoadedModel, context_length, default_dtype
     from app.engine.tokenizer import Tokenizer
-    from app.quant.modules import build_quantized_model
+    from app.quant.modules import build_quantized_model, default_backend
 
     path = Path(path)
     if adapter:
@@ -375,5 +376,6 @@ def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Pat
     max_positions = context_length(manifest.spec.max_position_embeddings, max_context)
     weights = ((name, entry.shape, weight) for name, entry, weight in iter_weights(path, manifest))
     model = build_quantized_model(manifest.spec, weights, len(manifest.tensors), max_positions, device, dtype,
-                                  backend=backend, progress=progress, where=str(path / MANIFEST))
+                                  backend=backend or default_backend(device, dtype), progress=progress,
+                                  where=str(path / MANIFEST))
     return LoadedModel(path, path.name, manifest.spec, tokenizer, model, dtype)

@@ -3,8 +3,10 @@
 - :class:`QuantLinear` replaces a ``Linear``: it holds the packed tensors of docs/FORMATS.md
   as buffers (``qweight``/``scales`` for W4, ``qlow``/``qhigh``/``scales`` for W3) and an
   fp16-or-wider ``bias``. ``forward`` calls ``self.backend(self, x)``, a function chosen at
-  load: the CPU path (:func:`use_dense_backend`) dequantizes once into ``dense_weight`` and
-  runs ``F.linear``; the CUDA path sets a backend that calls the GEMV kernels on the packed
+  load: the dense backend (:func:`use_dense_backend`, the float32 reference) dequantizes once
+  into ``dense_weight`` and runs ``F.linear``; the CPU in bfloat16 keeps 4-bit codes for
+  PyTorch's int4 kernel (:func:`use_int4_backend`, app.quant.cpu_int4; :func:`default_backend`
+  picks); the CUDA path sets a backend that calls the GEMV kernels on the packed
   tensors directly (``module.packed_tensors()``, ``module.in_features``,
   ``module.padded_in_features``).
 - :class:`QuantEmbedding` is a QuantLinear over the ``[vocab, hidden]`` table with a row
@@ -142,13 +144,32 @@ def use_dense_backend(model: nn.Module, dtype: torch.dtype) -> None:
             module.compute_dtype = dtype
 
 
-BACKENDS: dict[str, Callable[[nn.Module, torch.dtype], None]] = {"dense": use_dense_backend}
+def use_int4_backend(model: nn.Module, dtype: torch.dtype) -> None:
+    """Keep the weights at 4 bits for PyTorch's CPU int4 kernel (app.quant.cpu_int4)."""
+    from app.quant.cpu_int4 import use_int4_backend as repack
+
+    repack(model, dtype)
+
+
+BACKENDS: dict[str, Callable[[nn.Module, torch.dtype], None]] = {"dense": use_dense_backend, "int4": use_int4_backend}
+
+
+def default_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """"int4" for bfloat16 on the CPU where PyTorch's int4 kernel passes its check (a quarter of
+    the dense backend's memory and traffic), else "dense" (also the float32 reference)."""
+    if torch.device(device).type == "cpu" and dtype == torch.bfloat16:
+        from app.quant import cpu_int4
+
+        if cpu_int4.available():
+            return "int4"
+    return "dense"
 
 
 def quantized_nbytes(model: nn.Module) -> int:
-    """Bytes of the packed tensors of every quantized module (what a GPU must hold)."""
+    """Bytes of the tensors every quantized module holds: its packed checkpoint tensors (what a
+    GPU must hold), or the int4 backend's repacked copy."""
     return sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, QuantLinear)
-               for t in m.packed_tensors().values())
+               for t in m.buffers(recurse=False))
 
 
 # -- building a model from checkpoint weights ---------------------------------------------
