@@ -11,7 +11,9 @@ import torch
 from app.engine.kv_cache import StaticKVCache
 from app.engine.loading import load_model
 from app.quant import cpu_int4
-from app.quant.modules import QuantEmbedding, QuantLinear, default_backend, quantized_nbytes, use_dense_backend
+from app.quant.modules import (
+    QuantEmbedding, QuantLinear, default_backend, dense_linear, quantized_nbytes, use_dense_backend,
+)
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.recipe import load_recipe
 from app.quant.tensor import quantize
@@ -103,3 +105,20 @@ def test_packing_in_row_chunks_equals_packing_the_whole(monkeypatch):
     assert y.shape == (1, 208) and y[0, 200:].abs().max() == 0
     ref = x.float() @ (q.float() * scales.float().repeat_interleave(128, 1)).T
     assert (y[0, :200].float() - ref[0]).abs().max() <= LAYER_BOUND * ref.abs().max()
+
+
+def test_the_starter_model_quantized_answers_the_same_through_the_int4_backend(starter_model_dir, tmp_path):
+    """A real model (SmolLM2-135M, W4): bfloat16 through the int4 kernel answers like the float32
+    dense reference and says the fact it knows."""
+    from app.engine import Engine, SamplingParams
+
+    out = tmp_path / "smol-w4"
+    quantize_model(QuantizeJob(model=starter_model_dir, out=out, recipe=load_recipe("w4"), method="rtn"))
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    answers = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        with Engine.load(out, device="cpu", dtype=dtype, max_batch_size=1) as engine:
+            backends = {m.backend for m in engine.runner.model.modules() if isinstance(m, QuantLinear)}
+            answers[dtype] = engine.chat(question, SamplingParams(max_tokens=12, temperature=0)).result.text
+        assert backends == {cpu_int4.int4_linear if dtype == torch.bfloat16 else dense_linear}
+    assert "Paris" in answers[torch.bfloat16] and "Paris" in answers[torch.float32]
