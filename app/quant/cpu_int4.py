@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from app.quant.core import GROUP_SIZE
-from app.quant.w3 import embedding_lookup_w3_ref, unpack_w3
-from app.quant.w4 import embedding_lookup_ref, unpack_w4
+from app.quant.w3 import unpack_w3
+from app.quant.w4 import unpack_w4
 
 INNER_K_TILES = 2  # the CPU packing's K blocking (K must be a multiple of 16 * this: 128 is)
 ROW_MULTIPLE = 16  # the CPU packing takes N in multiples of 16: pad rows with zero weights
@@ -90,12 +90,7 @@ def int4_linear(module, x: torch.Tensor) -> torch.Tensor:
 
 def packed_lookup(module, ids: torch.Tensor) -> torch.Tensor:
     """Embedding rows from the packed table (only the rows asked for are unpacked)."""
-    t = module.packed_tensors()
-    if module.format == "w4":
-        rows = embedding_lookup_ref(ids, t["qweight"], t["scales"], module.compute_dtype)
-    else:
-        rows = embedding_lookup_w3_ref(ids, t["qlow"], t["qhigh"], t["scales"], module.compute_dtype)
-    return rows[..., : module.embedding_dim]
+    return module.quantized().lookup_rows(ids, module.compute_dtype)[..., : module.embedding_dim]
 
 
 def use_int4_backend(model: torch.nn.Module, dtype: torch.dtype) -> None:

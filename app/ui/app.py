@@ -86,9 +86,9 @@ class TrayApp(QObject):
     def _notice_without_kernels(self) -> None:
         """Say once per load why a model on a GPU machine runs slower than it could."""
         backend = self.host.backend
-        reason = getattr(backend, "kernels_unavailable", None)
-        if backend is None or reason is None:
+        if backend is None or backend.kernels_unavailable is None:
             return
+        reason = backend.kernels_unavailable
         if backend.device == "cuda":
             self.notify(tr("{model} runs with PyTorch on the GPU, without its CUDA kernels (slower): {reason}",
                            model=backend.name, reason=reason))
