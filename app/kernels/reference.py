@@ -148,3 +148,22 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         probs = torch.softmax(qg @ keys.transpose(1, 2) * scale, dim=-1)  # [Hkv, G, n]
         out[b] = (probs @ values).reshape(hq, head_dim).to(q.dtype)
     return out
+
+
+def temperature_draw_ref(logits: torch.Tensor, vocab: int, params: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """temperature_draw.cu: for each row of ``logits`` [B, ld] whose ``params`` [4, >= B]
+    (temperature, top_p, top_k, u) have a temperature and neither top-k nor top-p, the first
+    index of the row's first ``vocab`` logits whose cumulative softmax(l / T) exceeds u x total
+    (app.engine.sampling.draw); other rows keep ``out`` [B] (the argmax). NaN counts as -inf."""
+    for i in range(logits.shape[0]):
+        temperature, top_p, top_k, u = (float(v) for v in params[:, i])
+        if not (temperature > 0 and top_p >= 1 and top_k <= 0):
+            continue
+        scaled = logits[i, :vocab].float() / temperature
+        scaled = scaled.nan_to_num(nan=float("-inf"), posinf=3.0e38, neginf=float("-inf"))
+        if bool(torch.all(scaled == float("-inf"))):
+            continue  # nothing drawable: the argmax stays
+        cdf = torch.softmax(scaled, -1).cumsum(-1)  # as app.engine.sampling.draw, operation for operation
+        point = torch.tensor([u], dtype=cdf.dtype, device=cdf.device) * cdf[-1:]
+        out[i] = torch.searchsorted(cdf, point, right=True).clamp_(max=vocab - 1)[0]
+    return out

@@ -77,6 +77,11 @@ class KernelOps:
         """out[i] = torch.argmax(logits[i]) (argmax.cu: two programmatic launches)."""
         return self.k.argmax_rows(logits, workspace=workspace, out=out)
 
+    def temperature_draw(self, logits, vocab, params, *, workspace, out):
+        """out[i] = the token drawn at row i's temperature where it has neither top-k nor top-p
+        (temperature_draw.cu: two programmatic launches, no sort); other rows keep out[i]."""
+        return self.k.temperature_draw(logits, vocab, params, workspace=workspace, out=out)
+
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
             return self.k.rms_norm(x, weight, eps, out=out)
@@ -153,6 +158,13 @@ class ReferenceOps:
     def argmax(self, logits, *, out, workspace):
         _check_fp16(logits=logits)
         return torch.argmax(logits, dim=-1, out=out)
+
+    def temperature_draw(self, logits, vocab, params, *, workspace, out):
+        _check_fp16(logits=logits)
+        if params.dtype != torch.float32 or params.shape[0] != 4 or params.shape[1] < logits.shape[0]:
+            raise TypeError(f"draw parameters: fp32 [4, >= {logits.shape[0]}] expected, got {params.dtype} "
+                            f"{tuple(params.shape)}")
+        return ref.temperature_draw_ref(logits, vocab, params, out)
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)

@@ -90,7 +90,7 @@ class CudaRunner:
         # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
         # Sampled tokens drawn after the step; top-k / top-p only where the plan has room for the sort.
-        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw)
+        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw, ops=self.ops)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized

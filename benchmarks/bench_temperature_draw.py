@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The temperature draw kernel (temperature_draw.cu) against the PyTorch draw it replaces.
+
+A sampled row without top-k / top-p (the tray's default, temperature 0.3) used to be drawn after
+the graph replay by app.engine.sampling.sample_rows on the device: a softmax, a cumulative sum
+and a search over Qwen's 152k logits, one row at a time (phase 15: 4-6 % of a greedy step).
+The peer in the same run is exactly that path (``TorchDraw`` below, swapped into the runner).
+
+1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, both eager,
+   CUDA events over many calls.
+2. The decode: synthetic Qwen2.5-3B `w4` / 7B `mixed` (bench_device_sampling's setup, a
+   512-token prompt, 128 tokens), batch 1 and 4, greedy (the ceiling) and temperature 0.3
+   drawn by the kernel and by the peer; median of 3 alternating rounds.
+
+    python3 benchmarks/bench_temperature_draw.py --commit SHA [--out docs/results/temperature_draw_<gpu>.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_decode import DEV, default_out, fresh, prompt_ids, spec_of  # noqa: E402
+from bench_device_sampling import run  # noqa: E402
+from serve_synthetic import qwen_tokenizer  # noqa: E402
+
+from app.engine import Engine  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights  # noqa: E402
+from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
+from app.engine.sampling import sample_rows  # noqa: E402
+from app.kernels import temperature_draw, temperature_draw_workspace  # noqa: E402
+from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+
+VOCAB, LD = 151_665, 151_936  # Qwen2.5's tokenizer and its padded lm_head
+ROUNDS = 3
+
+
+class TorchDraw:
+    """The peer: phase 15's draw of an unfiltered row (sample_rows, one row at a time)."""
+
+    def temperature_draw(self, logits, vocab, params, *, workspace, out):
+        temperature, top_p, top_k, u = params
+        for i in range(logits.shape[0]):
+            at = slice(i, i + 1)
+            sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at].long(), u[at], out[at],
+                        filtered=False)
+        return out
+
+
+def time_us(fn, calls: int = 200) -> float:
+    for _ in range(10):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / calls
+
+
+def draw_alone() -> list[dict]:
+    rows_out = []
+    for rows in (1, 4, 8, 16):
+        logits = (torch.randn(rows, LD, device=DEV) * 3).half()
+        params = torch.tensor([[0.3] * rows, [1.0] * rows, [0.0] * rows, [0.37] * rows], device=DEV)
+        out = torch.zeros(rows, dtype=torch.int64, device=DEV)
+        workspace = temperature_draw_workspace(rows, DEV)
+        kernel = time_us(lambda: temperature_draw(logits, VOCAB, params, workspace=workspace, out=out))
+        torch_us = time_us(lambda: TorchDraw().temperature_draw(logits, VOCAB, params, workspace=None, out=out))
+        row = dict(rows=rows, kernel_us=kernel, torch_us=torch_us, speedup=torch_us / kernel)
+        rows_out.append(row)
+        print(f"draw alone, {rows:2d} rows: kernel {kernel:7.1f} µs  PyTorch {torch_us:7.1f} µs  "
+              f"{row['speedup']:5.1f}x", flush=True)
+    return rows_out
+
+
+def decode_rows(model: str, recipe: str) -> list[dict]:
+    spec = spec_of(model)
+    weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
+    fresh()
+    runner = runner_for_weights(weights, num_slots=4, max_context=1024, device=DEV)
+    del weights
+    tokenizer = qwen_tokenizer()
+    engine = Engine.from_runner(runner, spec, tokenizer, model_id=f"{model}-{recipe}", lookup_draft=0)
+    kernel_ops = runner.draw._ops
+    label = f"{model} {recipe} (synthetic)"
+    out = []
+    try:
+        prompts = [prompt_ids(512, i, min(tokenizer.vocab_size, spec.vocab_size)) for i in range(4)]
+        for batch in (1, 4):
+            batch_prompts = prompts[:batch]
+            run(engine, batch_prompts, dict(temperature=0), True)  # warm
+            rates = {"greedy": [], "kernel": [], "torch": []}
+            for i in range(ROUNDS):
+                order = ("kernel", "torch") if i % 2 == 0 else ("torch", "kernel")
+                rates["greedy"].append(run(engine, batch_prompts, dict(temperature=0), True)[0])
+                for who in order:
+                    runner.draw._ops = kernel_ops if who == "kernel" else TorchDraw()
+                    rates[who].append(run(engine, batch_prompts, dict(temperature=0.3), True)[0])
+            runner.draw._ops = kernel_ops
+            row = dict(model=label, batch=batch, rounds=rates,
+                       **{f"{k}_tokens_per_s": statistics.median(v) for k, v in rates.items()})
+            row["speedup"] = row["kernel_tokens_per_s"] / row["torch_tokens_per_s"]
+            row["kernel_vs_greedy"] = row["kernel_tokens_per_s"] / row["greedy_tokens_per_s"]
+            out.append(row)
+            print(f"{label:22s} batch {batch}: greedy {row['greedy_tokens_per_s']:7.1f}  T=0.3 kernel "
+                  f"{row['kernel_tokens_per_s']:7.1f}  T=0.3 PyTorch {row['torch_tokens_per_s']:7.1f} tok/s  "
+                  f"{row['speedup']:4.2f}x (kernel / greedy {row['kernel_vs_greedy']:.3f})", flush=True)
+    finally:
+        engine.close()
+        del engine, runner
+        gc.collect()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--models", default="3B,7B")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    result = dict(gpu=props.name, date=dt.date.today().isoformat(), commit=args.commit, torch=torch.__version__,
+                  vocab=VOCAB, ld=LD, draw_alone=draw_alone(), decode=[])
+    for model, recipe in (("3B", "w4"), ("7B", "mixed")):
+        if model in args.models.split(","):
+            result["decode"] += decode_rows(model, recipe)
+    out = Path(args.out or default_out(props.name, False).replace("decode_", "temperature_draw_"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

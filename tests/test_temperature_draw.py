@@ -1,0 +1,178 @@
+"""The temperature draw (app/kernels/temperature_draw.cu): the sampled token of every row with a
+temperature and neither top-k nor top-p, on the device without a sort. Its reference
+(``temperature_draw_ref``, the CPU path) equals the host sampler's arithmetic exactly; the
+kernel, marked ``gpu``, against the float64 distribution of the same logits on fresh random
+inputs, with the rows it must leave alone checked untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.engine.sampling import sample_rows, uniform
+from app.kernels.reference import temperature_draw_ref
+
+# (temperature, top_p, top_k) per row: drawn here, argmax, top-p and top-k rows left alone
+ROW_KINDS = [(0.3, 1.0, 0), (0.0, 1.0, 0), (1.0, 0.9, 0), (0.7, 1.0, 40), (1.3, 1.0, 0), (0.05, 1.0, 0)]
+CDF_TOLERANCE = 1e-4  # of the total: the GPU's sums round differently (tests/test_device_sampling.py)
+SENTINEL = -7
+
+
+def draws_here(temperature: float, top_p: float, top_k: int) -> bool:
+    return temperature > 0 and top_p >= 1 and top_k <= 0
+
+
+def make_params(kinds, seed: int, position: int) -> torch.Tensor:
+    """fp32 [4, rows]: temperature, top_p, top_k, u (app.engine.cuda.draw DRAW_INPUTS)."""
+    rows = [(t, p, float(k), uniform(seed + i, position)) for i, (t, p, k) in enumerate(kinds)]
+    return torch.tensor(rows, dtype=torch.float32).t().contiguous()
+
+
+def random_logits(rows: int, ld: int, gen: torch.Generator, scale: float = 3.0) -> torch.Tensor:
+    return (torch.randn(rows, ld, generator=gen) * scale).half()
+
+
+def test_reference_draws_what_the_host_sampler_draws():
+    """Row by row the same token as sample_rows (the host sampler's arithmetic), at many
+    positions; argmax, top-k and top-p rows keep what ``out`` holds."""
+    gen = torch.Generator().manual_seed(3)
+    vocab = 2000
+    for position in range(30):
+        logits = random_logits(len(ROW_KINDS), vocab + 48, gen)  # + padded ids past the vocab
+        params = make_params(ROW_KINDS, 50, position)
+        out = torch.full((len(ROW_KINDS),), SENTINEL, dtype=torch.int64)
+        temperature_draw_ref(logits, vocab, params, out)
+        for i, (t, p, k) in enumerate(ROW_KINDS):
+            if not draws_here(t, p, k):
+                assert out[i] == SENTINEL
+                continue
+            want = torch.tensor([SENTINEL])
+            sample_rows(logits[i:i + 1, :vocab], params[0, i:i + 1], params[1, i:i + 1], params[2, i:i + 1].long(),
+                        params[3, i:i + 1], want, filtered=False)
+            assert out[i] == want[0], (position, i)
+
+
+def test_reference_never_draws_nan_or_minus_infinity():
+    logits = torch.full((3, 64), float("-inf"), dtype=torch.float16)
+    logits[0, 5] = logits[0, 9] = 1.0
+    logits[0, 7] = float("nan")
+    logits[1, 3] = float("nan")  # nothing drawable in row 1, nor in row 2 (all -inf)
+    params = make_params([(1.0, 1.0, 0)] * 3, 8, 0)
+    for u in (0.0, 0.49, 0.51, 0.999):
+        params[3] = u
+        out = torch.full((3,), SENTINEL, dtype=torch.int64)
+        temperature_draw_ref(logits, 64, params, out)
+        assert out[0] in (5, 9) and out[1] == SENTINEL and out[2] == SENTINEL
+
+
+def holds_the_point(logits_row: torch.Tensor, temperature: float, u: float, token: int) -> bool:
+    """Whether ``token`` holds u x total in the float64 cumulative softmax(l / T), give or take
+    CDF_TOLERANCE of the total, and has a positive probability."""
+    probs = torch.softmax(logits_row.double() / temperature, -1)
+    cdf = probs.cumsum(0)
+    x = u * float(cdf[-1])
+    low, high = (float(cdf[token - 1]) if token else 0.0), float(cdf[token])
+    slack = CDF_TOLERANCE * float(cdf[-1])
+    return bool(probs[token] > 0) and low - slack <= x <= high + slack
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab,ld,rows", [(151_665, 151_936, 6), (152_064, 152_064, 16), (3_000, 3_008, 1),
+                                           (17, 24, 6), (1, 8, 2)])
+def test_kernel_draws_within_rounding_of_the_distribution(vocab, ld, rows):
+    """Fresh random fp16 logits (ties included: fp16 has few values), rows of every kind, many
+    positions: each drawn token holds the draw's point; rows not drawn keep their poison; most
+    tokens equal the reference's; the same inputs give the same tokens again."""
+    from app.kernels import temperature_draw, temperature_draw_workspace
+
+    gen = torch.Generator().manual_seed(vocab + rows)
+    kinds = [ROW_KINDS[i % len(ROW_KINDS)] for i in range(rows)]
+    workspace = temperature_draw_workspace(rows, "cuda")
+    equal = total = 0
+    for position in range(24):
+        logits = random_logits(rows, ld, gen, scale=1.0 + position % 4)
+        params = make_params(kinds, 1000 + vocab, position)
+        workspace.fill_(float("nan"))  # poisoned: nothing from an earlier launch may leak in
+        out = torch.full((rows,), SENTINEL, dtype=torch.int64, device="cuda")
+        temperature_draw(logits.cuda(), vocab, params.cuda(), workspace=workspace, out=out)
+        got = out.cpu()
+        again = torch.full((rows,), SENTINEL, dtype=torch.int64, device="cuda")
+        temperature_draw(logits.cuda(), vocab, params.cuda(), workspace=workspace, out=again)
+        assert torch.equal(again.cpu(), got)  # deterministic
+        want = temperature_draw_ref(logits, vocab, params, torch.full((rows,), SENTINEL, dtype=torch.int64))
+        for i, (t, p, k) in enumerate(kinds):
+            if not draws_here(t, p, k):
+                assert got[i] == SENTINEL
+                continue
+            assert 0 <= got[i] < vocab
+            assert holds_the_point(logits[i, :vocab], t, float(params[3, i]), int(got[i])), (position, i)
+            equal += int(got[i] == want[i])
+            total += 1
+    assert equal >= 0.9 * total, (equal, total)
+
+
+@pytest.mark.gpu
+def test_kernel_follows_the_distribution_over_many_draws():
+    """One peaked row drawn at 4,000 uniform numbers: the token frequencies match
+    softmax(l / T) (4.5 sigma), and tokens of probability ~0 never come."""
+    from app.kernels import temperature_draw, temperature_draw_workspace
+
+    vocab, draws, t = 5_000, 4_000, 0.7
+    gen = torch.Generator().manual_seed(11)
+    row = random_logits(1, vocab, gen, scale=1.0)
+    row[0, :6] = torch.tensor([6.0, 5.5, 5.0, 4.0, 4.0, 3.0], dtype=torch.float16)
+    logits = row.expand(draws, vocab).contiguous().cuda()
+    params = make_params([(t, 1.0, 0)] * draws, 0, 0)
+    params[3] = torch.rand(draws, generator=gen)
+    out = torch.zeros(draws, dtype=torch.int64, device="cuda")
+    temperature_draw(logits, vocab, params.cuda(), workspace=temperature_draw_workspace(draws, "cuda"), out=out)
+    want = torch.softmax(row[0].double() / t, -1)
+    freq = torch.bincount(out.cpu(), minlength=vocab).double() / draws
+    assert torch.all((freq - want).abs() <= 4.5 * (want * (1 - want) / draws).sqrt() + 1e-9)
+
+
+@pytest.mark.gpu
+def test_kernel_leaves_rows_with_nothing_drawable_and_never_draws_nan():
+    from app.kernels import temperature_draw, temperature_draw_workspace
+
+    logits = torch.full((3, 4096), float("-inf"), dtype=torch.float16)
+    logits[0, 100] = logits[0, 3000] = 2.0
+    logits[0, 2000] = float("nan")
+    logits[1, 7] = float("nan")
+    params = make_params([(1.0, 1.0, 0)] * 3, 8, 0)
+    workspace = temperature_draw_workspace(3, "cuda")
+    for u in (0.0, 0.25, 0.75, 0.99999):
+        params[3] = u
+        out = torch.full((3,), SENTINEL, dtype=torch.int64, device="cuda")
+        temperature_draw(logits.cuda(), 4096, params.cuda(), workspace=workspace, out=out)
+        got = out.tolist()
+        assert got[0] == (100 if u < 0.5 else 3000) and got[1:] == [SENTINEL, SENTINEL]
+
+
+@pytest.mark.gpu
+def test_kernel_replays_in_a_cuda_graph():
+    """Captured once, replayed on new logits and uniform numbers written into the same buffers:
+    the tokens of an eager launch on the same inputs."""
+    from app.kernels import temperature_draw, temperature_draw_workspace
+
+    rows, vocab = 4, 151_936
+    gen = torch.Generator().manual_seed(5)
+    logits = random_logits(rows, vocab, gen).cuda()
+    params = make_params([(0.3, 1.0, 0)] * rows, 2, 0).cuda()
+    workspace = temperature_draw_workspace(rows, "cuda")
+    out = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        temperature_draw(logits, vocab, params, workspace=workspace, out=out)  # compiled before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            temperature_draw(logits, vocab, params, workspace=workspace, out=out)
+    torch.cuda.synchronize()
+    for position in range(1, 6):
+        logits.copy_(random_logits(rows, vocab, gen))
+        params.copy_(make_params([(0.3, 1.0, 0)] * rows, 2, position))
+        graph.replay()
+        replayed = out.clone()
+        eager = torch.zeros_like(out)
+        temperature_draw(logits, vocab, params, workspace=workspace, out=eager)
+        assert torch.equal(replayed, eager), position
