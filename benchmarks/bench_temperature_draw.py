@@ -6,8 +6,8 @@ the graph replay by app.engine.sampling.sample_rows on the device: a softmax, a 
 and a search over Qwen's 152k logits, one row at a time (phase 15: 4-6 % of a greedy step).
 The peer in the same run is exactly that path (``TorchDraw`` below, swapped into the runner).
 
-1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, both eager,
-   CUDA events over many calls.
+1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, the GPU's time
+   (calls captured in a CUDA graph) and eager (launch overhead included), CUDA events.
 2. The decode: synthetic Qwen2.5-3B `w4` / 7B `mixed` (bench_device_sampling's setup, a
    512-token prompt, 128 tokens), batch 1 and 4, greedy (the ceiling) and temperature 0.3
    drawn by the kernel and by the peer; median of 3 alternating rounds.
@@ -58,6 +58,7 @@ class TorchDraw:
 
 
 def time_us(fn, calls: int = 200) -> float:
+    """Eager: µs per call, launch overhead included (what the runner pays after a replay)."""
     for _ in range(10):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,6 +71,29 @@ def time_us(fn, calls: int = 200) -> float:
     return start.elapsed_time(end) * 1000 / calls
 
 
+def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
+    """The GPU's own time: ``calls`` calls captured in one CUDA graph, µs per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (calls * replays)
+
+
 def draw_alone() -> list[dict]:
     rows_out = []
     for rows in (1, 4, 8, 16):
@@ -77,12 +101,20 @@ def draw_alone() -> list[dict]:
         params = torch.tensor([[0.3] * rows, [1.0] * rows, [0.0] * rows, [0.37] * rows], device=DEV)
         out = torch.zeros(rows, dtype=torch.int64, device=DEV)
         workspace = temperature_draw_workspace(rows, DEV)
-        kernel = time_us(lambda: temperature_draw(logits, VOCAB, params, workspace=workspace, out=out))
-        torch_us = time_us(lambda: TorchDraw().temperature_draw(logits, VOCAB, params, workspace=None, out=out))
-        row = dict(rows=rows, kernel_us=kernel, torch_us=torch_us, speedup=torch_us / kernel)
+
+        def kernel():
+            temperature_draw(logits, VOCAB, params, workspace=workspace, out=out)
+
+        def peer():
+            TorchDraw().temperature_draw(logits, VOCAB, params, workspace=None, out=out)
+
+        row = dict(rows=rows, kernel_us=graph_us(kernel), torch_us=graph_us(peer),
+                   kernel_eager_us=time_us(kernel), torch_eager_us=time_us(peer))
+        row["speedup"] = row["torch_us"] / row["kernel_us"]
         rows_out.append(row)
-        print(f"draw alone, {rows:2d} rows: kernel {kernel:7.1f} µs  PyTorch {torch_us:7.1f} µs  "
-              f"{row['speedup']:5.1f}x", flush=True)
+        print(f"draw alone, {rows:2d} rows, graphed: kernel {row['kernel_us']:7.1f} µs  PyTorch {row['torch_us']:7.1f} µs"
+              f"  {row['speedup']:5.1f}x;  eager: {row['kernel_eager_us']:7.1f} / {row['torch_eager_us']:7.1f} µs",
+              flush=True)
     return rows_out
 
 
