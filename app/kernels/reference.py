@@ -15,10 +15,19 @@ from app.quant.w3 import dequantize_w3
 from app.quant.w4 import dequantize_w4
 
 
+def rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T in fp32 one row at a time: a row's result does not depend on the other rows, as in
+    the kernels (BLAS libraries pick other blockings, so other sums, for other row counts: a
+    guessed token checked in a 5-row step would otherwise see other logits than one decoded
+    alone)."""
+    w = weight.float().T  # [K, N]
+    return torch.cat([row @ w for row in x.float().split(1)]) if x.shape[0] else x.float() @ w
+
+
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None) -> torch.Tensor:
     """fp16(x @ W^T + bias) in fp32, then fp16(y + residual): the unfused PyTorch rounding."""
-    y = x.float() @ weight.float().T  # [M, N]
+    y = rows_matmul(x, weight)  # [M, N]
     if bias is not None:
         y = y + bias.float()
     y = y.half()
@@ -29,7 +38,7 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """weight = [gate; up] [2I, K]: fp16(silu(fp16(x Wg^T))) * fp16(x Wu^T) -> [M, I] fp16."""
-    gate_up = (x.float() @ weight.float().T).half()  # [M, 2I]
+    gate_up = rows_matmul(x, weight).half()  # [M, 2I]
     gate, up = gate_up.chunk(2, dim=-1)
     return (F.silu(gate.float()).half().float() * up.float()).half()
 
