@@ -129,18 +129,21 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
     the fused norms' chunk sums, the argmax's partials."""
     from app.kernels.argmax import ARGMAX_BLOCKS
+    from app.kernels.temperature_draw import DRAW_SLICES
 
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
     per_row += 2 * 4 * 4  # the draw's inputs (cuda/draw.py DRAW_INPUTS) and their pinned upload
     per_row += 2 * -(-h // 16) * 4
     per_row += 8 * ARGMAX_BLOCKS  # the argmax's per-slice maxima and indices
+    per_row += 2 * 4 * DRAW_SLICES  # the temperature draw's per-slice softmax (max, sum)
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 
 
 def draw_bytes(spec: ModelSpec, filtered: bool) -> int:
-    """Temporaries of drawing one row's token on the device. A temperature-only draw's fp32
+    """Temporaries of drawing one row's token on the device with PyTorch (the CPU-side ops; the
+    temperature draw kernel needs none, so this is a margin there). A temperature-only draw's fp32
     rows stay under 1 MB for vocabularies up to 262k (small 2 MB segments); a filtered draw's
     int64 sort order of a large vocabulary does not, and takes a 20 MB segment."""
     if not filtered:
