@@ -112,8 +112,8 @@ def draw_alone() -> list[dict]:
                    kernel_eager_us=time_us(kernel), torch_eager_us=time_us(peer))
         row["speedup"] = row["torch_us"] / row["kernel_us"]
         rows_out.append(row)
-        print(f"draw alone, {rows:2d} rows, graphed: kernel {row['kernel_us']:7.1f} µs  PyTorch {row['torch_us']:7.1f} µs"
-              f"  {row['speedup']:5.1f}x;  eager: {row['kernel_eager_us']:7.1f} / {row['torch_eager_us']:7.1f} µs",
+        print(f"draw alone, {rows:2d} rows, graphed: kernel {row['kernel_us']:7.1f} µs  "
+              f"PyTorch {row['torch_us']:7.1f} µs  {row['speedup']:5.1f}x;  eager: {row['kernel_eager_us']:7.1f} / {row['torch_eager_us']:7.1f} µs",
               flush=True)
     return rows_out
 

@@ -142,10 +142,11 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
 
 
 def draw_bytes(spec: ModelSpec, filtered: bool) -> int:
-    """Temporaries of drawing one row's token on the device with PyTorch (the CPU-side ops; the
-    temperature draw kernel needs none, so this is a margin there). A temperature-only draw's fp32
-    rows stay under 1 MB for vocabularies up to 262k (small 2 MB segments); a filtered draw's
-    int64 sort order of a large vocabulary does not, and takes a 20 MB segment."""
+    """Temporaries of drawing one row's token on the device with PyTorch (sample_rows: top-k /
+    top-p rows; at a temperature alone the kernel needs none, so there this is a margin). A
+    temperature-only draw's fp32 rows stay under 1 MB for vocabularies up to 262k (small 2 MB
+    segments); a filtered draw's int64 sort order of a large vocabulary does not, and takes a
+    20 MB segment."""
     if not filtered:
         return -(-spec.vocab_size * DRAW_BYTES_PER_LOGIT // SMALL_SEGMENT) * SMALL_SEGMENT
     return spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT + LARGE_SEGMENT
