@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""The temperature draw kernel (temperature_draw.cu) against the PyTorch draw it replaces.
+"""The device draw kernels (temperature_draw.cu) against the PyTorch draw they replace.
 
-A sampled row without top-k / top-p (the tray's default, temperature 0.3) used to be drawn after
-the graph replay by app.engine.sampling.sample_rows on the device: a softmax, a cumulative sum
-and a search over Qwen's 152k logits, one row at a time (phase 15: 4-6 % of a greedy step).
-The peer in the same run is exactly that path (``TorchDraw`` below, swapped into the runner).
+A sampled row used to be drawn after the graph replay by app.engine.sampling.sample_rows on the
+device, one row at a time: a softmax, a cumulative sum and a search over Qwen's 152k logits at
+a temperature alone (the tray's default, 0.3; phase 15: 4-6 % of a greedy step), plus a sort
+with top-k / top-p (12-16 %). The peer in the same run is exactly that path (``TorchDraw``
+below, swapped into the runner).
 
-1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, the GPU's time
-   (calls captured in a CUDA graph) and eager (launch overhead included), CUDA events.
+1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, at temperature
+   0.3 and at 0.7 with top-p 0.9 and top-k 50; the GPU's time (calls captured in a CUDA graph)
+   and eager (launch overhead included), CUDA events.
 2. The decode: synthetic Qwen2.5-3B `w4` / 7B `mixed` (bench_device_sampling's setup, a
-   512-token prompt, 128 tokens), batch 1 and 4, greedy (the ceiling) and temperature 0.3
-   drawn by the kernel and by the peer; median of 3 alternating rounds.
+   512-token prompt, 128 tokens), batch 1 and 4, greedy (the ceiling) and both kinds drawn by
+   the kernels and by the peer; median of 3 alternating rounds.
 
     python3 benchmarks/bench_temperature_draw.py --commit SHA [--out docs/results/temperature_draw_<gpu>.json]
 """
@@ -38,7 +40,7 @@ from app.engine import Engine  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.sampling import sample_rows  # noqa: E402
-from app.kernels import temperature_draw, temperature_draw_workspace  # noqa: E402
+from app.kernels import draw_workspace, filtered_draw, temperature_draw  # noqa: E402
 from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 VOCAB, LD = 151_665, 151_936  # Qwen2.5's tokenizer and its padded lm_head
@@ -46,14 +48,21 @@ ROUNDS = 3
 
 
 class TorchDraw:
-    """The peer: phase 15's draw of an unfiltered row (sample_rows, one row at a time)."""
+    """The peer: phase 15's draw (sample_rows, one row at a time; top-k / top-p sort the row)."""
 
     def temperature_draw(self, logits, vocab, params, *, workspace, out):
+        return self._rows(logits, vocab, params, out, filtered=False)
+
+    def filtered_draw(self, logits, vocab, params, *, workspace, out):
+        return self._rows(logits, vocab, params, out, filtered=True)
+
+    @staticmethod
+    def _rows(logits, vocab, params, out, filtered: bool):
         temperature, top_p, top_k, u = params
         for i in range(logits.shape[0]):
             at = slice(i, i + 1)
             sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at].long(), u[at], out[at],
-                        filtered=False)
+                        filtered=filtered)
         return out
 
 
@@ -94,27 +103,34 @@ def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / (calls * replays)
 
 
+DRAW_KINDS = {"T=0.3": (0.3, 1.0, 0.0), "T=0.7 top-p 0.9 top-k 50": (0.7, 0.9, 50.0)}
+
+
 def draw_alone() -> list[dict]:
     rows_out = []
-    for rows in (1, 4, 8, 16):
-        logits = (torch.randn(rows, LD, device=DEV) * 3).half()
-        params = torch.tensor([[0.3] * rows, [1.0] * rows, [0.0] * rows, [0.37] * rows], device=DEV)
-        out = torch.zeros(rows, dtype=torch.int64, device=DEV)
-        workspace = temperature_draw_workspace(rows, DEV)
+    for kind, (t, p, k) in DRAW_KINDS.items():
+        filtered = p < 1 or k > 0
+        for rows in (1, 4, 8, 16):
+            logits = (torch.randn(rows, LD, device=DEV) * 3).half()
+            params = torch.tensor([[t] * rows, [p] * rows, [k] * rows, [0.37] * rows], device=DEV)
+            out = torch.zeros(rows, dtype=torch.int64, device=DEV)
+            workspace = draw_workspace(rows, DEV)
+            ours = filtered_draw if filtered else temperature_draw
+            peer = TorchDraw().filtered_draw if filtered else TorchDraw().temperature_draw
 
-        def kernel():
-            temperature_draw(logits, VOCAB, params, workspace=workspace, out=out)
+            def kernel():
+                ours(logits, VOCAB, params, workspace=workspace, out=out)
 
-        def peer():
-            TorchDraw().temperature_draw(logits, VOCAB, params, workspace=None, out=out)
+            def torch_draw():
+                peer(logits, VOCAB, params, workspace=None, out=out)
 
-        row = dict(rows=rows, kernel_us=graph_us(kernel), torch_us=graph_us(peer),
-                   kernel_eager_us=time_us(kernel), torch_eager_us=time_us(peer))
-        row["speedup"] = row["torch_us"] / row["kernel_us"]
-        rows_out.append(row)
-        print(f"draw alone, {rows:2d} rows, graphed: kernel {row['kernel_us']:7.1f} µs  "
-              f"PyTorch {row['torch_us']:7.1f} µs  {row['speedup']:5.1f}x;  eager: {row['kernel_eager_us']:7.1f} / {row['torch_eager_us']:7.1f} µs",
-              flush=True)
+            row = dict(kind=kind, rows=rows, kernel_us=graph_us(kernel), torch_us=graph_us(torch_draw),
+                       kernel_eager_us=time_us(kernel), torch_eager_us=time_us(torch_draw))
+            row["speedup"] = row["torch_us"] / row["kernel_us"]
+            rows_out.append(row)
+            print(f"draw alone, {kind:24s} {rows:2d} rows, graphed: kernel {row['kernel_us']:7.1f} µs  "
+                  f"PyTorch {row['torch_us']:7.1f} µs  {row['speedup']:5.1f}x;  "
+                  f"eager: {row['kernel_eager_us']:7.1f} / {row['torch_eager_us']:7.1f} µs", flush=True)
     return rows_out
 
 
@@ -134,22 +150,24 @@ def decode_rows(model: str, recipe: str) -> list[dict]:
         for batch in (1, 4):
             batch_prompts = prompts[:batch]
             run(engine, batch_prompts, dict(temperature=0), True)  # warm
-            rates = {"greedy": [], "kernel": [], "torch": []}
-            for i in range(ROUNDS):
-                order = ("kernel", "torch") if i % 2 == 0 else ("torch", "kernel")
-                rates["greedy"].append(run(engine, batch_prompts, dict(temperature=0), True)[0])
-                for who in order:
-                    runner.draw._ops = kernel_ops if who == "kernel" else TorchDraw()
-                    rates[who].append(run(engine, batch_prompts, dict(temperature=0.3), True)[0])
-            runner.draw._ops = kernel_ops
-            row = dict(model=label, batch=batch, rounds=rates,
-                       **{f"{k}_tokens_per_s": statistics.median(v) for k, v in rates.items()})
-            row["speedup"] = row["kernel_tokens_per_s"] / row["torch_tokens_per_s"]
-            row["kernel_vs_greedy"] = row["kernel_tokens_per_s"] / row["greedy_tokens_per_s"]
-            out.append(row)
-            print(f"{label:22s} batch {batch}: greedy {row['greedy_tokens_per_s']:7.1f}  T=0.3 kernel "
-                  f"{row['kernel_tokens_per_s']:7.1f}  T=0.3 PyTorch {row['torch_tokens_per_s']:7.1f} tok/s  "
-                  f"{row['speedup']:4.2f}x (kernel / greedy {row['kernel_vs_greedy']:.3f})", flush=True)
+            for kind, (t, p, k) in DRAW_KINDS.items():
+                mode = dict(temperature=t, top_p=p, top_k=int(k))
+                rates = {"greedy": [], "kernel": [], "torch": []}
+                for i in range(ROUNDS):
+                    order = ("kernel", "torch") if i % 2 == 0 else ("torch", "kernel")
+                    rates["greedy"].append(run(engine, batch_prompts, dict(temperature=0), True)[0])
+                    for who in order:
+                        runner.draw._ops = kernel_ops if who == "kernel" else TorchDraw()
+                        rates[who].append(run(engine, batch_prompts, mode, True)[0])
+                runner.draw._ops = kernel_ops
+                row = dict(model=label, batch=batch, kind=kind, rounds=rates,
+                           **{f"{w}_tokens_per_s": statistics.median(v) for w, v in rates.items()})
+                row["speedup"] = row["kernel_tokens_per_s"] / row["torch_tokens_per_s"]
+                row["kernel_vs_greedy"] = row["kernel_tokens_per_s"] / row["greedy_tokens_per_s"]
+                out.append(row)
+                print(f"{label:22s} batch {batch} {kind:24s}: greedy {row['greedy_tokens_per_s']:7.1f}  kernel "
+                      f"{row['kernel_tokens_per_s']:7.1f}  PyTorch {row['torch_tokens_per_s']:7.1f} tok/s  "
+                      f"{row['speedup']:4.2f}x (kernel / greedy {row['kernel_vs_greedy']:.3f})", flush=True)
     finally:
         engine.close()
         del engine, runner

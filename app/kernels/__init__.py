@@ -3,7 +3,7 @@
 GPU ops (need :func:`available`): :func:`gemv_w4`, :func:`gemv_w3`, :func:`gate_up_silu_w4`,
 :func:`gate_up_silu_w3`, :func:`rms_norm`, :func:`rope_kv_write`, :func:`decode_attention`,
 :func:`rope_decode_attention` (the last two in one), :func:`argmax_rows` and
-:func:`temperature_draw` (the decode step's greedy and sampled tokens).
+:func:`temperature_draw` / :func:`filtered_draw` (the decode step's greedy and sampled tokens).
 The references in :mod:`app.kernels.reference` are the CPU path. docs/KERNELS.md explains
 the design and the measurements. Importing this package never needs a GPU.
 """
@@ -20,11 +20,17 @@ from app.kernels.loader import (
     unavailable_reason,
 )
 from app.kernels.norm_rope import rms_norm, rope_kv_write
-from app.kernels.temperature_draw import temperature_draw, temperature_draw_workspace
+from app.kernels.temperature_draw import (
+    DrawWorkspace,
+    draw_workspace,
+    filtered_draw,
+    temperature_draw,
+)
 
 __all__ = [
     "DecodeAttentionWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError", "KernelError",
     "KernelUnavailableError", "available", "decode_attention", "default_gemv_config", "default_num_splits",
     "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_decode_attention",
-    "rope_kv_write", "temperature_draw", "temperature_draw_workspace", "unavailable_reason",
+    "rope_kv_write", "temperature_draw", "unavailable_reason", "DrawWorkspace",
+    "draw_workspace", "filtered_draw",
 ]

@@ -1,37 +1,33 @@
 """Sampled tokens drawn on the device, after the decode graph has left the logits and their
-argmax in its buffers.
-
-A row with a temperature and neither top-k nor top-p (the tray's default) is drawn by the ops'
-``temperature_draw`` (temperature_draw.cu: two launches for all such rows, no sort, no
-temporaries; its reference on the CPU); a top-k / top-p row by
-app.engine.sampling.sample_rows (the host sampler's own arithmetic, a sort), one row at a time.
+argmax in its buffers, through the runner's ops: on the GPU temperature_draw.cu (rows at a
+temperature alone in two launches; top-k / top-p rows in ten, without a sort), on the CPU
+their references (app.kernels.reference.temperature_draw_ref, and
+app.engine.sampling.sample_rows for top-k / top-p: the host sampler's own arithmetic).
 
 The runner keeps each sampling slot's settings (:class:`~app.engine.sampling.RowSampling`), so
 a step chained on the device draws without the host; each row's uniform number comes from its
-seed and the new token's position, uploaded with the step like the graph's inputs. The VRAM
-plan counts one row's temporaries (app.engine.cuda.memory ``draw_bytes``), and top-k / top-p
-rows are drawn here only where the plan has room for their sort.
+seed and the new token's position, uploaded with the step like the graph's inputs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from app.engine.sampling import RowSampling, sample_rows, uniform
-from app.kernels.temperature_draw import temperature_draw_workspace
+from app.engine.sampling import RowSampling, uniform
+from app.kernels.temperature_draw import draw_workspace
 
-DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row, for sample_rows
+DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row (temperature_draw.cu's params)
 ARGMAX_ROW = (0.0, 1.0, 0.0, 0.0)  # temperature 0: the row keeps its argmax
 
 
 class DeviceDraw:
     def __init__(self, rows: int, device: torch.device, filtered: bool, ops):
         """``rows``: the decode graph's rows; ``filtered``: top-k / top-p rows may be drawn here;
-        ``ops``: the runner's ops (``temperature_draw``)."""
+        ``ops``: the runner's ops (``temperature_draw``, ``filtered_draw``)."""
         cuda = device.type == "cuda"
         self.filtered = filtered
         self._ops = ops
-        self._workspace = temperature_draw_workspace(rows, device)
+        self._workspace = draw_workspace(rows, device)
         self._slots: dict[int, RowSampling] = {}  # the slots that sample, and how
         self._host = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, pin_memory=cuda)
         self._inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=device)
@@ -63,13 +59,8 @@ class DeviceDraw:
         vocab = min(drawn[0].vocab, logits.shape[-1])
         if any(not row.filtered for row in drawn):  # all of them in one go
             self._ops.temperature_draw(logits, vocab, self._inputs, workspace=self._workspace, out=tokens)
-        temperature, top_p, top_k, u = self._inputs
-        top_k = top_k.long()
-        for i, row in enumerate(rows):  # one row at a time: the VRAM plan counts one row's temporaries
-            if row is not None and row.temperature > 0 and row.filtered:
-                at = slice(i, i + 1)
-                sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at], u[at], tokens[at],
-                            filtered=True)
+        if any(row.filtered for row in drawn):
+            self._ops.filtered_draw(logits, vocab, self._inputs, workspace=self._workspace, out=tokens)
 
     def _upload(self, values: list[tuple[float, ...]]) -> None:
         """Rows of DRAW_INPUTS values -> the first n columns of ``_inputs`` (asynchronous)."""

@@ -129,14 +129,14 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
     the fused norms' chunk sums, the argmax's partials."""
     from app.kernels.argmax import ARGMAX_BLOCKS
-    from app.kernels.temperature_draw import DRAW_SLICES
+    from app.kernels.temperature_draw import draw_workspace_bytes
 
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
     per_row += 2 * 4 * 4  # the draw's inputs (cuda/draw.py DRAW_INPUTS) and their pinned upload
     per_row += 2 * -(-h // 16) * 4
     per_row += 8 * ARGMAX_BLOCKS  # the argmax's per-slice maxima and indices
-    per_row += 2 * 4 * DRAW_SLICES  # the temperature draw's per-slice softmax (max, sum)
+    per_row += draw_workspace_bytes(1)  # the device draw's per-slice softmax and search partials
     attention = spec.num_heads * splits * (spec.head_dim + 2) * 4
     return rows * (per_row + attention)
 

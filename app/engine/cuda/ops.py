@@ -82,6 +82,10 @@ class KernelOps:
         (temperature_draw.cu: two programmatic launches, no sort); other rows keep out[i]."""
         return self.k.temperature_draw(logits, vocab, params, workspace=workspace, out=out)
 
+    def filtered_draw(self, logits, vocab, params, *, workspace, out):
+        """Likewise for the rows with top-k and / or top-p (ten launches, no sort)."""
+        return self.k.filtered_draw(logits, vocab, params, workspace=workspace, out=out)
+
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         if residual is None:
             return self.k.rms_norm(x, weight, eps, out=out)
@@ -165,6 +169,19 @@ class ReferenceOps:
             raise TypeError(f"draw parameters: fp32 [4, >= {logits.shape[0]}] expected, got {params.dtype} "
                             f"{tuple(params.shape)}")
         return ref.temperature_draw_ref(logits, vocab, params, out)
+
+    def filtered_draw(self, logits, vocab, params, *, workspace, out):
+        """The host sampler's arithmetic (app.engine.sampling.sample_rows), row by row."""
+        from app.engine.sampling import sample_rows
+
+        _check_fp16(logits=logits)
+        temperature, top_p, top_k, u = params
+        for i in range(logits.shape[0]):
+            if temperature[i] > 0 and (top_p[i] < 1 or top_k[i] > 0):
+                at = slice(i, i + 1)
+                sample_rows(logits[at, :vocab], temperature[at], top_p[at], top_k[at].long(), u[at], out[at],
+                            filtered=True)
+        return out
 
     def rms_norm(self, x, weight, eps, *, out, residual=None):
         _check_fp16(x=x, weight=weight, out=out)

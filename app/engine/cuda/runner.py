@@ -89,8 +89,10 @@ class CudaRunner:
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
         # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
-        # Sampled tokens drawn after the step; top-k / top-p only where the plan has room for the sort.
-        self.draw = DeviceDraw(rows, self.device, filtered=plan is None or plan.filtered_draw, ops=self.ops)
+        # Sampled tokens drawn after the step. Top-k / top-p rows: the kernels draw them without a
+        # sort; the reference ops sort, where the plan has room for it.
+        filtered = plan is None or plan.filtered_draw or self.ops.name == "kernels"
+        self.draw = DeviceDraw(rows, self.device, filtered=filtered, ops=self.ops)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
