@@ -134,6 +134,52 @@ __device__ __forceinline__ T block_exclusive_scan(T value, T& total) {
     return before + inclusive - value;
 }
 
+// ---- The row's slices combined by warp 0, lane s = slice s (DRAW_SLICES == 32). Fixed-order
+// shuffles: every block of a row computes the same values.
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {  // the same in every lane (addition commutes)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_exclusive_scan(T v) {
+    T inclusive = v;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const T o = __shfl_up_sync(FULL_MASK, inclusive, off);
+        if (lane >= off) inclusive += o;
+    }
+    const T before = __shfl_up_sync(FULL_MASK, inclusive, 1);
+    return lane == 0 ? T(0) : before;
+}
+
+// This lane's slice weight: its softmax sum relative to the row's max `top`.
+__device__ __forceinline__ float slice_softmax_weight(float m, float z, float top) {
+    return m == draw_neg_inf() ? 0.f : z * expf(m - top);
+}
+
+struct DrawOwner { int slice; float before, point; };
+
+// The slice holding u x total of the lanes' weights: the last slice of positive weight whose
+// prefix is at or before the point (which also catches a point rounded onto the total).
+__device__ __forceinline__ DrawOwner owning_slice(float w, float u) {
+    const float before = warp_exclusive_scan<float>(w);
+    const float point = u * warp_sum<float>(w);
+    const unsigned fits = __ballot_sync(FULL_MASK, w > 0.f && before <= point);
+    const int slice = fits ? 31 - __clz(fits) : -1;
+    return {slice, __shfl_sync(FULL_MASK, before, slice < 0 ? 0 : slice), point};
+}
+
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
 temperature_pick_kernel(const half_t* __restrict__ logits, int ld, int vocab, const float* __restrict__ params,
                         int params_stride, const float* __restrict__ part_m, const float* __restrict__ part_z,
@@ -143,25 +189,21 @@ temperature_pick_kernel(const half_t* __restrict__ logits, int ld, int vocab, co
     pdl_wait();
     float temperature, u;
     if (!draws_row<false>(params, params_stride, row, temperature, u)) return;
-    // Every thread combines the row's slices the same way: the row's max, the total, and the
-    // slice holding u x total (the last slice of positive weight at or before it, which also
-    // catches a point rounded onto the total).
-    const float* pm = part_m + row * slices;
-    const float* pz = part_z + row * slices;
-    float top = draw_neg_inf();
-    for (int s = 0; s < slices; ++s) top = fmaxf(top, pm[s]);
-    if (top == draw_neg_inf()) return;  // nothing drawable: the argmax stays
-    float total = 0.f;
-    for (int s = 0; s < slices; ++s) total += pm[s] == draw_neg_inf() ? 0.f : pz[s] * expf(pm[s] - top);
-    const float point = u * total;
-    float before = 0.f, owner_before = 0.f;
-    int owner = -1;
-    for (int s = 0; s < slices; ++s) {
-        const float w = pm[s] == draw_neg_inf() ? 0.f : pz[s] * expf(pm[s] - top);
-        if (w > 0.f && before <= point) owner = s, owner_before = before;
-        before += w;
+    // Warp 0 combines the row's slices (the same way in every block): the row's max, and the
+    // slice holding u x total.
+    __shared__ float s_top;
+    __shared__ DrawOwner s_owner;
+    if (threadIdx.x < 32) {
+        const float m = part_m[row * slices + threadIdx.x], z = part_z[row * slices + threadIdx.x];
+        const float top = warp_max(m);
+        const DrawOwner owner = owning_slice(slice_softmax_weight(m, z, top), u);
+        if (threadIdx.x == 0) s_top = top, s_owner = owner;
     }
-    if (owner != blockIdx.x) return;
+    __syncthreads();
+    const float top = s_top;
+    const DrawOwner owner = s_owner;
+    if (top == draw_neg_inf() || owner.slice != blockIdx.x) return;  // -inf: the argmax stays
+    const float point = owner.point, owner_before = owner.before;
     const float target = point - owner_before;  // within this slice
     int begin, end;
     slice_bounds(vocab, slices, blockIdx.x, begin, end);
@@ -233,20 +275,6 @@ __device__ __forceinline__ half_t key_logit(int key) {
     return (half_t)((key & 0x8000) ? (key & 0x7FFF) : (~key & 0xFFFF));
 }
 
-// The row's largest scaled logit, from the part kernel's slices.
-__device__ __forceinline__ float row_max(const float* __restrict__ pm) {
-    float top = draw_neg_inf();
-    for (int s = 0; s < DRAW_SLICES; ++s) top = fmaxf(top, pm[s]);
-    return top;
-}
-
-// Z: the row's softmax mass relative to `top`, slices summed in order.
-__device__ __forceinline__ float row_mass(const float* __restrict__ pm, const float* __restrict__ pz, float top) {
-    float total = 0.f;
-    for (int s = 0; s < DRAW_SLICES; ++s) total += pm[s] == draw_neg_inf() ? 0.f : pz[s] * expf(pm[s] - top);
-    return total;
-}
-
 struct SearchState { int lo, shift; bool searching; float target; };
 
 __device__ __forceinline__ SearchState load_state(const float* __restrict__ state, int launch, int row, int rows) {
@@ -254,18 +282,37 @@ __device__ __forceinline__ SearchState load_state(const float* __restrict__ stat
     return {(int)f[0], (int)f[1], f[2] != 0.f, f[3]};
 }
 
-// The largest c in 0..15 with G(lo + c << shift) >= target, G summed over the slices in order
-// (c = 0 where rounding leaves none).
-__device__ __forceinline__ int search_choice(const int* __restrict__ cnt, const float* __restrict__ mass,
-                                             bool by_count, float target) {
+// What every block of a filtered row needs first, in shared memory: the row's max and softmax
+// total (warp 0 over the slices), and G at the 17 thresholds of one launch's partials (each
+// warp sums some thresholds over the slices, lane = slice).
+struct RowSummary {
+    float top, total;
+    int g_count[SEARCH_THRESHOLDS];
+    float g_mass[SEARCH_THRESHOLDS];
+};
+
+__device__ __forceinline__ void summarize_row(const float* __restrict__ pm, const float* __restrict__ pz,
+                                              const int* __restrict__ cnt, const float* __restrict__ mass,
+                                              RowSummary& out) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp == 0) {
+        const float m = pm[lane], top = warp_max(m);
+        const float total = warp_sum<float>(slice_softmax_weight(m, pz[lane], top));
+        if (lane == 0) out.top = top, out.total = total;
+    }
+    for (int c = warp; c < SEARCH_THRESHOLDS && cnt != nullptr; c += DRAW_WARPS) {
+        const int n = warp_sum<int>(cnt[lane * SEARCH_THRESHOLDS + c]);
+        const float g = warp_sum<float>(mass[lane * SEARCH_THRESHOLDS + c]);
+        if (lane == 0) out.g_count[c] = n, out.g_mass[c] = g;
+    }
+    __syncthreads();
+}
+
+// The largest c in 0..15 with G(lo + c << shift) >= target (c = 0 where rounding leaves none).
+__device__ __forceinline__ int search_choice(const RowSummary& row, bool by_count, float target) {
     int chosen = 0;
     for (int c = 1; c < SEARCH_THRESHOLDS - 1; ++c) {
-        float g = 0.f;
-        for (int s = 0; s < DRAW_SLICES; ++s) {
-            const int at = s * SEARCH_THRESHOLDS + c;
-            g += by_count ? (float)cnt[at] : mass[at];
-        }
-        if (g >= target) chosen = c;
+        if ((by_count ? (float)row.g_count[c] : row.g_mass[c]) >= target) chosen = c;
     }
     return chosen;
 }
@@ -320,30 +367,30 @@ filtered_search_kernel(const half_t* __restrict__ logits, int ld, int vocab, con
     pdl_wait();
     float temperature, u;
     if (!draws_row<true>(params, params_stride, row, temperature, u)) return;
-    const float top = row_max(part_m + row * DRAW_SLICES);
-    if (top == draw_neg_inf()) return;  // nothing drawable: the argmax stays
     const long per_row = (long)DRAW_SLICES * SEARCH_THRESHOLDS;
     const long prev = ((launch + 1) % 2 * (long)rows + row) * per_row;  // the previous launch's buffer
+    const bool narrowing = launch % SEARCH_STEPS != 0;
+    const SearchState before = load_state(state, launch == 0 ? 0 : launch - 1, row, rows);
+    __shared__ RowSummary summary;
+    const bool read_prev = launch > 0 && before.searching;  // (launch 4: top-k's last partials)
+    summarize_row(part_m + row * DRAW_SLICES, part_z + row * DRAW_SLICES, read_prev ? part_cnt + prev : nullptr,
+                  part_mass + prev, summary);
+    const float top = summary.top;
+    if (top == draw_neg_inf()) return;  // nothing drawable: the argmax stays
     SearchState now;
-    if (launch % SEARCH_STEPS != 0) {  // narrow the previous launch's range
-        const SearchState before = load_state(state, launch - 1, row, rows);
+    if (narrowing) {  // narrow the previous launch's range
         now = before;
         if (before.searching) {
-            const int c = search_choice(part_cnt + prev, part_mass + prev, launch < SEARCH_STEPS, before.target);
+            const int c = search_choice(summary, launch < SEARCH_STEPS, before.target);
             now.lo = before.lo + (c << before.shift), now.shift = before.shift - 4;
         }
     } else if (launch == 0) {  // top-k's search
         const float k = params[2 * params_stride + row];
         now = {0, 12, k > 0.f && k < (float)vocab, k};
-    } else {  // top-p's search, within what top-k kept
+    } else {  // top-p's search, within what top-k kept: G at top-k's key, from its last partials
+        const float kept = before.searching ? summary.g_mass[search_choice(summary, true, before.target)]
+                                            : summary.total;
         const float top_p = params[params_stride + row];
-        float kept = row_mass(part_m + row * DRAW_SLICES, part_z + row * DRAW_SLICES, top);
-        const SearchState k = load_state(state, SEARCH_STEPS - 1, row, rows);
-        if (k.searching) {  // G at top-k's key, from the last top-k launch's partials
-            const int c = search_choice(part_cnt + prev, part_mass + prev, true, k.target);
-            kept = 0.f;
-            for (int s = 0; s < DRAW_SLICES; ++s) kept += part_mass[prev + s * SEARCH_THRESHOLDS + c];
-        }
         now = {0, 12, top_p < 1.f, top_p * kept};
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -377,52 +424,51 @@ filtered_pick_kernel(const half_t* __restrict__ logits, int ld, int vocab, const
     pdl_wait();
     float temperature, u;
     if (!draws_row<true>(params, params_stride, row, temperature, u)) return;
-    const float top = row_max(part_m + row * DRAW_SLICES);
-    if (top == draw_neg_inf()) return;
-    // The key both searches ended at, and the per-slice mass above it and ties at it (every
-    // block the same way). Both final launches (3 and 7) wrote partials buffer 1.
+    // The key both searches ended at (both final launches, 3 and 7, wrote partials buffer 1),
+    // then warp 0 over the slices: the ties at the key, the mass above it, how many ties stay,
+    // each slice's kept weight and the slice holding u x total. The same in every block.
     const SearchState p = load_state(state, SEARCH_LAUNCHES - 1, row, rows);
     const SearchState k = load_state(state, SEARCH_STEPS - 1, row, rows);
     const SearchState last = p.searching ? p : k;
     const long base = ((long)rows + row) * DRAW_SLICES * SEARCH_THRESHOLDS;
     const int* cnt = part_cnt + base;
     const float* mass = part_mass + base;
-    int key = -1, c = 0;  // -1: neither search ran (top_k >= vocab, top_p 1): everything stays
-    if (last.searching) {
-        c = search_choice(cnt, mass, !p.searching, last.target);
-        key = last.lo + c;
+    __shared__ RowSummary summary;
+    summarize_row(part_m + row * DRAW_SLICES, part_z + row * DRAW_SLICES, last.searching ? cnt : nullptr, mass,
+                  summary);
+    const float top = summary.top;
+    if (top == draw_neg_inf()) return;
+    // key -1: neither search ran (top_k >= vocab, top_p 1): everything stays
+    const int c = last.searching ? search_choice(summary, !p.searching, last.target) : 0;
+    const int key = last.searching ? last.lo + c : -1;
+    __shared__ int s_n_keep, s_owner_ties;
+    __shared__ DrawOwner s_owner;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int ties = 0;
+        float w;
+        if (key < 0) {
+            w = slice_softmax_weight(part_m[row * DRAW_SLICES + lane], part_z[row * DRAW_SLICES + lane], top);
+        } else {
+            ties = cnt[lane * SEARCH_THRESHOLDS + c] - cnt[lane * SEARCH_THRESHOLDS + c + 1];
+            const float above = summary.g_mass[c + 1];
+            const float e_key = expf(scaled_logit(key_logit(key), temperature) - top);
+            int n_keep = summary.g_count[c] - summary.g_count[c + 1];  // every tie
+            if (p.searching && e_key > 0.f) n_keep = (int)fminf((float)n_keep, ceilf((p.target - above) / e_key));
+            const int before = warp_exclusive_scan<int>(ties);
+            w = mass[lane * SEARCH_THRESHOLDS + c + 1] + e_key * (float)max(0, min(ties, n_keep - before));
+            if (lane == 0) s_n_keep = n_keep;
+            ties = before;
+        }
+        const DrawOwner owner = owning_slice(w, u);
+        const int owner_ties = __shfl_sync(FULL_MASK, ties, owner.slice < 0 ? 0 : owner.slice);
+        if (lane == 0) s_owner = owner, s_owner_ties = owner_ties;
     }
-    int ties = 0;
-    float above = 0.f;
-    for (int s = 0; s < DRAW_SLICES && key >= 0; ++s) {
-        ties += cnt[s * SEARCH_THRESHOLDS + c] - cnt[s * SEARCH_THRESHOLDS + c + 1];
-        above += mass[s * SEARCH_THRESHOLDS + c + 1];
-    }
-    const float e_key = key >= 0 ? expf(scaled_logit(key_logit(key), temperature) - top) : 0.f;
-    int n_keep = ties;
-    if (p.searching && e_key > 0.f) n_keep = (int)fminf((float)ties, ceilf((p.target - above) / e_key));
-    // Each slice's kept weight (all of its mass where neither search ran); the slice holding
-    // u x total.
-    float weights[DRAW_SLICES], total = 0.f;
-    int slice_ties[DRAW_SLICES], ties_before = 0;
-    for (int s = 0; s < DRAW_SLICES; ++s) {
-        const float m = part_m[row * DRAW_SLICES + s];
-        slice_ties[s] = key < 0 ? 0 : cnt[s * SEARCH_THRESHOLDS + c] - cnt[s * SEARCH_THRESHOLDS + c + 1];
-        const int kept_ties = max(0, min(slice_ties[s], n_keep - ties_before));
-        weights[s] = key < 0 ? (m == draw_neg_inf() ? 0.f : part_z[row * DRAW_SLICES + s] * expf(m - top))
-                             : mass[s * SEARCH_THRESHOLDS + c + 1] + e_key * (float)kept_ties;
-        ties_before += slice_ties[s];
-        total += weights[s];
-    }
-    const float point = u * total;
-    float before = 0.f, owner_before = 0.f;
-    int owner = -1, owner_ties = 0;
-    ties_before = 0;
-    for (int s = 0; s < DRAW_SLICES; ++s) {
-        if (weights[s] > 0.f && before <= point) owner = s, owner_before = before, owner_ties = ties_before;
-        before += weights[s];
-        ties_before += slice_ties[s];
-    }
+    __syncthreads();
+    const DrawOwner owner_info = s_owner;
+    const int owner = owner_info.slice, owner_ties = key < 0 ? 0 : s_owner_ties;
+    const int n_keep = key < 0 ? 0 : s_n_keep;
+    const float point = owner_info.point, owner_before = owner_info.before;
     if (owner != blockIdx.x) return;
     // Walk the owner's slice: contiguous chunks, their tie counts scanned (the ranks), then
     // their kept weights scanned, then the crossing chunk element by element.
