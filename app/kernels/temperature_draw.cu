@@ -212,6 +212,7 @@ temperature_pick_kernel(const half_t* __restrict__ logits, int ld, int vocab, co
     const half_t* x = logits + (long)row * ld;
     float mine = 0.f;
     int last_positive = -1;
+#pragma unroll 8  // loads issued ahead of the math
     for (int i = first; i < last; ++i) {
         const float e = expf(scaled_logit(x[i], temperature) - top);
         mine += e;
@@ -325,13 +326,22 @@ __device__ __forceinline__ void search_pass(const half_t* __restrict__ x, int be
     float mass[SEARCH_THRESHOLDS];
 #pragma unroll
     for (int c = 0; c < SEARCH_THRESHOLDS; ++c) cnt[c] = 0, mass[c] = 0.f;
-    for (int i = begin + threadIdx.x; i < end; i += DRAW_THREADS) {
-        const half_t h = x[i];
-        const int key = logit_key(h);
-        const float e = expf(scaled_logit(h, temperature) - top);
+    for (int base = begin + threadIdx.x; base < end; base += DRAW_THREADS * DRAW_UNROLL) {
+        half_t v[DRAW_UNROLL];
 #pragma unroll
-        for (int c = 0; c < SEARCH_THRESHOLDS; ++c) {
-            if (key >= lo + (c << shift)) cnt[c] += 1, mass[c] += e;
+        for (int k = 0; k < DRAW_UNROLL; ++k) {  // all loads first: one wait for L2, not eight
+            const int i = base + k * DRAW_THREADS;
+            v[k] = i < end ? x[i] : (half_t)0xFC00;  // -inf: key below every threshold but 0
+        }
+#pragma unroll
+        for (int k = 0; k < DRAW_UNROLL; ++k) {
+            if (base + k * DRAW_THREADS >= end) break;
+            const int key = logit_key(v[k]);
+            const float e = expf(scaled_logit(v[k], temperature) - top);
+#pragma unroll
+            for (int c = 0; c < SEARCH_THRESHOLDS; ++c) {
+                if (key >= lo + (c << shift)) cnt[c] += 1, mass[c] += e;
+            }
         }
     }
     __shared__ int warp_cnt[DRAW_WARPS][SEARCH_THRESHOLDS];
@@ -479,11 +489,13 @@ filtered_pick_kernel(const half_t* __restrict__ logits, int ld, int vocab, const
     const int first = min(end, begin + threadIdx.x * chunk), stop = min(end, first + chunk);
     const half_t* x = logits + (long)row * ld;
     int my_ties = 0;
+#pragma unroll 8  // loads issued ahead of the math
     for (int i = first; i < stop; ++i) my_ties += logit_key(x[i]) == key;
     int owner_slice_ties;
     const int rank0 = owner_ties + block_exclusive_scan<int>(my_ties, owner_slice_ties);
     float mine = 0.f;
     int rank = rank0, last_positive = -1;
+#pragma unroll 8  // loads issued ahead of the math
     for (int i = first; i < stop; ++i) {
         const float w = kept_weight(x[i], temperature, top, key, n_keep, rank);
         mine += w;
