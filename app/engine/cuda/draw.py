@@ -21,20 +21,16 @@ ARGMAX_ROW = (0.0, 1.0, 0.0, 0.0)  # temperature 0: the row keeps its argmax
 
 
 class DeviceDraw:
-    def __init__(self, rows: int, device: torch.device, filtered: bool, ops):
-        """``rows``: the decode graph's rows; ``filtered``: top-k / top-p rows may be drawn here;
-        ``ops``: the runner's ops (``temperature_draw``, ``filtered_draw``)."""
+    def __init__(self, rows: int, device: torch.device, ops):
+        """``rows``: the decode graph's rows; ``ops``: the runner's ops (``temperature_draw``,
+        ``filtered_draw``)."""
         cuda = device.type == "cuda"
-        self.filtered = filtered
         self._ops = ops
         self._workspace = draw_workspace(rows, device)
         self._slots: dict[int, RowSampling] = {}  # the slots that sample, and how
         self._host = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, pin_memory=cuda)
         self._inputs = torch.empty((len(DRAW_INPUTS), rows), dtype=torch.float32, device=device)
         self._uploaded = torch.cuda.Event() if cuda else None  # the GPU has read _host
-
-    def can_draw(self, row: RowSampling) -> bool:
-        return self.filtered or not row.filtered
 
     def set(self, slot: int, row: RowSampling | None) -> None:
         """``slot``'s tokens from now on: drawn as ``row`` says, or the argmax (None, temperature 0)."""

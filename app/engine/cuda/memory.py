@@ -12,7 +12,6 @@ Pure arithmetic over the spec and a :class:`GpuInfo`: the CPU tests plan for the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 from dataclasses import asdict, dataclass
@@ -45,12 +44,10 @@ MIN_CONTEXT = 256
 # summaries and rewrites would cut most texts into pieces.
 MIN_FIT_CONTEXT = 1024
 TORCH_DEQUANT_BYTES = 4  # uint8 temporaries per weight element of the PyTorch dequantizer
-# Drawing a sampled token on the device (app.engine.sampling.sample_rows, one row at a time),
-# fp32 temporaries per logit: temperature only (scaled logits, probabilities, their cumulative
-# sum), and with top-k / top-p (+ the sort's values and int64 order, its own buffers, the
-# filtered probabilities put back in vocabulary order).
+# Drawing a sampled token with PyTorch (app.engine.sampling.sample_rows), fp32 temporaries per
+# logit at a temperature alone (scaled logits, probabilities, their cumulative sum). The kernels
+# (temperature_draw.cu) need none; the plan keeps one row's worth as a margin.
 DRAW_BYTES_PER_LOGIT = 12
-FILTERED_DRAW_BYTES_PER_LOGIT = 40
 SMALL_SEGMENT = 2 * MiB  # ... tensors up to 1 MB come from 2 MB segments
 
 # Shapes of Qwen2.5-3B (HF config.json) for the "or a smaller model" suggestion.
@@ -141,15 +138,11 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     return rows * (per_row + attention)
 
 
-def draw_bytes(spec: ModelSpec, filtered: bool) -> int:
-    """Temporaries of drawing one row's token on the device with PyTorch (sample_rows: top-k /
-    top-p rows; at a temperature alone the kernel needs none, so there this is a margin). A
-    temperature-only draw's fp32 rows stay under 1 MB for vocabularies up to 262k (small 2 MB
-    segments); a filtered draw's int64 sort order of a large vocabulary does not, and takes a
-    20 MB segment."""
-    if not filtered:
-        return -(-spec.vocab_size * DRAW_BYTES_PER_LOGIT // SMALL_SEGMENT) * SMALL_SEGMENT
-    return spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT + LARGE_SEGMENT
+def draw_bytes(spec: ModelSpec) -> int:
+    """One row's temporaries of drawing with PyTorch at a temperature alone (under 1 MB for
+    vocabularies up to 262k: a small 2 MB segment). A margin: the kernels draw every row,
+    top-k / top-p included, in their workspace (decode_buffer_bytes)."""
+    return -(-spec.vocab_size * DRAW_BYTES_PER_LOGIT // SMALL_SEGMENT) * SMALL_SEGMENT
 
 
 def prefill_activation_bytes(spec: ModelSpec, tokens: int, tile_elements: int) -> int:
@@ -203,13 +196,11 @@ class MemoryPlan:
     prefill_mode: str  # "gemm" (dequantize + cuBLAS) or "graph" (GEMV kernels, decode_rows tokens a replay)
     prefill_chunk: int  # tokens per GEMM pass
     tile_elements: int  # dequantized weight tile of the GEMM prefill
-    filtered_draw: bool = False  # top-k / top-p draws on the device (else on the host)
-    filtered_draw_bytes: int = 0  # what they add to the plan (0 where they share a segment kept anyway)
 
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.kv_cache_bytes + self.decode_bytes + self.prefill_bytes
-                + self.prefill_graph_bytes + self.fixed_bytes + self.filtered_draw_bytes)
+                + self.prefill_graph_bytes + self.fixed_bytes)
 
     @property
     def headroom_bytes(self) -> int:
@@ -227,8 +218,6 @@ class MemoryPlan:
                 f"prefill {self.prefill_mode} {self.prefill_bytes / MiB:.0f} MiB"
                 f"{f' ({self.prefill_chunk} tokens a replay)' if self.prefill_mode == 'graph' else ''}"
                 f"{f' + graphs {self.prefill_graph_bytes / MiB:.0f} MiB' if self.prefill_graph_bytes else ''}, "
-                f"{f'top-k/top-p draws {self.filtered_draw_bytes / MiB:.0f} MiB, ' if self.filtered_draw_bytes else ''}"
-                f"{'' if self.filtered_draw else 'top-k/top-p drawn on the host, '}"
                 f"other {self.fixed_bytes / MiB:.0f} MiB")
 
 
@@ -259,9 +248,8 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
                 tile = _largest_tile(spec, chunk, max_context, left, gpu.capability, quantized, dequant, graphs)
                 if tile:
                     workspace, pool = _gemm_prefill_bytes(spec, chunk, max_context, tile, gpu.capability, dequant)
-                    return _with_filtered_draw(spec, MemoryPlan(
-                        **base, prefill_bytes=workspace, prefill_graph_bytes=pool if graphs else 0,
-                        prefill_mode="gemm", prefill_chunk=chunk, tile_elements=tile))
+                    return MemoryPlan(**base, prefill_bytes=workspace, prefill_graph_bytes=pool if graphs else 0,
+                                      prefill_mode="gemm", prefill_chunk=chunk, tile_elements=tile)
         if prefill_mode == "gemm":
             raise VramBudgetError(f"{label}: no room for the GEMM prefill in the {gib(budget_bytes)} VRAM budget "
                                   f"({gib(left)} left after weights and KV cache); use the graph prefill")
@@ -272,25 +260,8 @@ def plan_memory(spec: ModelSpec, weights_bytes: int, *, num_slots: int, max_cont
     wide_decode += LARGE_SEGMENT
     if wide_rows > rows and weights_bytes + wide_decode + fixed + kv <= budget_bytes:
         base.update(decode_rows=wide_rows, decode_bytes=wide_decode)
-    return _with_filtered_draw(spec, MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
-                                                prefill_chunk=base["decode_rows"], tile_elements=0))
-
-
-def _with_filtered_draw(spec: ModelSpec, plan: MemoryPlan) -> MemoryPlan:
-    """Top-k / top-p draws on the device where the plan has room for their sort (a last
-    priority: without it those requests draw on the host, one logits row a token). A plan that
-    already keeps a 20 MB allocator segment for eager temporaries — the GEMM prefill's
-    workspace, the 16-row graph prefill's margin — serves the sort's tensors from it: they are
-    never alive at the same time (a step either prefills or draws)."""
-    tensors = spec.vocab_size * FILTERED_DRAW_BYTES_PER_LOGIT
-    wide = plan.decode_rows > max(plan.num_slots, GRAPH_PREFILL_ROWS)  # (the wide rows carry the margin)
-    if (plan.prefill_mode == "gemm" or wide) and tensors <= LARGE_SEGMENT:
-        extra = 0
-    else:
-        extra = draw_bytes(spec, filtered=True) - draw_bytes(spec, filtered=False)
-    if plan.headroom_bytes < extra:
-        return plan
-    return dataclasses.replace(plan, filtered_draw=True, filtered_draw_bytes=extra)
+    return MemoryPlan(**base, prefill_bytes=0, prefill_graph_bytes=0, prefill_mode="graph",
+                      prefill_chunk=base["decode_rows"], tile_elements=0)
 
 
 def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, context: int,
@@ -298,7 +269,7 @@ def _required(spec: ModelSpec, gpu: GpuInfo, dense_decode: bool, slots: int, con
     """(decode rows, attention splits, decode bytes, fixed bytes, KV bytes) for this shape."""
     rows = max(slots, min_rows)
     splits = attention_splits(spec, context, gpu.sm_count)
-    decode = decode_buffer_bytes(spec, rows, splits) + GRAPH_POOL + draw_bytes(spec, filtered=False)
+    decode = decode_buffer_bytes(spec, rows, splits) + GRAPH_POOL + draw_bytes(spec)
     fixed = KERNEL_MODULES + 2 * context * spec.head_dim * 4 + (
         cublas_workspace_bytes(gpu.capability) if dense_decode else 0)
     return rows, splits, decode, fixed, kv_bytes_per_token(spec) * slots * context

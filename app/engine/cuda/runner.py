@@ -89,10 +89,8 @@ class CudaRunner:
         self._uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
         # Steps launched and not yet collected: their ids come back asynchronously.
         self._in_flight = TokensInFlight(rows, self.device)
-        # Sampled tokens drawn after the step. Top-k / top-p rows: the kernels draw them without a
-        # sort; the reference ops sort, where the plan has room for it.
-        filtered = plan is None or plan.filtered_draw or self.ops.name == "kernels"
-        self.draw = DeviceDraw(rows, self.device, filtered=filtered, ops=self.ops)
+        # Sampled tokens drawn after the step (every kind: the kernels need no sort).
+        self.draw = DeviceDraw(rows, self.device, ops=self.ops)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
@@ -138,8 +136,9 @@ class CudaRunner:
         return self.buffers.logits[: len(ids)].to("cpu").float()
 
     def can_draw(self, row: RowSampling) -> bool:
-        """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host)."""
-        return self.draw.can_draw(row)
+        """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host):
+        every row without penalties (top-k / top-p included, temperature_draw.cu)."""
+        return True
 
     def set_sampling(self, slot: int, row: RowSampling | None) -> None:
         """How the decode_tokens steps take ``slot``'s token from now on: drawn as ``row`` says,
