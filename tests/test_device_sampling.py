@@ -239,7 +239,7 @@ def test_the_vram_plan_counts_the_draw_workspace():
     from test_cuda_runtime import QWEN7B, plan
 
     from app.engine.cuda.memory import GiB, GpuInfo, decode_buffer_bytes, parse_size
-    from app.kernels.temperature_draw import draw_workspace_bytes
+    from app.kernels.token_draw import draw_workspace_bytes
 
     laptop = plan(QWEN7B, "mixed", 4096)  # RTX 3050 Laptop, 3.2 GiB
     assert laptop.decode_rows == 16 and laptop.total_bytes <= parse_size("3.2GiB")

@@ -20,7 +20,7 @@ from app.kernels.loader import (
     unavailable_reason,
 )
 from app.kernels.norm_rope import rms_norm, rope_kv_write
-from app.kernels.temperature_draw import (
+from app.kernels.token_draw import (
     DrawWorkspace,
     draw_workspace,
     filtered_draw,

@@ -98,10 +98,14 @@ def require() -> None:
         raise KernelUnavailableError(f"CUDA kernels unavailable: {reason}")
 
 
+# Files that several kernel files share, put between common.cu and them (NVRTC compiles one text).
+PRELUDES = {"temperature_draw.cu": ("draw_common.cu",), "filtered_draw.cu": ("draw_common.cu",)}
+
+
 def kernel_source(filename: str) -> str:
-    """``common.cu`` followed by ``filename``: the exact text NVRTC compiles."""
+    """``common.cu``, ``filename``'s preludes, then ``filename``: the exact text NVRTC compiles."""
     parts = []
-    for name in (COMMON_SOURCE, filename):
+    for name in (COMMON_SOURCE, *PRELUDES.get(filename, ()), filename):
         path = KERNEL_DIR / name
         if not path.is_file():
             raise KernelCompileError(f"kernel source {path} is missing (broken installation?)")

@@ -1,5 +1,5 @@
 """Sampled tokens drawn on the device, after the decode graph has left the logits and their
-argmax in its buffers, through the runner's ops: on the GPU temperature_draw.cu (rows at a
+argmax in its buffers, through the runner's ops: on the GPU app.kernels.token_draw (rows at a
 temperature alone in two launches; top-k / top-p rows in ten, without a sort), on the CPU
 their references (app.kernels.reference.temperature_draw_ref, and
 app.engine.sampling.sample_rows for top-k / top-p: the host sampler's own arithmetic).
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from app.engine.sampling import RowSampling, uniform
-from app.kernels.temperature_draw import draw_workspace
+from app.kernels.token_draw import draw_workspace
 
-DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row (temperature_draw.cu's params)
+DRAW_INPUTS = ("temperature", "top_p", "top_k", "uniform")  # per row (the draw kernels' params)
 ARGMAX_ROW = (0.0, 1.0, 0.0, 0.0)  # temperature 0: the row keeps its argmax
 
 

@@ -46,7 +46,7 @@ MIN_FIT_CONTEXT = 1024
 TORCH_DEQUANT_BYTES = 4  # uint8 temporaries per weight element of the PyTorch dequantizer
 # Drawing a sampled token with PyTorch (app.engine.sampling.sample_rows), fp32 temporaries per
 # logit at a temperature alone (scaled logits, probabilities, their cumulative sum). The kernels
-# (temperature_draw.cu) need none; the plan keeps one row's worth as a margin.
+# (app.kernels.token_draw) need none; the plan keeps one row's worth as a margin.
 DRAW_BYTES_PER_LOGIT = 12
 SMALL_SEGMENT = 2 * MiB  # ... tensors up to 1 MB come from 2 MB segments
 
@@ -126,7 +126,7 @@ def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
     the fused norms' chunk sums, the argmax's partials."""
     from app.kernels.argmax import ARGMAX_BLOCKS
-    from app.kernels.temperature_draw import draw_workspace_bytes
+    from app.kernels.token_draw import draw_workspace_bytes
 
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4

@@ -137,7 +137,7 @@ class CudaRunner:
 
     def can_draw(self, row: RowSampling) -> bool:
         """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host):
-        every row without penalties (top-k / top-p included, temperature_draw.cu)."""
+        every row without penalties (top-k / top-p included: app.kernels.token_draw)."""
         return True
 
     def set_sampling(self, slot: int, row: RowSampling | None) -> None:

@@ -1,9 +1,11 @@
-"""Launchers for the device draw (temperature_draw.cu): the sampled tokens of a decode step's
-rows without a sort.
+"""Launchers for the device draw: the sampled tokens of a decode step's rows without a sort.
 
-- :func:`temperature_draw`: rows at a temperature alone, two programmatic launches.
-- :func:`filtered_draw`: rows with top-k and / or top-p, ten launches (the row's softmax, four
-  launches narrowing top-k's key, four top-p's, the draw).
+- :func:`temperature_draw` (temperature_draw.cu): rows at a temperature alone, two programmatic
+  launches.
+- :func:`filtered_draw` (filtered_draw.cu): rows with top-k and / or top-p, ten launches (the
+  row's softmax, four launches narrowing top-k's key, four top-p's, the draw).
+
+Both files share draw_common.cu (the loader puts it before them).
 
 The reference is :func:`app.kernels.reference.temperature_draw_ref` and, with top-k / top-p,
 app.engine.sampling.sample_rows (the host sampler's arithmetic)."""
@@ -18,10 +20,10 @@ import torch
 from app.kernels import loader
 from app.kernels.checks import check_tensor
 
-DRAW_SLICES = 32  # temperature_draw.cu: slices of a row (grid.x)
+DRAW_SLICES = 32  # draw_common.cu: slices of a row (grid.x)
 DRAW_THREADS = 256
 DRAW_PARAMS = 4  # rows of the parameters: temperature, top_p, top_k, u (app.engine.cuda.draw DRAW_INPUTS)
-SEARCH_THRESHOLDS = 17  # temperature_draw.cu: G at lo + c << shift, c = 0..16
+SEARCH_THRESHOLDS = 17  # filtered_draw.cu: G at lo + c << shift, c = 0..16
 SEARCH_LAUNCHES = 8  # four narrowing top-k's key, four top-p's
 STATE_FIELDS = 4
 
@@ -81,7 +83,8 @@ def _checked(logits: torch.Tensor, vocab: int, params: torch.Tensor, workspace: 
 
 def _softmax_parts(filtered: bool, common: tuple, rows: int, workspace: DrawWorkspace) -> tuple[int, int]:
     part_m, part_z = workspace.softmax[0, :rows], workspace.softmax[1, :rows]
-    kernel = loader.get_kernel("temperature_draw.cu", f"temperature_part_kernel<{str(filtered).lower()}>")
+    source = "filtered_draw.cu" if filtered else "temperature_draw.cu"
+    kernel = loader.get_kernel(source, f"temperature_part_kernel<{str(filtered).lower()}>")
     loader.launch(kernel, (DRAW_SLICES, rows), (DRAW_THREADS,), common + (part_m.data_ptr(), part_z.data_ptr()))
     return part_m.data_ptr(), part_z.data_ptr()
 
@@ -115,10 +118,10 @@ def filtered_draw(logits: torch.Tensor, vocab: int, params: torch.Tensor, *, wor
     parts = _softmax_parts(True, common, rows, workspace)
     ws = (workspace.counts.data_ptr(), workspace.masses.data_ptr(), workspace.state.data_ptr(),
           np.int32(workspace.rows))
-    search = loader.get_kernel("temperature_draw.cu", "filtered_search_kernel")
+    search = loader.get_kernel("filtered_draw.cu", "filtered_search_kernel")
     for launch in range(SEARCH_LAUNCHES):
         loader.launch(search, (DRAW_SLICES, rows), (DRAW_THREADS,), common + parts + ws + (np.int32(launch),))
-    pick = loader.get_kernel("temperature_draw.cu", "filtered_pick_kernel")
+    pick = loader.get_kernel("filtered_draw.cu", "filtered_pick_kernel")
     loader.launch(pick, (DRAW_SLICES, rows), (DRAW_THREADS,), common + parts + ws + (out.data_ptr(),))
     return out
 

@@ -1,6 +1,6 @@
-"""The device draw (app/kernels/temperature_draw.cu): the sampled token of every row, without a
-sort — at a temperature alone (``temperature_draw``) and with top-k / top-p
-(``filtered_draw``). The temperature draw's reference (``temperature_draw_ref``, the CPU path)
+"""The device draw (app/kernels/token_draw.py): the sampled token of every row, without a sort
+— at a temperature alone (``temperature_draw``, temperature_draw.cu) and with top-k / top-p
+(``filtered_draw``, filtered_draw.cu). The temperature draw's reference (``temperature_draw_ref``, the CPU path)
 equals the host sampler's arithmetic exactly; the kernels, marked ``gpu``, against the float64
 distribution of the same logits on fresh random inputs (ties included), with the rows each
 must leave alone checked untouched."""
