@@ -71,6 +71,14 @@ def test_reference_never_draws_nan_or_minus_infinity():
         assert out[0] in (5, 9) and out[1] == SENTINEL and out[2] == SENTINEL
 
 
+def test_the_workspace_is_what_the_vram_plan_counts():
+    """draw_workspace_bytes (the plan's decode buffers count it) is what draw_workspace allocates."""
+    from app.kernels.token_draw import draw_workspace, draw_workspace_bytes
+
+    for rows in (1, 5, 16):
+        assert draw_workspace(rows, "cpu").nbytes == draw_workspace_bytes(rows)
+
+
 def holds_the_point(logits_row: torch.Tensor, temperature: float, u: float, token: int) -> bool:
     """Whether ``token`` holds u x total in the float64 cumulative softmax(l / T), give or take
     CDF_TOLERANCE of the total, and has a positive probability."""
