@@ -29,8 +29,8 @@ from app.kernels.token_draw import (
 
 __all__ = [
     "DecodeAttentionWorkspace", "DrawWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError",
-    "KernelError", "KernelUnavailableError", "argmax_rows", "argmax_workspace", "available", "decode_attention",
-    "default_gemv_config",
-    "default_num_splits", "draw_workspace", "filtered_draw", "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3",
-    "gemv_w4", "rms_norm", "rope_decode_attention", "rope_kv_write", "temperature_draw", "unavailable_reason",
+    "KernelError", "KernelUnavailableError", "argmax_rows", "argmax_workspace", "available",
+    "decode_attention", "default_gemv_config", "default_num_splits", "draw_workspace", "filtered_draw",
+    "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_decode_attention",
+    "rope_kv_write", "temperature_draw", "unavailable_reason",
 ]
