@@ -22,10 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.kernels.loader import COMPILE_OPTIONS, kernel_source  # noqa: E402
 
 
-def nvrtc_ptx(lib: ctypes.CDLL, filename: str, names: list[str], arch: int) -> tuple[str, dict[str, str]]:
-    """PTX of ``filename`` with the given template instances, and their lowered (mangled) names."""
+def nvrtc_ptx(lib: ctypes.CDLL, filename: str, names: list[str], arch: int,
+              append: str = "") -> tuple[str, dict[str, str]]:
+    """PTX of ``filename`` (then ``append``'s text) with the given template instances, and their
+    lowered (mangled) names."""
     prog = ctypes.c_void_p()
-    src = kernel_source(filename).encode()
+    src = (kernel_source(filename) + "\n" + append).encode()
     check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), src, filename.encode(), 0, None, None))
     for name in names:
         check(lib, lib.nvrtcAddNameExpression(prog, name.encode()))
@@ -62,6 +64,7 @@ def main() -> None:
     ap.add_argument("source", help="kernel file in app/kernels, e.g. gemv.cu")
     ap.add_argument("names", nargs="+", help='instances, e.g. "gemv_kernel<4, 2, true, 1, 1>" or an extern "C" name')
     ap.add_argument("--arch", type=int, default=86)
+    ap.add_argument("--append", type=Path, help="a .cu file compiled after the source (a probe's kernel)")
     ap.add_argument("--sass", action="store_true", help="print the SASS (needs cuobjdump)")
     ap.add_argument("--nvrtc", default="/tmp/nv/nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
     ap.add_argument("--ptxas", default="/tmp/nv/nvidia/cuda_nvcc/bin/ptxas")
@@ -69,7 +72,8 @@ def main() -> None:
     args = ap.parse_args()
     lib = ctypes.CDLL(args.nvrtc)
     templated = [n for n in args.names if "<" in n]
-    ptx, lowered = nvrtc_ptx(lib, args.source, templated, args.arch)
+    append = args.append.read_text() if args.append else ""
+    ptx, lowered = nvrtc_ptx(lib, args.source, templated, args.arch, append)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         ptx_path.write_text(ptx)

@@ -1,0 +1,244 @@
+// A persistent, weight-streaming MLP (probe for docs/KERNELS.md phase 21; not a product kernel).
+// Compiled after common.cu and gemv.cu (it reuses their fragments, decode and mma helpers):
+// benchmarks/probe_persistent_mlp.py builds the text.
+//
+// The question: the decode step is a chain of dependent kernels, and each big GEMV reads its
+// weights only once its input exists (phase 16: the one window that paid). Weights never
+// depend on activations. Here one kernel runs L layers of the MLP at batch 1
+//     x = RMSNorm(h); a = silu(x Wg^T) * (x Wu^T); h = h + a Wd^T
+// with one block per SM for the whole run. Every warp streams the weight pieces it will consume,
+// in consumption order and across the phase boundaries, through a ring of RING shared-memory
+// slots (cp.async, one commit group per piece), so while it waits for a phase's input (a grid
+// counter) the next pieces are already on their way.
+//
+// Pieces. One piece = one 16-row tile x one group of 128 inputs: 1 KB of W4 (the tile layout,
+// w4_tiles.py: lane l copies vectors l and 32 + l, exactly what load_frag reads) + 32 B of
+// scales in a tile-ordered copy [tiles][groups][16 rows] (lanes 0 and 1 copy 16 B each; every
+// lane reads its rows g and g + 8 after the wait and a __syncwarp).
+// Phase A (gate/up), block b: units u = b, b + G, ... (16 outputs: gate tile u, up tile u);
+//   warp w takes group w of both (H = 128 * WARPS: the 3B's hidden 2048 with 16 warps).
+// Phase B (down), block b: tiles d = (b + TB) % G, + G, ... < TB (TB = H / 16: the blocks that
+//   have one A unit fewer take them first); warp w takes groups w, w + WARPS, ... of d.
+// Dependencies: one counter; a block adds 1 after each phase; phase p waits for p * G.
+// Activations written inside the kernel are read with __ldcg (L2, never a stale L1 line).
+
+constexpr int PM_WARPS = 16;
+constexpr int SLOT_VECS = 66;  // 64 weight vectors + 2 of scales (16 rows x fp16)
+constexpr int A_UNITS_MAX = 8;  // phase A units a block may own (688 over 132 SMs: 6)
+constexpr int A_STAGE_VECS = 4;  // a staged for phase B: I / 8 vectors over 512 threads (I <= 16384)
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Every lane waits until the counter reaches target (all blocks finished the phase before).
+// A probe must not hang the GPU: after ~2^24 polls (seconds) it traps (a launch error).
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target) {
+    unsigned spins = 0;
+    while (ld_acquire(counter) < target)
+        if (++spins == (1u << 24)) asm volatile("trap;");
+    __syncwarp();
+}
+
+// After every warp of the block wrote its outputs: one release add.
+__device__ __forceinline__ void arrive(unsigned* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
+    }
+}
+
+// Where the warp's piece j of a layer comes from (j < 2 nA: unit j / 2, gate or up; then down).
+struct PieceStream {
+    const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up rows)
+    const half_t* gu_sc;  // [L][2I/16][H/128][16] scales, tile-ordered
+    const uint4* dn;      // [L][H/16][I/128][64]
+    const half_t* dn_sc;  // [L][H/16][I/128][16]
+    int layers, H, I;
+    int b, warp, nA, nB, dtile, per_layer;
+    int layer, j;  // the next piece to issue
+
+    __device__ __forceinline__ void issue(uint4* slot, int lane) {
+        if (layer < layers) {
+            const uint4* w;
+            const half_t* s;
+            if (j < 2 * nA) {
+                const long tile = (long)(j & 1) * (I / 16) + b + (long)(j >> 1) * gridDim.x;
+                const long at = ((long)layer * (2 * I / 16) + tile) * (H / GROUP) + warp;
+                w = gu + at * 64;
+                s = gu_sc + at * 16;
+            } else {
+                const int grp = warp + (j - 2 * nA) * PM_WARPS;
+                const long at = ((long)layer * (H / 16) + dtile) * (I / GROUP) + grp;
+                w = dn + at * 64;
+                s = dn_sc + at * 16;
+            }
+            cp_async_16(slot + lane, w + lane);
+            cp_async_16(slot + 32 + lane, w + 32 + lane);
+            if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
+            if (++j == per_layer) { j = 0; ++layer; }
+        }
+        cp_async_commit();  // (empty past the end: the wait arithmetic stays the same)
+    }
+};
+
+// The ring: piece i sits in slot i % RING; take() issues piece i + RING - 1, then waits for i.
+template <int RING>
+struct Ring {
+    uint4* base;  // this warp's RING slots
+    int next;     // slot of the next piece to consume
+    PieceStream src;
+
+    __device__ __forceinline__ const uint4* take(int lane) {
+        __syncwarp();  // every lane is done with the slot about to be refilled
+        src.issue(base + ((next + RING - 1) % RING) * SLOT_VECS, lane);
+        cp_async_wait_group<RING - 1>();
+        __syncwarp();  // lanes 0-1's scale copies visible to the warp
+        const uint4* slot = base + next * SLOT_VECS;
+        next = next + 1 == RING ? 0 : next + 1;
+        return slot;
+    }
+};
+
+// One piece against x: the 16 rows' sums (lane (g, t = 0) holds rows g and g + 8, column 0).
+__device__ __forceinline__ void piece_dot(const uint4* slot, const uint4 (&xv)[1][4], int lane, float& r0, float& r1) {
+    Frag<4> f;
+    f.r[0] = slot[lane];
+    f.r[1] = slot[32 + lane];
+    const half_t* sc = reinterpret_cast<const half_t*>(slot + 64);
+    float c[1][4] = {};
+    mma_steps<4, 1>(c, f, xv);
+    r0 = h2f(sc[lane >> 2]) * c[0][0];
+    r1 = h2f(sc[(lane >> 2) + 8]) * c[0][2];
+}
+
+__device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+template <int RING>
+__global__ void __launch_bounds__(PM_WARPS * 32, 1)
+persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ gu_sc,
+                      const uint4* __restrict__ dn, const half_t* __restrict__ dn_sc,
+                      const half_t* __restrict__ norm_w,  // [L][H]
+                      half_t* h,                          // [H] residual row, updated in place
+                      float* sums,                        // [H/16] chunk sums of h (common.cu order)
+                      half_t* a,                          // [I] gated activations
+                      unsigned* counter,                  // zero at launch
+                      int layers, int H, int I, float eps) {
+    extern __shared__ uint4 smem[];
+    pdl_wait();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int G = gridDim.x, b = blockIdx.x;
+    const int unitsA = I / 16, tilesB = H / 16, groupsB = I / GROUP;
+    const int nA = (unitsA - b + G - 1) / G;  // b < unitsA (the launcher checks G <= unitsA)
+    const int dtile = (b + tilesB) % G;
+    const int nB = dtile < tilesB ? max(0, (groupsB - warp + PM_WARPS - 1) / PM_WARPS) : 0;
+    // Shared memory: the rings, then A's partial sums [unit][warp][gate/up][16], B's [warp][16], a.
+    float* partA = reinterpret_cast<float*>(smem + PM_WARPS * RING * SLOT_VECS);
+    float* partB = partA + A_UNITS_MAX * PM_WARPS * 32;
+    uint4* a_stage = reinterpret_cast<uint4*>(partB + PM_WARPS * 16);  // [I / 8]
+
+    Ring<RING> ring{smem + warp * RING * SLOT_VECS, 0, PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
+    for (int i = 0; i < RING - 1; ++i) ring.src.issue(ring.base + i * SLOT_VECS, lane);
+
+    unsigned phase = 0;
+    for (int layer = 0; layer < layers; ++layer, phase += 2) {
+        // Phase A: x = RMSNorm(h), this warp's group of the block's gate/up units.
+        const half_t* nw = norm_w + (long)layer * H;
+        uint4 wv[4];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
+        wait_counter(counter, phase * G);
+        uint4 xv[1][4];
+        {
+            float s = 0.f;
+            for (int c = lane; c < H / NORM_CHUNK; c += 32) s = __fadd_rn(s, __ldcg(sums + c));
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, off));
+            const float inv = rms_inv(s, H, eps);
+#pragma unroll
+            for (int v = 0; v < 4; ++v) xv[0][v] = normalize8(ldcg16(h + warp * GROUP + 32 * t + 8 * v), wv[v], inv);
+        }
+        for (int k = 0; k < nA; ++k) {
+            float r[2][2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) piece_dot(ring.take(lane), xv, lane, r[half][0], r[half][1]);
+            if (t == 0) {
+                float* p = partA + (k * PM_WARPS + warp) * 32;
+                p[g] = r[0][0];
+                p[g + 8] = r[0][1];
+                p[16 + g] = r[1][0];
+                p[16 + g + 8] = r[1][1];
+            }
+        }
+        __syncthreads();
+        if (warp < nA) {  // warp k adds unit k's slices in warp order; lane = gate/up x row
+            float v = 0.f;
+            for (int w = 0; w < PM_WARPS; ++w) v += partA[(warp * PM_WARPS + w) * 32 + lane];
+            const float up = __shfl_down_sync(FULL_MASK, v, 16);
+            if (lane < 16) {
+                const float gate = h2f(f2h(v));
+                const float act = h2f(f2h(gate / (1.f + expf(-gate))));
+                a[(long)(b + warp * G) * 16 + lane] = f2h(act * h2f(f2h(up)));
+            }
+        }
+        arrive(counter);
+
+        // Phase B: h += a Wd^T for tile dtile, this warp's groups of it.
+        if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
+            wait_counter(counter, (phase + 1) * G);
+            // a (I fp16, every group this block's tile needs) staged in shared memory: all
+            // loads in flight at once, no registers held per group.
+            {
+                uint4 v[A_STAGE_VECS];
+#pragma unroll
+                for (int k = 0; k < A_STAGE_VECS; ++k) {
+                    const int i = threadIdx.x + k * PM_WARPS * 32;
+                    if (i < I / 8) v[k] = ldcg16(a + 8 * i);
+                }
+#pragma unroll
+                for (int k = 0; k < A_STAGE_VECS; ++k) {
+                    const int i = threadIdx.x + k * PM_WARPS * 32;
+                    if (i < I / 8) a_stage[i] = v[k];
+                }
+            }
+            __syncthreads();
+            float acc0 = 0.f, acc1 = 0.f;
+            for (int q = 0; q < nB; ++q) {
+                const uint4* xs = a_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
+                uint4 x1[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
+                float r0, r1;
+                piece_dot(ring.take(lane), x1, lane, r0, r1);
+                acc0 += r0;
+                acc1 += r1;
+            }
+            if (t == 0) {
+                partB[warp * 16 + g] = acc0;
+                partB[warp * 16 + g + 8] = acc1;
+            }
+            __syncthreads();
+            if (warp == 0) {
+                float v = 0.f;
+                for (int w = 0; w < PM_WARPS; ++w) v += partB[w * 16 + (lane & 15)];
+                const int row = dtile * 16 + (lane & 15);
+                const half_t out = f2h(h2f(f2h(v)) + h2f(__ldcg(h + row)));
+                if (lane < 16) h[row] = out;
+                // The chunk sum of these 16 rows in common.cu's order: lane e pairs rows e, e + 8.
+                const float o = h2f(out), o8 = __shfl_down_sync(FULL_MASK, o, 8);
+                float p = sq_pair(o, o8);
+#pragma unroll
+                for (int off = 1; off < 8; off <<= 1) p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, off));
+                if (lane == 0) sums[dtile] = p;
+            }
+        }
+        arrive(counter);
+    }
+    cp_async_wait_group<0>();
+}

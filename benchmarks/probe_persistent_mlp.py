@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Can one persistent kernel that streams weights across the phase boundaries beat the chain of
+GEMV kernels? (docs/KERNELS.md phase 21; the kernel is benchmarks/persistent_mlp.cu.)
+
+L layers of the 3B `w4` MLP at batch 1 (h = h + silu(RMSNorm(h) Wg^T) * (RMSNorm(h) Wu^T) Wd^T,
+distinct synthetic weights per layer, 1.2 GB for 36 layers: read from DRAM), side by side:
+- the product's chain: per layer the gate/up GEMV with the fused norm and the down GEMV with the
+  residual and chunk sums (app.kernels.gemv, programmatic launches where the GPU has them), in
+  one CUDA graph;
+- the persistent kernel: one block per SM for the whole run, weights streamed through a ring of
+  shared-memory slots per warp, a grid counter between phases (several ring depths).
+Correctness first: both against the PyTorch reference chain (app.kernels.reference) over the
+first layers, outputs poisoned before the runs; the persistent kernel run twice is bit-equal.
+Prints µs per layer, GB/s and the fraction of the copy bandwidth measured in the same run, and
+writes JSON.
+
+    python benchmarks/probe_persistent_mlp.py --commit $(git rev-parse --short HEAD) \\
+        --out docs/results/probe_persistent_mlp_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+
+from app.kernels import loader  # noqa: E402
+from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4  # noqa: E402
+from app.kernels.reference import (  # noqa: E402
+    gate_up_silu_w4_ref, gemv_w4_ref, norm_chunk_sums_ref, rms_norm_chunked_ref,
+)
+from app.kernels.w4_tiles import repack_w4_tiles  # noqa: E402
+
+DEV = "cuda"
+HIDDEN, INTER = 2048, 11008  # Qwen2.5-3B
+EPS = 1e-6
+WARPS = 16  # persistent_mlp.cu PM_WARPS
+SLOT_BYTES = 66 * 16  # one piece: 1 KB of W4 + 32 B of scales
+EXTRA_SHARED = 8 * WARPS * 32 * 4 + WARPS * 16 * 4  # partial sums (A_UNITS_MAX units, B)
+KERNEL_FILE = Path(__file__).resolve().parent / "persistent_mlp.cu"
+
+
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[N, G] -> [N/16, G, 16]: a piece's 16 rows of scales contiguous (32 B)."""
+    n, groups = scales.shape
+    return scales.view(n // 16, 16, groups).permute(0, 2, 1).contiguous()
+
+
+def random_w4(n: int, k: int, scale: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint W4 (qweight [N, K/8] int32, scales [N, K/128] fp16) with random nibbles."""
+    q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, generator=gen, device=DEV)
+    s = (torch.rand(n, k // 128, generator=gen, device=DEV) * scale + scale / 3).half()
+    return q, s
+
+
+def build(layers: int, seed: int) -> dict:
+    """Per layer: the checkpoint weights (for the reference) and the GPU layouts, also stacked."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    w = {"ckpt": [], "gu": [], "gu_s": [], "gu_st": [], "dn": [], "dn_s": [], "dn_st": [], "norm": []}
+    for _ in range(layers):
+        gq, gs = random_w4(2 * INTER, HIDDEN, 0.006, gen)
+        dq, ds = random_w4(HIDDEN, INTER, 0.002, gen)
+        w["ckpt"].append((gq, gs, dq, ds))
+        w["gu"].append(repack_w4_tiles(gq))
+        w["gu_s"].append(gs)
+        w["gu_st"].append(tile_scales(gs))
+        w["dn"].append(repack_w4_tiles(dq))
+        w["dn_s"].append(ds)
+        w["dn_st"].append(tile_scales(ds))
+        w["norm"].append((1 + 0.1 * torch.randn(HIDDEN, generator=gen, device=DEV)).half())
+    for key in ("gu", "gu_st", "dn", "dn_st", "norm"):
+        w[key + "_all"] = torch.stack(w[key]).contiguous()
+    return w
+
+
+def reference_chain(w: dict, h: torch.Tensor, layers: int) -> torch.Tensor:
+    """The unfused PyTorch rounding (norm, gate/up, down) layer by layer: [1, H] fp16."""
+    h = h.clone()
+    for ell, (gq, gs, dq, ds) in enumerate(w["ckpt"][:layers]):
+        x = rms_norm_chunked_ref(h, w["norm"][ell], EPS)
+        a = gate_up_silu_w4_ref(x, gq, gs)
+        h = gemv_w4_ref(a, dq, ds, residual=h)
+    return h
+
+
+def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor, layers: int):
+    """The product's kernels: fused-norm gate/up, then down with residual and chunk sums."""
+    def run(_i=0):
+        for ell in range(layers):
+            gate_up_silu_w4(h, w["gu"][ell], w["gu_s"][ell], norm=FusedNorm(w["norm"][ell], sums, EPS), out=a)
+            gemv_w4(a, w["dn"][ell], w["dn_s"][ell], residual=h, out=h, sums_out=sums)
+    return run
+
+
+def compile_persistent(ring: int):
+    import cupy
+
+    code = loader.kernel_source("gemv.cu") + '\n#line 1 "persistent_mlp.cu"\n' + KERNEL_FILE.read_text()
+    name = f"persistent_mlp_kernel<{ring}>"
+    module = cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,))
+    return module.get_function(name)
+
+
+def shared_bytes(ring: int) -> int:
+    return WARPS * ring * SLOT_BYTES + EXTRA_SHARED + INTER * 2
+
+
+def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int):
+    blocks = loader.sm_count(h.device)
+    if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
+        raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
+    shared = shared_bytes(ring)
+    if loader.resident_blocks(kernel, 32 * WARPS, shared) < 1:
+        raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
+    args = (w["gu_all"].data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
+            w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
+            np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS))
+
+    def run(_i=0):
+        counter.zero_()
+        loader.launch(kernel, (blocks,), (32 * WARPS,), args, shared_mem=shared)
+    return run
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def check(w: dict, kernels: dict, layers: int, seed: int) -> dict:
+    """Both chains against the reference over `layers` layers, from a fresh random h."""
+    gen = torch.Generator(device=DEV).manual_seed(seed + 1)
+    h0 = torch.randn(1, HIDDEN, generator=gen, device=DEV).half()
+    ref = reference_chain(w, h0, layers)
+    out = {"layers": layers, "ref_absmax": float(ref.float().abs().max())}
+
+    def fresh():
+        h = h0.clone()
+        a = torch.full((1, INTER), float("nan"), dtype=torch.float16, device=DEV)  # poisoned
+        return h, norm_chunk_sums_ref(h).contiguous(), a
+
+    h, sums, a = fresh()
+    product_chain(w, h, sums, a, layers)()
+    out["product_rel_err"] = rel_err(h, ref)
+    for ring, kernel in kernels.items():
+        counter = torch.zeros(1, dtype=torch.int32, device=DEV)
+        results = []
+        for _ in range(2):
+            h, sums, a = fresh()
+            persistent_chain(kernel, ring, w, h, sums, a, counter, layers)()
+            torch.cuda.synchronize()
+            assert not torch.isnan(a).any(), f"ring {ring}: a left poisoned"
+            results.append((h.clone(), sums.clone()))
+        err = rel_err(results[0][0], ref)
+        out[f"persistent_ring{ring}_rel_err"] = err
+        out[f"persistent_ring{ring}_repeat_bit_equal"] = bool(torch.equal(results[0][0], results[1][0]))
+        out[f"persistent_ring{ring}_sums_match"] = bool(torch.equal(results[0][1], norm_chunk_sums_ref(results[0][0])))
+        assert out[f"persistent_ring{ring}_repeat_bit_equal"], f"ring {ring}: two runs differ"
+        assert out[f"persistent_ring{ring}_sums_match"], f"ring {ring}: chunk sums are not h's"
+        assert err < 4 * max(out["product_rel_err"], 1e-3), f"ring {ring}: rel err {err:.2e} vs product {out['product_rel_err']:.2e}"
+    return out
+
+
+def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
+    h = torch.randn(1, HIDDEN, device=DEV).half()
+    sums = norm_chunk_sums_ref(h).contiguous()
+    a = torch.empty(1, INTER, dtype=torch.float16, device=DEV)
+    counter = torch.zeros(1, dtype=torch.int32, device=DEV)
+    layer_bytes = (2 * INTER * HIDDEN + HIDDEN * INTER) // 2 + (2 * INTER * HIDDEN // 128 + HIDDEN * INTER // 128) * 2
+    sides = {"product chain (gemv.cu, graphed)": product_chain(w, h, sums, a, layers)}
+    for ring, kernel in kernels.items():
+        sides[f"persistent, ring {ring}"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
+    rows = []
+    for name, fn in sides.items():
+        us = time_us(fn, graph=True, launches=2, trials=15)
+        gbps = layers * layer_bytes / us / 1e3
+        rows.append({"side": name, "us_total": us, "us_per_layer": us / layers, "gb_per_s": gbps,
+                     "copy_fraction": gbps / copy_gbps})
+    base = rows[0]["us_total"]
+    for r in rows:
+        r["speedup_vs_product"] = base / r["us_total"]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--check-layers", type=int, default=4)
+    ap.add_argument("--rings", default="4,8,11", help="ring depths (slots per warp) to compile and time")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    kernels = {int(r): compile_persistent(int(r)) for r in args.rings.split(",")}
+    w = build(args.layers, args.seed)
+    checked = check(w, kernels, args.check_layers, args.seed)
+    print(json.dumps(checked, indent=1))
+    copy_gbps = copy_bandwidth_gbps()
+    rows = timing(w, kernels, args.layers, copy_gbps)
+    print(f"copy {copy_gbps:.0f} GB/s; {args.layers} layers of the 3B w4 MLP, batch 1")
+    print(f"{'side':36} {'us/layer':>9} {'GB/s':>6} {'copy%':>6} {'x product':>9}")
+    for r in rows:
+        print(f"{r['side']:36} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
+              f" {r['speedup_vs_product']:9.2f}")
+    result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "commit": args.commit, "torch": torch.__version__, "copy_gb_per_s": copy_gbps,
+              "layers": args.layers, "check": checked, "rows": rows}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
