@@ -23,6 +23,9 @@
 // Activations written inside the kernel are read with __ldcg (L2, never a stale L1 line).
 
 constexpr int PM_WARPS = 16;
+constexpr int STAMPS = 7;  // per layer: A waited, A pieces done, A arrived, B waited, a staged, B pieces done, B arrived
+#define STAMP(k) \
+    if (stamps != nullptr && threadIdx.x == 0) stamps[((long)layer * STAMPS + (k)) * gridDim.x + blockIdx.x] = global_ns()
 constexpr int SLOT_VECS = 66;  // 64 weight vectors + 2 of scales (16 rows x fp16)
 constexpr int A_UNITS_MAX = 8;  // phase A units a block may own (688 over 132 SMs: 6)
 constexpr int A_STAGE_VECS = 4;  // a staged for phase B: I / 8 vectors over 512 threads (I <= 16384)
@@ -38,13 +41,23 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
-// Every lane waits until the counter reaches target (all blocks finished the phase before).
+// The warp waits until the counter reaches target (all blocks finished the phase before). Lane 0
+// polls (every lane polling one line slowed the whole run, first measurement), the warp barrier
+// orders the other lanes' later loads after its acquire; those loads go to L2 (ld.cg / cp.async.cg).
 // A probe must not hang the GPU: after ~2^24 polls (seconds) it traps (a launch error).
-__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target) {
-    unsigned spins = 0;
-    while (ld_acquire(counter) < target)
-        if (++spins == (1u << 24)) asm volatile("trap;");
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target, int lane) {
+    if (lane == 0) {
+        unsigned spins = 0;
+        while (ld_acquire(counter) < target)
+            if (++spins == (1u << 24)) asm volatile("trap;");
+    }
     __syncwarp();
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+    return t;
 }
 
 // After every warp of the block wrote its outputs: one release add.
@@ -108,16 +121,29 @@ struct Ring {
     }
 };
 
-// One piece against x: the 16 rows' sums (lane (g, t = 0) holds rows g and g + 8, column 0).
-__device__ __forceinline__ void piece_dot(const uint4* slot, const uint4 (&xv)[1][4], int lane, float& r0, float& r1) {
+// A piece in registers: the lane's fragment and its rows' scales.
+struct Piece {
     Frag<4> f;
-    f.r[0] = slot[lane];
-    f.r[1] = slot[32 + lane];
+    float s0, s1;
+};
+
+__device__ __forceinline__ Piece read_piece(const uint4* slot, int lane) {
+    Piece p;
+    p.f.r[0] = slot[lane];
+    p.f.r[1] = slot[32 + lane];
     const half_t* sc = reinterpret_cast<const half_t*>(slot + 64);
+    p.s0 = h2f(sc[lane >> 2]);
+    p.s1 = h2f(sc[(lane >> 2) + 8]);
+    return p;
+}
+
+// One piece against x: the 16 rows' sums (lane (g, t = 0) holds rows g and g + 8, column 0).
+// Two pieces are read before either's math, so their mma chains interleave.
+__device__ __forceinline__ void piece_dot(const Piece& p, const uint4 (&xv)[1][4], float& r0, float& r1) {
     float c[1][4] = {};
-    mma_steps<4, 1>(c, f, xv);
-    r0 = h2f(sc[lane >> 2]) * c[0][0];
-    r1 = h2f(sc[(lane >> 2) + 8]) * c[0][2];
+    mma_steps<4, 1>(c, p.f, xv);
+    r0 = p.s0 * c[0][0];
+    r1 = p.s1 * c[0][2];
 }
 
 __device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
@@ -131,7 +157,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       float* sums,                        // [H/16] chunk sums of h (common.cu order)
                       half_t* a,                          // [I] gated activations
                       unsigned* counter,                  // zero at launch
-                      int layers, int H, int I, float eps) {
+                      int layers, int H, int I, float eps,
+                      unsigned long long* stamps) {  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -155,7 +182,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         uint4 wv[4];
 #pragma unroll
         for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
-        wait_counter(counter, phase * G);
+        wait_counter(counter, phase * G, lane);
+        STAMP(0);
         uint4 xv[1][4];
         {
             float s = 0.f;
@@ -169,7 +197,10 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         for (int k = 0; k < nA; ++k) {
             float r[2][2];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) piece_dot(ring.take(lane), xv, lane, r[half][0], r[half][1]);
+            const Piece gate = read_piece(ring.take(lane), lane);
+            const Piece up = read_piece(ring.take(lane), lane);
+            piece_dot(gate, xv, r[0][0], r[0][1]);
+            piece_dot(up, xv, r[1][0], r[1][1]);
             if (t == 0) {
                 float* p = partA + (k * PM_WARPS + warp) * 32;
                 p[g] = r[0][0];
@@ -178,6 +209,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                 p[16 + g + 8] = r[1][1];
             }
         }
+        STAMP(1);
         __syncthreads();
         if (warp < nA) {  // warp k adds unit k's slices in warp order; lane = gate/up x row
             float v = 0.f;
@@ -190,10 +222,12 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
             }
         }
         arrive(counter);
+        STAMP(2);
 
         // Phase B: h += a Wd^T for tile dtile, this warp's groups of it.
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
-            wait_counter(counter, (phase + 1) * G);
+            wait_counter(counter, (phase + 1) * G, lane);
+            STAMP(3);
             // a (I fp16, every group this block's tile needs) staged in shared memory: all
             // loads in flight at once, no registers held per group.
             {
@@ -210,15 +244,31 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                 }
             }
             __syncthreads();
+            STAMP(4);
             float acc0 = 0.f, acc1 = 0.f;
-            for (int q = 0; q < nB; ++q) {
+            for (int q = 0; q < nB; q += 2) {  // two pieces at a time, added in order
                 const uint4* xs = a_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
-                uint4 x1[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
+                const uint4 x0[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
+                const Piece p0 = read_piece(ring.take(lane), lane);
                 float r0, r1;
-                piece_dot(ring.take(lane), x1, lane, r0, r1);
-                acc0 += r0;
-                acc1 += r1;
+                if (q + 1 < nB) {
+                    const uint4* ys = xs + PM_WARPS * (GROUP / 8);
+                    const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
+                    const Piece p1 = read_piece(ring.take(lane), lane);
+                    float u0, u1;
+                    piece_dot(p0, x0, r0, r1);
+                    piece_dot(p1, x1, u0, u1);
+                    acc0 += r0;
+                    acc1 += r1;
+                    acc0 += u0;
+                    acc1 += u1;
+                } else {
+                    piece_dot(p0, x0, r0, r1);
+                    acc0 += r0;
+                    acc1 += r1;
+                }
             }
+            STAMP(5);
             if (t == 0) {
                 partB[warp * 16 + g] = acc0;
                 partB[warp * 16 + g + 8] = acc1;
@@ -239,6 +289,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
             }
         }
         arrive(counter);
+        STAMP(6);
     }
     cp_async_wait_group<0>();
 }

@@ -114,7 +114,7 @@ def shared_bytes(ring: int) -> int:
     return WARPS * ring * SLOT_BYTES + EXTRA_SHARED + INTER * 2
 
 
-def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int):
+def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
@@ -123,7 +123,8 @@ def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: in
         raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
     args = (w["gu_all"].data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
-            np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS))
+            np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
+            0 if stamps is None else stamps.data_ptr())
 
     def run(_i=0):
         counter.zero_()
@@ -190,6 +191,48 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     return rows
 
 
+STAMP_NAMES = ("A waited", "A pieces done", "A arrived", "B waited", "a staged", "B pieces done", "B arrived")
+
+
+def stamp_summary(stamps: torch.Tensor) -> dict:
+    """Where a layer's time goes, from the blocks' globaltimer stamps [L, 7, G] (ns; 0 where a
+    block has no down tile): median µs of each step over blocks and layers, the barriers' latency
+    (a phase's median wait end after the previous phase's last arrival) and the layer period."""
+    t = stamps.double().cpu() / 1e3  # µs
+    has_b = t[:, 3] > 0  # [L, G]
+    med = lambda x: float(x.median()) if x.numel() else float("nan")  # noqa: E731
+    out = {
+        "A: waited -> pieces done": med(t[:, 1] - t[:, 0]),
+        "A: pieces done -> arrived (reduce, silu, fence)": med(t[:, 2] - t[:, 1]),
+        "B: waited -> a staged": med((t[:, 4] - t[:, 3])[has_b]),
+        "B: a staged -> pieces done": med((t[:, 5] - t[:, 4])[has_b]),
+        "B: pieces done -> arrived (reduce, residual, fence)": med((t[:, 6] - t[:, 5])[has_b]),
+    }
+    last_a = t[:, 2].max(dim=1).values  # [L]
+    last_b = t[:, 6].max(dim=1).values
+    b_wait = torch.tensor([med(t[i, 3][has_b[i]]) for i in range(t.shape[0])], dtype=torch.float64)
+    out["barrier before B (median wait end - last A arrival)"] = med(b_wait - last_a)
+    out["barrier before A (median wait end - last B arrival of the layer before)"] = med(t[1:, 0].median(dim=1).values - last_b[:-1])
+    out["spread of A arrivals (last - first)"] = med(t[:, 2].max(dim=1).values - t[:, 2].min(dim=1).values)
+    out["layer period (last A arrival to the next)"] = med(last_a[1:] - last_a[:-1])
+    return out
+
+
+def stamped_run(w: dict, kernel, ring: int, layers: int) -> dict:
+    h = torch.randn(1, HIDDEN, device=DEV).half()
+    sums = norm_chunk_sums_ref(h).contiguous()
+    a = torch.empty(1, INTER, dtype=torch.float16, device=DEV)
+    counter = torch.zeros(1, dtype=torch.int32, device=DEV)
+    stamps = torch.zeros(layers, len(STAMP_NAMES), loader.sm_count(h.device), dtype=torch.int64, device=DEV)
+    run = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, stamps)
+    run()  # warm
+    torch.cuda.synchronize()
+    stamps.zero_()
+    run()
+    torch.cuda.synchronize()
+    return stamp_summary(stamps)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
@@ -210,9 +253,14 @@ def main() -> None:
     for r in rows:
         print(f"{r['side']:36} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
               f" {r['speedup_vs_product']:9.2f}")
+    ring = max(kernels)
+    stamps = stamped_run(w, kernels[ring], ring, args.layers)
+    print(f"ring {ring}, one stamped run (µs, medians over blocks and layers):")
+    for k, v in stamps.items():
+        print(f"  {k:72} {v:7.2f}")
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "commit": args.commit, "torch": torch.__version__, "copy_gb_per_s": copy_gbps,
-              "layers": args.layers, "check": checked, "rows": rows}
+              "layers": args.layers, "check": checked, "rows": rows, f"stamps_ring{ring}_us": stamps}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
