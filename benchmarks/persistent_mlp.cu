@@ -41,17 +41,19 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
-// The warp waits until the counter reaches target (all blocks finished the phase before). Lane 0
-// polls (every lane polling one line slowed the whole run, first measurement), the warp barrier
-// orders the other lanes' later loads after its acquire; those loads go to L2 (ld.cg / cp.async.cg).
+// The block waits until the counter reaches target (all blocks finished the phase before).
+// One thread per block polls: with every lane polling (first run), and with lane 0 of every warp
+// (second run), the pollers' requests to the counter's one L2 slice slowed the weight streams
+// that share the slice. The block barrier orders the other threads' later loads after the
+// acquire; those loads go to L2 (ld.cg / cp.async.cg), never to a stale L1 line.
 // A probe must not hang the GPU: after ~2^24 polls (seconds) it traps (a launch error).
-__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target, int lane) {
-    if (lane == 0) {
+__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target) {
+    if (threadIdx.x == 0) {
         unsigned spins = 0;
         while (ld_acquire(counter) < target)
             if (++spins == (1u << 24)) asm volatile("trap;");
     }
-    __syncwarp();
+    __syncthreads();
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -182,7 +184,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         uint4 wv[4];
 #pragma unroll
         for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
-        wait_counter(counter, phase * G, lane);
+        wait_counter(counter, phase * G);
         STAMP(0);
         uint4 xv[1][4];
         {
@@ -226,7 +228,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 
         // Phase B: h += a Wd^T for tile dtile, this warp's groups of it.
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
-            wait_counter(counter, (phase + 1) * G, lane);
+            wait_counter(counter, (phase + 1) * G);
             STAMP(3);
             // a (I fp16, every group this block's tile needs) staged in shared memory: all
             // loads in flight at once, no registers held per group.
