@@ -141,16 +141,23 @@ __device__ __forceinline__ Piece read_piece(const uint4* slot, int lane) {
 
 // One piece against x: the 16 rows' sums (lane (g, t = 0) holds rows g and g + 8, column 0).
 // Two pieces are read before either's math, so their mma chains interleave.
+// MATH = false (an ablation, wrong results): no dequantization or mma, only a use of the words.
+template <bool MATH = true>
 __device__ __forceinline__ void piece_dot(const Piece& p, const uint4 (&xv)[1][4], float& r0, float& r1) {
     float c[1][4] = {};
-    mma_steps<4, 1>(c, p.f, xv);
+    if constexpr (MATH) {
+        mma_steps<4, 1>(c, p.f, xv);
+    } else {
+        c[0][0] = (float)(p.f.r[0].x ^ p.f.r[0].w ^ p.f.r[1].y ^ xv[0][0].x);
+        c[0][2] = (float)(p.f.r[0].y ^ p.f.r[0].z ^ p.f.r[1].x ^ p.f.r[1].z ^ p.f.r[1].w);
+    }
     r0 = p.s0 * c[0][0];
     r1 = p.s1 * c[0][2];
 }
 
 __device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
-template <int RING>
+template <int RING, bool MATH = true>
 __global__ void __launch_bounds__(PM_WARPS * 32, 1)
 persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ gu_sc,
                       const uint4* __restrict__ dn, const half_t* __restrict__ dn_sc,
@@ -201,8 +208,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 #pragma unroll
             const Piece gate = read_piece(ring.take(lane), lane);
             const Piece up = read_piece(ring.take(lane), lane);
-            piece_dot(gate, xv, r[0][0], r[0][1]);
-            piece_dot(up, xv, r[1][0], r[1][1]);
+            piece_dot<MATH>(gate, xv, r[0][0], r[0][1]);
+            piece_dot<MATH>(up, xv, r[1][0], r[1][1]);
             if (t == 0) {
                 float* p = partA + (k * PM_WARPS + warp) * 32;
                 p[g] = r[0][0];
@@ -258,14 +265,14 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                     const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
                     const Piece p1 = read_piece(ring.take(lane), lane);
                     float u0, u1;
-                    piece_dot(p0, x0, r0, r1);
-                    piece_dot(p1, x1, u0, u1);
+                    piece_dot<MATH>(p0, x0, r0, r1);
+                    piece_dot<MATH>(p1, x1, u0, u1);
                     acc0 += r0;
                     acc1 += r1;
                     acc0 += u0;
                     acc1 += u1;
                 } else {
-                    piece_dot(p0, x0, r0, r1);
+                    piece_dot<MATH>(p0, x0, r0, r1);
                     acc0 += r0;
                     acc1 += r1;
                 }

@@ -101,11 +101,12 @@ def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor,
     return run
 
 
-def compile_persistent(ring: int):
+def compile_persistent(ring: int, math: bool = True):
+    """The kernel instance; math=False is the ablation without dequantization and mma."""
     import cupy
 
     code = loader.kernel_source("gemv.cu") + '\n#line 1 "persistent_mlp.cu"\n' + KERNEL_FILE.read_text()
-    name = f"persistent_mlp_kernel<{ring}>"
+    name = f"persistent_mlp_kernel<{ring}, {'true' if math else 'false'}>"
     module = cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,))
     return module.get_function(name)
 
@@ -170,7 +171,7 @@ def check(w: dict, kernels: dict, layers: int, seed: int) -> dict:
     return out
 
 
-def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
+def timing(w: dict, kernels: dict, layers: int, copy_gbps: float, no_math=None) -> list[dict]:
     h = torch.randn(1, HIDDEN, device=DEV).half()
     sums = norm_chunk_sums_ref(h).contiguous()
     a = torch.empty(1, INTER, dtype=torch.float16, device=DEV)
@@ -179,6 +180,9 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     sides = {"product chain (gemv.cu, graphed)": product_chain(w, h, sums, a, layers)}
     for ring, kernel in kernels.items():
         sides[f"persistent, ring {ring}"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
+    if no_math is not None:
+        ring, kernel = no_math
+        sides[f"ablation: ring {ring}, no dequant/mma"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
     rows = []
     for name, fn in sides.items():
         us = time_us(fn, graph=True, launches=2, trials=15)
@@ -247,13 +251,13 @@ def main() -> None:
     checked = check(w, kernels, args.check_layers, args.seed)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
-    rows = timing(w, kernels, args.layers, copy_gbps)
+    ring = max(kernels)
+    rows = timing(w, kernels, args.layers, copy_gbps, (ring, compile_persistent(ring, math=False)))
     print(f"copy {copy_gbps:.0f} GB/s; {args.layers} layers of the 3B w4 MLP, batch 1")
     print(f"{'side':36} {'us/layer':>9} {'GB/s':>6} {'copy%':>6} {'x product':>9}")
     for r in rows:
         print(f"{r['side']:36} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
               f" {r['speedup_vs_product']:9.2f}")
-    ring = max(kernels)
     stamps = stamped_run(w, kernels[ring], ring, args.layers)
     print(f"ring {ring}, one stamped run (µs, medians over blocks and layers):")
     for k, v in stamps.items():
