@@ -71,6 +71,37 @@ __device__ __forceinline__ void arrive(unsigned* counter) {
     }
 }
 
+// SM90 bulk copies (BULK, an ablation of the cp.async ring): one lane asks the copy engine for a
+// whole piece (1 KB + 32 B, two cp.async.bulk) and the slot's mbarrier counts its bytes in.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bulk_piece(uint4* slot, const uint4* w, const half_t* s, unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned b = smem_addr(bar);
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+                 :: "r"(b), "r"(SLOT_VECS * 16) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 1024, [%2];"
+                 :: "r"(smem_addr(slot)), "l"(w), "r"(b) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 32, [%2];"
+                 :: "r"(smem_addr(slot + 64)), "l"(s), "r"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0, spins = 0;
+    while (!done) {
+        if (++spins == (1u << 26)) asm volatile("trap;");  // a probe must not hang the GPU
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    }
+#endif
+}
+
 // Where the warp's piece j of a layer comes from (j < 2 nA: unit j / 2, gate or up; then down).
 struct PieceStream {
     const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up rows)
@@ -81,42 +112,66 @@ struct PieceStream {
     int b, warp, nA, nB, dtile, per_layer;
     int layer, j;  // the next piece to issue
 
-    __device__ __forceinline__ void issue(uint4* slot, int lane) {
-        if (layer < layers) {
-            const uint4* w;
-            const half_t* s;
-            if (j < 2 * nA) {
-                const long tile = (long)(j & 1) * (I / 16) + b + (long)(j >> 1) * gridDim.x;
-                const long at = ((long)layer * (2 * I / 16) + tile) * (H / GROUP) + warp;
-                w = gu + at * 64;
-                s = gu_sc + at * 16;
-            } else {
-                const int grp = warp + (j - 2 * nA) * PM_WARPS;
-                const long at = ((long)layer * (H / 16) + dtile) * (I / GROUP) + grp;
-                w = dn + at * 64;
-                s = dn_sc + at * 16;
-            }
-            cp_async_16(slot + lane, w + lane);
-            cp_async_16(slot + 32 + lane, w + 32 + lane);
-            if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
-            if (++j == per_layer) { j = 0; ++layer; }
+    // The next piece's weights and scales; false past the last layer.
+    __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
+        if (layer >= layers) return false;
+        if (j < 2 * nA) {
+            const long tile = (long)(j & 1) * (I / 16) + b + (long)(j >> 1) * gridDim.x;
+            const long at = ((long)layer * (2 * I / 16) + tile) * (H / GROUP) + warp;
+            w = gu + at * 64;
+            s = gu_sc + at * 16;
+        } else {
+            const int grp = warp + (j - 2 * nA) * PM_WARPS;
+            const long at = ((long)layer * (H / 16) + dtile) * (I / GROUP) + grp;
+            w = dn + at * 64;
+            s = dn_sc + at * 16;
         }
-        cp_async_commit();  // (empty past the end: the wait arithmetic stays the same)
+        if (++j == per_layer) { j = 0; ++layer; }
+        return true;
+    }
+
+    template <bool BULK>
+    __device__ __forceinline__ void issue(uint4* slot, unsigned long long* bar, int lane) {
+        const uint4* w;
+        const half_t* s;
+        const bool any = next(w, s);
+        if constexpr (BULK) {
+            if (any && lane == 0) bulk_piece(slot, w, s, bar);
+        } else {
+            if (any) {
+                cp_async_16(slot + lane, w + lane);
+                cp_async_16(slot + 32 + lane, w + 32 + lane);
+                if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
+            }
+            cp_async_commit();  // (empty past the end: the wait arithmetic stays the same)
+        }
     }
 };
 
-// The ring: piece i sits in slot i % RING; take() issues piece i + RING - 1, then waits for i.
-template <int RING>
+// The ring: piece i sits in slot i % RING; take() issues piece i + RING - 1, then waits for i
+// (cp.async: its commit group; BULK: the slot's mbarrier, whose phase flips once per use).
+template <int RING, bool BULK>
 struct Ring {
-    uint4* base;  // this warp's RING slots
-    int next;     // slot of the next piece to consume
+    uint4* base;               // this warp's RING slots
+    unsigned long long* bars;  // BULK: this warp's RING mbarriers
+    int next;                  // slot of the next piece to consume
+    unsigned parity;           // BULK: bit s = the phase parity slot s completes next
     PieceStream src;
+
+    __device__ __forceinline__ void issue_at(int slot, int lane) {
+        src.issue<BULK>(base + slot * SLOT_VECS, bars + slot, lane);
+    }
 
     __device__ __forceinline__ const uint4* take(int lane) {
         __syncwarp();  // every lane is done with the slot about to be refilled
-        src.issue(base + ((next + RING - 1) % RING) * SLOT_VECS, lane);
-        cp_async_wait_group<RING - 1>();
-        __syncwarp();  // lanes 0-1's scale copies visible to the warp
+        issue_at((next + RING - 1) % RING, lane);
+        if constexpr (BULK) {
+            mbar_wait(bars + next, (parity >> next) & 1);
+            parity ^= 1u << next;
+        } else {
+            cp_async_wait_group<RING - 1>();
+            __syncwarp();  // lanes 0-1's scale copies visible to the warp
+        }
         const uint4* slot = base + next * SLOT_VECS;
         next = next + 1 == RING ? 0 : next + 1;
         return slot;
@@ -157,7 +212,7 @@ __device__ __forceinline__ void piece_dot(const Piece& p, const uint4 (&xv)[1][4
 
 __device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
-template <int RING, bool MATH = true>
+template <int RING, bool MATH = true, bool BULK = false>
 __global__ void __launch_bounds__(PM_WARPS * 32, 1)
 persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ gu_sc,
                       const uint4* __restrict__ dn, const half_t* __restrict__ dn_sc,
@@ -181,8 +236,15 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
     float* partB = partA + A_UNITS_MAX * PM_WARPS * 32;
     uint4* a_stage = reinterpret_cast<uint4*>(partB + PM_WARPS * 16);  // [I / 8]
 
-    Ring<RING> ring{smem + warp * RING * SLOT_VECS, 0, PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
-    for (int i = 0; i < RING - 1; ++i) ring.src.issue(ring.base + i * SLOT_VECS, lane);
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
+    Ring<RING, BULK> ring{smem + warp * RING * SLOT_VECS, bars + warp * RING, 0, 0u,
+                          PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
+    if constexpr (BULK) {
+        if (lane < RING) mbar_init(ring.bars + lane);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        __syncthreads();
+    }
+    for (int i = 0; i < RING - 1; ++i) ring.issue_at(i, lane);
 
     unsigned phase = 0;
     for (int layer = 0; layer < layers; ++layer, phase += 2) {
@@ -300,5 +362,5 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         arrive(counter);
         STAMP(6);
     }
-    cp_async_wait_group<0>();
+    if constexpr (!BULK) cp_async_wait_group<0>();
 }

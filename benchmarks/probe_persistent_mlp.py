@@ -101,18 +101,25 @@ def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor,
     return run
 
 
-def compile_persistent(ring: int, math: bool = True):
-    """The kernel instance; math=False is the ablation without dequantization and mma."""
+def variant_name(ring: int, math: bool, bulk: bool) -> str:
+    copy = "bulk copies (SM90)" if bulk else "cp.async"
+    return f"persistent, ring {ring}, {copy}" + ("" if math else ", no dequant/mma (ablation)")
+
+
+def compile_persistent(ring: int, math: bool = True, bulk: bool = False):
+    """The kernel instance; math=False is the ablation without dequantization and mma, bulk=True
+    fills the ring with SM90 bulk copies instead of cp.async."""
     import cupy
 
     code = loader.kernel_source("gemv.cu") + '\n#line 1 "persistent_mlp.cu"\n' + KERNEL_FILE.read_text()
-    name = f"persistent_mlp_kernel<{ring}, {'true' if math else 'false'}>"
+    flag = lambda v: "true" if v else "false"  # noqa: E731
+    name = f"persistent_mlp_kernel<{ring}, {flag(math)}, {flag(bulk)}>"
     module = cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,))
     return module.get_function(name)
 
 
 def shared_bytes(ring: int) -> int:
-    return WARPS * ring * SLOT_BYTES + EXTRA_SHARED + INTER * 2
+    return WARPS * ring * (SLOT_BYTES + 8) + EXTRA_SHARED + INTER * 2  # + one mbarrier per slot
 
 
 def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None):
@@ -152,37 +159,34 @@ def check(w: dict, kernels: dict, layers: int, seed: int) -> dict:
     h, sums, a = fresh()
     product_chain(w, h, sums, a, layers)()
     out["product_rel_err"] = rel_err(h, ref)
-    for ring, kernel in kernels.items():
+    for name, (ring, kernel) in kernels.items():
         counter = torch.zeros(1, dtype=torch.int32, device=DEV)
         results = []
         for _ in range(2):
             h, sums, a = fresh()
             persistent_chain(kernel, ring, w, h, sums, a, counter, layers)()
             torch.cuda.synchronize()
-            assert not torch.isnan(a).any(), f"ring {ring}: a left poisoned"
+            assert not torch.isnan(a).any(), f"{name}: a left poisoned"
             results.append((h.clone(), sums.clone()))
         err = rel_err(results[0][0], ref)
-        out[f"persistent_ring{ring}_rel_err"] = err
-        out[f"persistent_ring{ring}_repeat_bit_equal"] = bool(torch.equal(results[0][0], results[1][0]))
-        out[f"persistent_ring{ring}_sums_match"] = bool(torch.equal(results[0][1], norm_chunk_sums_ref(results[0][0])))
-        assert out[f"persistent_ring{ring}_repeat_bit_equal"], f"ring {ring}: two runs differ"
-        assert out[f"persistent_ring{ring}_sums_match"], f"ring {ring}: chunk sums are not h's"
-        assert err < 4 * max(out["product_rel_err"], 1e-3), f"ring {ring}: rel err {err:.2e} vs product {out['product_rel_err']:.2e}"
+        out[f"{name}: rel_err"] = err
+        out[f"{name}: repeat_bit_equal"] = bool(torch.equal(results[0][0], results[1][0]))
+        out[f"{name}: sums_match"] = bool(torch.equal(results[0][1], norm_chunk_sums_ref(results[0][0])))
+        assert out[f"{name}: repeat_bit_equal"], f"{name}: two runs differ"
+        assert out[f"{name}: sums_match"], f"{name}: chunk sums are not h's"
+        assert err < 4 * max(out["product_rel_err"], 1e-3), f"{name}: rel err {err:.2e} vs product {out['product_rel_err']:.2e}"
     return out
 
 
-def timing(w: dict, kernels: dict, layers: int, copy_gbps: float, no_math=None) -> list[dict]:
+def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     h = torch.randn(1, HIDDEN, device=DEV).half()
     sums = norm_chunk_sums_ref(h).contiguous()
     a = torch.empty(1, INTER, dtype=torch.float16, device=DEV)
     counter = torch.zeros(1, dtype=torch.int32, device=DEV)
     layer_bytes = (2 * INTER * HIDDEN + HIDDEN * INTER) // 2 + (2 * INTER * HIDDEN // 128 + HIDDEN * INTER // 128) * 2
     sides = {"product chain (gemv.cu, graphed)": product_chain(w, h, sums, a, layers)}
-    for ring, kernel in kernels.items():
-        sides[f"persistent, ring {ring}"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
-    if no_math is not None:
-        ring, kernel = no_math
-        sides[f"ablation: ring {ring}, no dequant/mma"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
+    for name, (ring, kernel) in kernels.items():
+        sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
     rows = []
     for name, fn in sides.items():
         us = time_us(fn, graph=True, launches=2, trials=15)
@@ -241,30 +245,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--check-layers", type=int, default=4)
-    ap.add_argument("--rings", default="4,8,11", help="ring depths (slots per warp) to compile and time")
+    ap.add_argument("--variants", default="4:1:0,11:1:0,4:1:1,11:1:1,11:0:0,11:0:1",
+                    help="ring:math:bulk triples to compile, check (math ones) and time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    kernels = {int(r): compile_persistent(int(r)) for r in args.rings.split(",")}
+    variants = [tuple(int(v) for v in t.split(":")) for t in args.variants.split(",")]
+    bulk_ok = torch.cuda.get_device_capability() >= (9, 0)
+    kernels = {variant_name(r, bool(m), bool(b)): (r, compile_persistent(r, bool(m), bool(b)))
+               for r, m, b in variants if bulk_ok or not b}
     w = build(args.layers, args.seed)
-    checked = check(w, kernels, args.check_layers, args.seed)
+    checked = check(w, {k: v for k, v in kernels.items() if "ablation" not in k}, args.check_layers, args.seed)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
-    ring = max(kernels)
-    rows = timing(w, kernels, args.layers, copy_gbps, (ring, compile_persistent(ring, math=False)))
+    rows = timing(w, kernels, args.layers, copy_gbps)
     print(f"copy {copy_gbps:.0f} GB/s; {args.layers} layers of the 3B w4 MLP, batch 1")
-    print(f"{'side':36} {'us/layer':>9} {'GB/s':>6} {'copy%':>6} {'x product':>9}")
+    print(f"{'side':66} {'us/layer':>9} {'GB/s':>6} {'copy%':>6} {'x product':>9}")
     for r in rows:
-        print(f"{r['side']:36} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
+        print(f"{r['side']:66} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
               f" {r['speedup_vs_product']:9.2f}")
-    stamps = stamped_run(w, kernels[ring], ring, args.layers)
-    print(f"ring {ring}, one stamped run (µs, medians over blocks and layers):")
-    for k, v in stamps.items():
-        print(f"  {k:72} {v:7.2f}")
+    stamps = {}
+    for name, (ring, kernel) in kernels.items():
+        if "ablation" in name:
+            continue
+        stamps[name] = stamped_run(w, kernel, ring, args.layers)
+    print("one stamped run each (µs, medians over blocks and layers):")
+    label = lambda n: n.replace("persistent, ring ", "r").replace(", bulk copies (SM90)", " bulk").replace(", cp.async", " cp")  # noqa: E731
+    print(f"  {'':60} " + " ".join(f"{label(n):>14}" for n in stamps))
+    for k in next(iter(stamps.values())):
+        print(f"  {k[:60]:60} " + " ".join(f"{st[k]:14.2f}" for st in stamps.values()))
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "commit": args.commit, "torch": torch.__version__, "copy_gb_per_s": copy_gbps,
-              "layers": args.layers, "check": checked, "rows": rows, f"stamps_ring{ring}_us": stamps}
+              "layers": args.layers, "check": checked, "rows": rows, "stamps_us": stamps}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
