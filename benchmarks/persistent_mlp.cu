@@ -222,7 +222,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       half_t* a,                          // [I] gated activations
                       unsigned* counter,                  // zero at launch
                       int layers, int H, int I, float eps,
-                      unsigned long long* stamps) {  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
+                      unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
+                      int free_run) {              // ablation: never wait for the counter (wrong results)
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -253,7 +254,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         uint4 wv[4];
 #pragma unroll
         for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
-        wait_counter(counter, phase * G);
+        wait_counter(counter, free_run ? 0 : phase * G);
         STAMP(0);
         uint4 xv[1][4];
         {
@@ -297,7 +298,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 
         // Phase B: h += a Wd^T for tile dtile, this warp's groups of it.
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
-            wait_counter(counter, (phase + 1) * G);
+            wait_counter(counter, free_run ? 0 : (phase + 1) * G);
             STAMP(3);
             // a (I fp16, every group this block's tile needs) staged in shared memory: all
             // loads in flight at once, no registers held per group.

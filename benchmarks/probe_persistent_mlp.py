@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+from probe_read import compile_read_kernels  # noqa: E402
 
 from app.kernels import loader  # noqa: E402
 from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4  # noqa: E402
@@ -122,7 +123,8 @@ def shared_bytes(ring: int) -> int:
     return WARPS * ring * (SLOT_BYTES + 8) + EXTRA_SHARED + INTER * 2  # + one mbarrier per slot
 
 
-def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None):
+def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None,
+                     free_run: bool = False):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
@@ -132,7 +134,7 @@ def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: in
     args = (w["gu_all"].data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
             np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
-            0 if stamps is None else stamps.data_ptr())
+            0 if stamps is None else stamps.data_ptr(), np.int32(free_run))
 
     def run(_i=0):
         counter.zero_()
@@ -185,8 +187,18 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     counter = torch.zeros(1, dtype=torch.int32, device=DEV)
     layer_bytes = (2 * INTER * HIDDEN + HIDDEN * INTER) // 2 + (2 * INTER * HIDDEN // 128 + HIDDEN * INTER // 128) * 2
     sides = {"product chain (gemv.cu, graphed)": product_chain(w, h, sums, a, layers)}
+    read_k = compile_read_kernels()["read", 8]
+    blocks = 2 * loader.sm_count(h.device)
+
+    def pure_read(_i=0):  # the same weight and scale bytes, read by probe_read.py's read kernel
+        for t in (w["gu_all"], w["gu_st_all"], w["dn_all"], w["dn_st_all"]):
+            loader.launch(read_k, (blocks,), (1024,), (t.data_ptr(), np.int64(t.numel() * t.element_size() // 16),
+                                                       counter.data_ptr()))
+    sides["pure read of the same bytes (probe_read.py, 2 x 1,024 threads per SM)"] = pure_read
     for name, (ring, kernel) in kernels.items():
         sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
+        if "ablation" in name:  # the same, never waiting for the other blocks: a pure stream
+            sides[name + ", free run"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, free_run=True)
     rows = []
     for name, fn in sides.items():
         us = time_us(fn, graph=True, launches=2, trials=15)
