@@ -109,13 +109,21 @@ struct PieceStream {
     const uint4* dn;      // [L][H/16][I/128][64]
     const half_t* dn_sc;  // [L][H/16][I/128][16]
     int layers, H, I;
+    int steps;  // > 0: gu holds records (below), steps of them per warp and layer
     int b, warp, nA, nB, dtile, per_layer;
     int layer, j;  // the next piece to issue
 
     // The next piece's weights and scales; false past the last layer.
+    // Records (steps > 0, an ablation of the layout): every piece is stored once more as one
+    // 1,056-byte record, weights then scales, at [layer][step j][block][warp]: the pieces all
+    // warps take at step j lie side by side, the order a plain read sweeps the memory in.
     __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
         if (layer >= layers) return false;
-        if (j < 2 * nA) {
+        if (steps > 0) {
+            const long at = (((long)layer * steps + j) * gridDim.x + b) * PM_WARPS + warp;
+            w = gu + at * SLOT_VECS;
+            s = reinterpret_cast<const half_t*>(w + 64);
+        } else if (j < 2 * nA) {
             const long tile = (long)(j & 1) * (I / 16) + b + (long)(j >> 1) * gridDim.x;
             const long at = ((long)layer * (2 * I / 16) + tile) * (H / GROUP) + warp;
             w = gu + at * 64;
@@ -223,7 +231,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       unsigned* counter,                  // zero at launch
                       int layers, int H, int I, float eps,
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
-                      int free_run) {              // ablation: never wait for the counter (wrong results)
+                      int free_run,                // ablation: never wait for the counter (wrong results)
+                      int record_steps) {          // ablation: > 0, gu holds the pieces as records (PieceStream)
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -239,7 +248,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
     Ring<RING, BULK> ring{smem + warp * RING * SLOT_VECS, bars + warp * RING, 0, 0u,
-                          PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
+                          PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
     if constexpr (BULK) {
         if (lane < RING) mbar_init(ring.bars + lane);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

@@ -102,9 +102,46 @@ def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor,
     return run
 
 
-def variant_name(ring: int, math: bool, bulk: bool) -> str:
+def variant_name(ring: int, math: bool, bulk: bool, records: bool = False) -> str:
     copy = "bulk copies (SM90)" if bulk else "cp.async"
-    return f"persistent, ring {ring}, {copy}" + ("" if math else ", no dequant/mma (ablation)")
+    return (f"persistent, ring {ring}, {copy}" + (", records in sweep order" if records else "")
+            + ("" if math else ", no dequant/mma (ablation)"))
+
+
+def record_sources(blocks: int) -> tuple[int, torch.Tensor]:
+    """The pieces in the order persistent_mlp.cu's PieceStream takes them: (steps J, index
+    [J, blocks, WARPS] into one layer's pieces, -1 where a warp has fewer than J). A layer's
+    pieces: the gate/up tile-groups (tile * H/128 + group), then the down ones."""
+    ga, gb, units, tiles_b = HIDDEN // 128, INTER // 128, INTER // 16, HIDDEN // 16
+    seqs = {}
+    for b in range(blocks):
+        n_a = -(-(units - b) // blocks)
+        dtile = (b + tiles_b) % blocks
+        for w in range(WARPS):
+            n_b = -(-(gb - w) // WARPS) if dtile < tiles_b else 0
+            seq = [((j & 1) * units + b + (j >> 1) * blocks) * ga + w for j in range(2 * n_a)]
+            seq += [2 * units * ga + dtile * gb + w + q * WARPS for q in range(n_b)]
+            seqs[b, w] = seq
+    steps = max(len(q) for q in seqs.values())
+    index = torch.full((steps, blocks, WARPS), -1, dtype=torch.long)
+    for (b, w), seq in seqs.items():
+        index[: len(seq), b, w] = torch.tensor(seq)
+    return steps, index
+
+
+def build_records(w: dict, blocks: int) -> tuple[int, torch.Tensor]:
+    """Every piece once more as a 1,056-byte record (1 KB of tiles, 32 B of scales) at
+    [layer][step][block][warp]: what all warps take at one step lies side by side."""
+    steps, index = record_sources(blocks)
+    index = index.to(DEV)
+    out = torch.empty(len(w["gu"]), steps, blocks, WARPS, 264, dtype=torch.int32, device=DEV)
+    for ell in range(len(w["gu"])):
+        pieces = torch.cat([
+            torch.cat([w["gu"][ell].reshape(-1, 256), w["gu_st"][ell].view(torch.int32).reshape(-1, 8)], dim=1),
+            torch.cat([w["dn"][ell].reshape(-1, 256), w["dn_st"][ell].view(torch.int32).reshape(-1, 8)], dim=1),
+            torch.zeros(1, 264, dtype=torch.int32, device=DEV)])  # [pieces + 1 (padding), 264]
+        out[ell] = pieces[index]  # -1 takes the zero padding row
+    return steps, out
 
 
 def compile_persistent(ring: int, math: bool = True, bulk: bool = False):
@@ -124,17 +161,18 @@ def shared_bytes(ring: int) -> int:
 
 
 def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None,
-                     free_run: bool = False):
+                     free_run: bool = False, records: tuple[int, torch.Tensor] | None = None):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
     shared = shared_bytes(ring)
     if loader.resident_blocks(kernel, 32 * WARPS, shared) < 1:
         raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
-    args = (w["gu_all"].data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
+    steps, gu = (0, w["gu_all"]) if records is None else records
+    args = (gu.data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
             np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
-            0 if stamps is None else stamps.data_ptr(), np.int32(free_run))
+            0 if stamps is None else stamps.data_ptr(), np.int32(free_run), np.int32(steps))
 
     def run(_i=0):
         counter.zero_()
@@ -161,12 +199,12 @@ def check(w: dict, kernels: dict, layers: int, seed: int) -> dict:
     h, sums, a = fresh()
     product_chain(w, h, sums, a, layers)()
     out["product_rel_err"] = rel_err(h, ref)
-    for name, (ring, kernel) in kernels.items():
+    for name, (ring, kernel, rec) in kernels.items():
         counter = torch.zeros(1, dtype=torch.int32, device=DEV)
         results = []
         for _ in range(2):
             h, sums, a = fresh()
-            persistent_chain(kernel, ring, w, h, sums, a, counter, layers)()
+            persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=w["records"] if rec else None)()
             torch.cuda.synchronize()
             assert not torch.isnan(a).any(), f"{name}: a left poisoned"
             results.append((h.clone(), sums.clone()))
@@ -195,10 +233,12 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
             loader.launch(read_k, (blocks,), (1024,), (t.data_ptr(), np.int64(t.numel() * t.element_size() // 16),
                                                        counter.data_ptr()))
     sides["pure read of the same bytes (probe_read.py, 2 x 1,024 threads per SM)"] = pure_read
-    for name, (ring, kernel) in kernels.items():
-        sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers)
+    for name, (ring, kernel, rec) in kernels.items():
+        records = w["records"] if rec else None
+        sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=records)
         if "ablation" in name:  # the same, never waiting for the other blocks: a pure stream
-            sides[name + ", free run"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, free_run=True)
+            sides[name + ", free run"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers,
+                                                          free_run=True, records=records)
     rows = []
     for name, fn in sides.items():
         us = time_us(fn, graph=True, launches=2, trials=15)
@@ -238,13 +278,13 @@ def stamp_summary(stamps: torch.Tensor) -> dict:
     return out
 
 
-def stamped_run(w: dict, kernel, ring: int, layers: int) -> dict:
+def stamped_run(w: dict, kernel, ring: int, layers: int, records=None) -> dict:
     h = torch.randn(1, HIDDEN, device=DEV).half()
     sums = norm_chunk_sums_ref(h).contiguous()
     a = torch.empty(1, INTER, dtype=torch.float16, device=DEV)
     counter = torch.zeros(1, dtype=torch.int32, device=DEV)
     stamps = torch.zeros(layers, len(STAMP_NAMES), loader.sm_count(h.device), dtype=torch.int64, device=DEV)
-    run = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, stamps)
+    run = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, stamps, records=records)
     run()  # warm
     torch.cuda.synchronize()
     stamps.zero_()
@@ -257,17 +297,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--check-layers", type=int, default=4)
-    ap.add_argument("--variants", default="4:1:0,11:1:0,4:1:1,11:1:1,11:0:0,11:0:1",
-                    help="ring:math:bulk triples to compile, check (math ones) and time")
+    ap.add_argument("--variants", default="4:1:0,11:1:0,11:1:0:1,11:0:0,11:0:0:1",
+                    help="ring:math:bulk[:records] to compile, check (math ones) and time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     variants = [tuple(int(v) for v in t.split(":")) for t in args.variants.split(",")]
     bulk_ok = torch.cuda.get_device_capability() >= (9, 0)
-    kernels = {variant_name(r, bool(m), bool(b)): (r, compile_persistent(r, bool(m), bool(b)))
-               for r, m, b in variants if bulk_ok or not b}
+    kernels = {variant_name(r, bool(m), bool(b), bool(rec)): (r, compile_persistent(r, bool(m), bool(b)), bool(rec))
+               for r, m, b, rec in ((*v, 0)[:4] for v in variants) if bulk_ok or not b}
     w = build(args.layers, args.seed)
+    if any(rec for _, _, rec in kernels.values()):
+        w["records"] = build_records(w, loader.sm_count(torch.device(DEV)))
     checked = check(w, {k: v for k, v in kernels.items() if "ablation" not in k}, args.check_layers, args.seed)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
@@ -278,12 +320,13 @@ def main() -> None:
         print(f"{r['side']:66} {r['us_per_layer']:9.2f} {r['gb_per_s']:6.0f} {100 * r['copy_fraction']:6.1f}"
               f" {r['speedup_vs_product']:9.2f}")
     stamps = {}
-    for name, (ring, kernel) in kernels.items():
+    for name, (ring, kernel, rec) in kernels.items():
         if "ablation" in name:
             continue
-        stamps[name] = stamped_run(w, kernel, ring, args.layers)
+        stamps[name] = stamped_run(w, kernel, ring, args.layers, w["records"] if rec else None)
     print("one stamped run each (µs, medians over blocks and layers):")
-    label = lambda n: n.replace("persistent, ring ", "r").replace(", bulk copies (SM90)", " bulk").replace(", cp.async", " cp")  # noqa: E731
+    label = lambda n: (n.replace("persistent, ring ", "r").replace(", bulk copies (SM90)", " bulk")  # noqa: E731
+                       .replace(", cp.async", " cp").replace(", records in sweep order", " rec"))
     print(f"  {'':60} " + " ".join(f"{label(n):>14}" for n in stamps))
     for k in next(iter(stamps.values())):
         print(f"  {k[:60]:60} " + " ".join(f"{st[k]:14.2f}" for st in stamps.values()))
