@@ -139,35 +139,46 @@ struct PieceStream {
     }
 
     template <bool BULK>
-    __device__ __forceinline__ void issue(uint4* slot, unsigned long long* bar, int lane) {
-        const uint4* w;
-        const half_t* s;
-        const bool any = next(w, s);
-        if constexpr (BULK) {
-            if (any && lane == 0) bulk_piece(slot, w, s, bar);
-        } else {
-            if (any) {
-                cp_async_16(slot + lane, w + lane);
-                cp_async_16(slot + 32 + lane, w + 32 + lane);
-                if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
-            }
-            cp_async_commit();  // (empty past the end: the wait arithmetic stays the same)
-        }
-    }
+    __device__ __forceinline__ void issue(uint4* slot, unsigned long long* bar, int lane);
 };
+
+// Copy one piece into a ring slot (any = false past the end: cp.async still commits an empty
+// group, so the wait arithmetic stays the same).
+template <bool BULK>
+__device__ __forceinline__ void issue_piece(uint4* slot, unsigned long long* bar, int lane, bool any,
+                                            const uint4* w, const half_t* s) {
+    if constexpr (BULK) {
+        if (any && lane == 0) bulk_piece(slot, w, s, bar);
+    } else {
+        if (any) {
+            cp_async_16(slot + lane, w + lane);
+            cp_async_16(slot + 32 + lane, w + 32 + lane);
+            if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
+        }
+        cp_async_commit();
+    }
+}
+
+template <bool BULK>
+__device__ __forceinline__ void PieceStream::issue(uint4* slot, unsigned long long* bar, int lane) {
+    const uint4* w = nullptr;
+    const half_t* s = nullptr;
+    const bool any = next(w, s);
+    issue_piece<BULK>(slot, bar, lane, any, w, s);
+}
 
 // The ring: piece i sits in slot i % RING; take() issues piece i + RING - 1, then waits for i
 // (cp.async: its commit group; BULK: the slot's mbarrier, whose phase flips once per use).
-template <int RING, bool BULK>
+template <int RING, bool BULK, class Stream = PieceStream>
 struct Ring {
     uint4* base;               // this warp's RING slots
     unsigned long long* bars;  // BULK: this warp's RING mbarriers
     int next;                  // slot of the next piece to consume
     unsigned parity;           // BULK: bit s = the phase parity slot s completes next
-    PieceStream src;
+    Stream src;                // next(w, s): the pieces in the order the warp takes them
 
     __device__ __forceinline__ void issue_at(int slot, int lane) {
-        src.issue<BULK>(base + slot * SLOT_VECS, bars + slot, lane);
+        src.template issue<BULK>(base + slot * SLOT_VECS, bars + slot, lane);
     }
 
     __device__ __forceinline__ const uint4* take(int lane) {
