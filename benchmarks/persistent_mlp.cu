@@ -231,6 +231,131 @@ __device__ __forceinline__ void piece_dot(const Piece& p, const uint4 (&xv)[1][4
 
 __device__ __forceinline__ uint4 ldcg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
+// The phases' pieces of work, shared with persistent_layer.cu (all inlined).
+
+// Warp w's 32 values of group w of RMSNorm(h) (lane t: inputs 32t .. 32t + 31), from the chunk
+// sums the phase before left; wv: the norm weight's same vectors (constant: loaded before the wait).
+__device__ __forceinline__ void load_norm_weight(const half_t* nw, int warp, int t, uint4 (&wv)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
+}
+
+__device__ __forceinline__ void normalized_group(const half_t* h, const float* sums, const uint4 (&wv)[4], int H,
+                                                 float eps, int warp, int lane, uint4 (&xv)[1][4]) {
+    const int t = lane & 3;
+    float s = 0.f;
+    for (int c = lane; c < H / NORM_CHUNK; c += 32) s = __fadd_rn(s, __ldcg(sums + c));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, off));
+    const float inv = rms_inv(s, H, eps);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) xv[0][v] = normalize8(ldcg16(h + warp * GROUP + 32 * t + 8 * v), wv[v], inv);
+}
+
+// Phase A's pieces: the gate and up tile of each of the block's nA units against x; the 16
+// rows' sums of each go to partA[unit][warp][gate 0..15, up 16..31].
+template <bool MATH, class R>
+__device__ __forceinline__ void gate_up_pieces(R& ring, const uint4 (&xv)[1][4], float* partA, int nA, int warp,
+                                               int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int k = 0; k < nA; ++k) {
+        float r[2][2];
+        const Piece gate = read_piece(ring.take(lane), lane);
+        const Piece up = read_piece(ring.take(lane), lane);
+        piece_dot<MATH>(gate, xv, r[0][0], r[0][1]);
+        piece_dot<MATH>(up, xv, r[1][0], r[1][1]);
+        if (t == 0) {
+            float* p = partA + (k * PM_WARPS + warp) * 32;
+            p[g] = r[0][0];
+            p[g + 8] = r[0][1];
+            p[16 + g] = r[1][0];
+            p[16 + g + 8] = r[1][1];
+        }
+    }
+}
+
+// After a block barrier: warp k adds unit k's slices in warp order (lane = gate/up x row) and
+// writes a = silu(gate) * up with the product's roundings.
+__device__ __forceinline__ void gate_up_outputs(const float* partA, half_t* a, int nA, int b, int G, int warp,
+                                                int lane) {
+    if (warp >= nA) return;
+    float v = 0.f;
+    for (int w = 0; w < PM_WARPS; ++w) v += partA[(warp * PM_WARPS + w) * 32 + lane];
+    const float up = __shfl_down_sync(FULL_MASK, v, 16);
+    if (lane < 16) {
+        const float gate = h2f(f2h(v));
+        const float act = h2f(f2h(gate / (1.f + expf(-gate))));
+        a[(long)(b + warp * G) * 16 + lane] = f2h(act * h2f(f2h(up)));
+    }
+}
+
+// n fp16 values (a multiple of 8, at most 8 x 512 x A_STAGE_VECS) copied into shared memory
+// by the whole block, all loads in flight at once (no registers held per group).
+__device__ __forceinline__ void stage_vector(const half_t* src, uint4* dst, int n) {
+    uint4 v[A_STAGE_VECS];
+#pragma unroll
+    for (int k = 0; k < A_STAGE_VECS; ++k) {
+        const int i = threadIdx.x + k * PM_WARPS * 32;
+        if (i < n / 8) v[k] = ldcg16(src + 8 * i);
+    }
+#pragma unroll
+    for (int k = 0; k < A_STAGE_VECS; ++k) {
+        const int i = threadIdx.x + k * PM_WARPS * 32;
+        if (i < n / 8) dst[i] = v[k];
+    }
+}
+
+// One output tile's pieces: this warp's groups warp, warp + 16, ... (n of them) against the
+// staged x, two at a time, added in order; the rows' sums go to partB[warp][16].
+template <bool MATH, class R>
+__device__ __forceinline__ void tile_pieces(R& ring, const uint4* x_stage, float* partB, int n, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int q = 0; q < n; q += 2) {
+        const uint4* xs = x_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
+        const uint4 x0[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
+        const Piece p0 = read_piece(ring.take(lane), lane);
+        float r0, r1;
+        if (q + 1 < n) {
+            const uint4* ys = xs + PM_WARPS * (GROUP / 8);
+            const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
+            const Piece p1 = read_piece(ring.take(lane), lane);
+            float u0, u1;
+            piece_dot<MATH>(p0, x0, r0, r1);
+            piece_dot<MATH>(p1, x1, u0, u1);
+            acc0 += r0;
+            acc1 += r1;
+            acc0 += u0;
+            acc1 += u1;
+        } else {
+            piece_dot<MATH>(p0, x0, r0, r1);
+            acc0 += r0;
+            acc1 += r1;
+        }
+    }
+    if (t == 0) {
+        partB[warp * 16 + g] = acc0;
+        partB[warp * 16 + g + 8] = acc1;
+    }
+}
+
+// After a block barrier, warp 0: the tile's 16 rows summed over the warps in order (+ bias),
+// h += them (the product's roundings), and their chunk sum in common.cu's order.
+__device__ __forceinline__ void residual_tile(const float* partB, const half_t* bias, half_t* h, float* sums,
+                                              int tile, int lane) {
+    float v = 0.f;
+    for (int w = 0; w < PM_WARPS; ++w) v += partB[w * 16 + (lane & 15)];
+    const int row = tile * 16 + (lane & 15);
+    if (bias != nullptr) v += h2f(bias[row]);
+    const half_t out = f2h(h2f(f2h(v)) + h2f(__ldcg(h + row)));
+    if (lane < 16) h[row] = out;
+    const float o = h2f(out), o8 = __shfl_down_sync(FULL_MASK, o, 8);  // lane e pairs rows e, e + 8
+    float p = sq_pair(o, o8);
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, off));
+    if (lane == 0) sums[tile] = p;
+}
+
 template <int RING, bool MATH = true, bool BULK = false>
 __global__ void __launch_bounds__(PM_WARPS * 32, 1)
 persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ gu_sc,
@@ -270,49 +395,16 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
     unsigned phase = 0;
     for (int layer = 0; layer < layers; ++layer, phase += 2) {
         // Phase A: x = RMSNorm(h), this warp's group of the block's gate/up units.
-        const half_t* nw = norm_w + (long)layer * H;
         uint4 wv[4];
-#pragma unroll
-        for (int v = 0; v < 4; ++v) wv[v] = reinterpret_cast<const uint4*>(nw + warp * GROUP + 32 * t)[v];
+        load_norm_weight(norm_w + (long)layer * H, warp, t, wv);
         wait_counter(counter, free_run ? 0 : phase * G);
         STAMP(0);
         uint4 xv[1][4];
-        {
-            float s = 0.f;
-            for (int c = lane; c < H / NORM_CHUNK; c += 32) s = __fadd_rn(s, __ldcg(sums + c));
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(FULL_MASK, s, off));
-            const float inv = rms_inv(s, H, eps);
-#pragma unroll
-            for (int v = 0; v < 4; ++v) xv[0][v] = normalize8(ldcg16(h + warp * GROUP + 32 * t + 8 * v), wv[v], inv);
-        }
-        for (int k = 0; k < nA; ++k) {
-            float r[2][2];
-#pragma unroll
-            const Piece gate = read_piece(ring.take(lane), lane);
-            const Piece up = read_piece(ring.take(lane), lane);
-            piece_dot<MATH>(gate, xv, r[0][0], r[0][1]);
-            piece_dot<MATH>(up, xv, r[1][0], r[1][1]);
-            if (t == 0) {
-                float* p = partA + (k * PM_WARPS + warp) * 32;
-                p[g] = r[0][0];
-                p[g + 8] = r[0][1];
-                p[16 + g] = r[1][0];
-                p[16 + g + 8] = r[1][1];
-            }
-        }
+        normalized_group(h, sums, wv, H, eps, warp, lane, xv);
+        gate_up_pieces<MATH>(ring, xv, partA, nA, warp, lane);
         STAMP(1);
         __syncthreads();
-        if (warp < nA) {  // warp k adds unit k's slices in warp order; lane = gate/up x row
-            float v = 0.f;
-            for (int w = 0; w < PM_WARPS; ++w) v += partA[(warp * PM_WARPS + w) * 32 + lane];
-            const float up = __shfl_down_sync(FULL_MASK, v, 16);
-            if (lane < 16) {
-                const float gate = h2f(f2h(v));
-                const float act = h2f(f2h(gate / (1.f + expf(-gate))));
-                a[(long)(b + warp * G) * 16 + lane] = f2h(act * h2f(f2h(up)));
-            }
-        }
+        gate_up_outputs(partA, a, nA, b, G, warp, lane);
         arrive(counter);
         STAMP(2);
 
@@ -320,65 +412,13 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
             wait_counter(counter, free_run ? 0 : (phase + 1) * G);
             STAMP(3);
-            // a (I fp16, every group this block's tile needs) staged in shared memory: all
-            // loads in flight at once, no registers held per group.
-            {
-                uint4 v[A_STAGE_VECS];
-#pragma unroll
-                for (int k = 0; k < A_STAGE_VECS; ++k) {
-                    const int i = threadIdx.x + k * PM_WARPS * 32;
-                    if (i < I / 8) v[k] = ldcg16(a + 8 * i);
-                }
-#pragma unroll
-                for (int k = 0; k < A_STAGE_VECS; ++k) {
-                    const int i = threadIdx.x + k * PM_WARPS * 32;
-                    if (i < I / 8) a_stage[i] = v[k];
-                }
-            }
+            stage_vector(a, a_stage, I);  // a: every group this block's tile needs
             __syncthreads();
             STAMP(4);
-            float acc0 = 0.f, acc1 = 0.f;
-            for (int q = 0; q < nB; q += 2) {  // two pieces at a time, added in order
-                const uint4* xs = a_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
-                const uint4 x0[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
-                const Piece p0 = read_piece(ring.take(lane), lane);
-                float r0, r1;
-                if (q + 1 < nB) {
-                    const uint4* ys = xs + PM_WARPS * (GROUP / 8);
-                    const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
-                    const Piece p1 = read_piece(ring.take(lane), lane);
-                    float u0, u1;
-                    piece_dot<MATH>(p0, x0, r0, r1);
-                    piece_dot<MATH>(p1, x1, u0, u1);
-                    acc0 += r0;
-                    acc1 += r1;
-                    acc0 += u0;
-                    acc1 += u1;
-                } else {
-                    piece_dot<MATH>(p0, x0, r0, r1);
-                    acc0 += r0;
-                    acc1 += r1;
-                }
-            }
+            tile_pieces<MATH>(ring, a_stage, partB, nB, warp, lane);
             STAMP(5);
-            if (t == 0) {
-                partB[warp * 16 + g] = acc0;
-                partB[warp * 16 + g + 8] = acc1;
-            }
             __syncthreads();
-            if (warp == 0) {
-                float v = 0.f;
-                for (int w = 0; w < PM_WARPS; ++w) v += partB[w * 16 + (lane & 15)];
-                const int row = dtile * 16 + (lane & 15);
-                const half_t out = f2h(h2f(f2h(v)) + h2f(__ldcg(h + row)));
-                if (lane < 16) h[row] = out;
-                // The chunk sum of these 16 rows in common.cu's order: lane e pairs rows e, e + 8.
-                const float o = h2f(out), o8 = __shfl_down_sync(FULL_MASK, o, 8);
-                float p = sq_pair(o, o8);
-#pragma unroll
-                for (int off = 1; off < 8; off <<= 1) p = __fadd_rn(p, __shfl_xor_sync(FULL_MASK, p, off));
-                if (lane == 0) sums[dtile] = p;
-            }
+            if (warp == 0) residual_tile(partB, nullptr, h, sums, dtile, lane);
         }
         arrive(counter);
         STAMP(6);
