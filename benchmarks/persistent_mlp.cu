@@ -408,9 +408,12 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         arrive(counter);
         STAMP(2);
 
-        // Phase B: h += a Wd^T for tile dtile, this warp's groups of it.
+        // Phase B: h += a Wd^T for tile dtile, this warp's groups of it. A block without a tile
+        // waits too: arriving early would count towards the next phase's target while another
+        // block may still be in phase A (the runs of 2293ccf and before had that race; their
+        // checks passed, the blocks without a tile being among the last to finish A).
+        wait_counter(counter, free_run ? 0 : (phase + 1) * G);
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
-            wait_counter(counter, free_run ? 0 : (phase + 1) * G);
             STAMP(3);
             stage_vector(a, a_stage, I);  // a: every group this block's tile needs
             __syncthreads();
