@@ -9,7 +9,7 @@ buffer together, like a plain read) or `own` (each warp a contiguous region). Me
 - `ring`: cp.async into a shared-memory ring of RING slots per warp, one commit group per piece,
   `wait_group RING - 1` before using the oldest (the persistent MLP's stream);
 - `regs`: the same pieces loaded into registers, D pieces in flight per warp (the GEMV's way).
-Grid: one block per SM, 8-32 warps. Each config's XOR of all words is checked against the host
+Grid: one or two blocks per SM, 8-32 warps each. Each config's XOR of all words is checked against the host
 before it is timed; prints GB/s and the fraction of the copy bandwidth measured in the same run.
 
     python benchmarks/probe_ring_stream.py --commit $(git rev-parse --short HEAD) \\
@@ -109,31 +109,32 @@ def compile_kernels() -> dict:
 
 
 def run(kernels: dict, buf: torch.Tensor, copy_gbps: float) -> list[dict]:
-    sms = loader.sm_count(buf.device)
     pieces = buf.numel() * 4 // 1024
     out = torch.zeros(1, dtype=torch.int32, device=DEV)
     rows = []
     for (mech, depth), kernel in kernels.items():
-        for warps in WARPS:
+        for warps, per_sm in ((w, p) for w in WARPS for p in (1, 2)):
             shared = warps * depth * 1024 if mech == "ring" else 0
-            if loader.resident_blocks(kernel, 32 * warps, shared) < 1:
+            if per_sm * warps > 32 or loader.resident_blocks(kernel, 32 * warps, shared) < per_sm:
                 continue
-            per_warp = pieces // (sms * warps) // 8 * 8  # a multiple of every depth
-            nbytes = per_warp * sms * warps * 1024
+            blocks = per_sm * loader.sm_count(buf.device)
+            per_warp = pieces // (blocks * warps) // 8 * 8  # a multiple of every depth
+            nbytes = per_warp * blocks * warps * 1024
             for sweep in (1, 0):
                 args = (buf.data_ptr(), np.int64(per_warp), np.int32(sweep), out.data_ptr())
 
-                def fn(_i=0, kernel=kernel, warps=warps, shared=shared, args=args):
-                    loader.launch(kernel, (sms,), (32 * warps,), args, shared_mem=shared)
+                def fn(_i=0, kernel=kernel, warps=warps, shared=shared, args=args, blocks=blocks):
+                    loader.launch(kernel, (blocks,), (32 * warps,), args, shared_mem=shared)
 
                 out.zero_()
                 fn()
                 torch.cuda.synchronize()
-                want = xor_prefix(buf, per_warp * sms * warps)
+                want = xor_prefix(buf, per_warp * blocks * warps)
                 assert (int(out.item()) & 0xFFFFFFFF) == want, f"{mech} {depth} warps {warps}: lost data"
                 us = time_us(fn, graph=True, launches=3, trials=10)
                 gbps = nbytes / us / 1e3
-                rows.append({"mechanism": mech, "depth": depth, "warps": warps, "order": "sweep" if sweep else "own",
+                rows.append({"mechanism": mech, "depth": depth, "warps": warps, "blocks_per_sm": per_sm,
+                             "order": "sweep" if sweep else "own",
                              "us": us, "gb_per_s": gbps, "copy_fraction": gbps / copy_gbps})
     return rows
 
@@ -158,10 +159,11 @@ def main() -> None:
     buf = torch.randint(-2**31, 2**31 - 1, (args.mib << 18,), dtype=torch.int32, device=DEV)
     copy_gbps = copy_bandwidth_gbps()
     rows = run(kernels, buf, copy_gbps)
-    print(f"copy {copy_gbps:.0f} GB/s; {args.mib} MiB in 1 KB pieces, one block per SM")
-    print(f"{'mechanism':9} {'depth':>5} {'warps':>5} {'order':>5} {'us':>8} {'GB/s':>6} {'copy%':>6}")
+    print(f"copy {copy_gbps:.0f} GB/s; {args.mib} MiB in 1 KB pieces")
+    print(f"{'mechanism':9} {'depth':>5} {'warps':>5} {'/SM':>3} {'order':>5} {'us':>8} {'GB/s':>6} {'copy%':>6}")
     for r in sorted(rows, key=lambda r: -r["gb_per_s"]):
-        print(f"{r['mechanism']:9} {r['depth']:5} {r['warps']:5} {r['order']:>5} {r['us']:8.1f} {r['gb_per_s']:6.0f}"
+        print(f"{r['mechanism']:9} {r['depth']:5} {r['warps']:5} {r['blocks_per_sm']:3} {r['order']:>5} {r['us']:8.1f}"
+              f" {r['gb_per_s']:6.0f}"
               f" {100 * r['copy_fraction']:6.1f}")
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
               "torch": torch.__version__, "copy_gb_per_s": copy_gbps, "mib": args.mib, "rows": rows}
