@@ -1,6 +1,7 @@
 // A whole decode layer as phases of one persistent kernel (probe for docs/KERNELS.md phase 21;
-// not a product kernel). Compiled after common.cu, gemv.cu and persistent_mlp.cu, whose ring,
-// pieces and phase helpers it uses: benchmarks/probe_persistent_layer.py builds the text.
+// not a product kernel). Compiled after common.cu, gemv.cu and persistent_stream.cu (the ring,
+// pieces and phase work, shared with persistent_mlp.cu): benchmarks/probe_persistent_layer.py
+// builds the text.
 //
 // Per layer, at batch 1 (Qwen2 shapes with head_dim 128 and H = 128 x 16 warps, e.g. the 3B):
 //   P0 qkv      = RMSNorm(h) Wqkv^T + bias        block b: tiles b, b + G, ...; warp w: group w
@@ -9,11 +10,10 @@
 //               (s = b % used): partial softmax (m, l) and sum of p v per query head of the group
 //   P2 combine  block b < Hq: head b's splits merged -> attn
 //   P3 o        h += attn Wo^T                    one tile per block (as the down projection)
-//   P4 gate/up  a = silu(x Wg^T) * (x Wu^T), x = RMSNorm(h)   (persistent_mlp.cu's phase A)
-//   P5 down     h += a Wd^T, chunk sums of h for the next layer's norm (phase B)
+//   P4 gate/up  a = silu(x Wg^T) * (x Wu^T), x = RMSNorm(h)   (as persistent_mlp.cu's phase A)
+//   P5 down     h += a Wd^T, chunk sums of h for the next layer's norm (as its phase B)
 // Every warp streams its pieces (qkv, o, gate/up, down) through its ring in that order, across
 // the phases: while P1 and P2 run (no weights), the rings fill with the o and gate/up pieces.
-// Every block waits for each phase's predecessor before it arrives, with or without work.
 
 constexpr int HEAD_DIM = 128;
 constexpr int MAX_CHUNK = 32;        // positions per split (the attention scratch in a_stage)

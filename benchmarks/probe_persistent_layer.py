@@ -32,7 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
-from probe_persistent_mlp import DEV, EPS, EXTRA_SHARED, SLOT_BYTES, WARPS, random_w4, rel_err, tile_scales  # noqa: E402
+from probe_persistent_mlp import (  # noqa: E402
+    DEV, EPS, EXTRA_SHARED, SLOT_BYTES, WARPS, persistent_source, random_w4, rel_err, tile_scales,
+)
 
 from app.kernels import loader  # noqa: E402
 from app.kernels.attention import DecodeAttentionWorkspace, default_num_splits, rope_decode_attention  # noqa: E402
@@ -45,7 +47,7 @@ from app.kernels.w4_tiles import repack_w4_tiles  # noqa: E402
 
 H, I, HQ, HKV, D = 2048, 11008, 16, 2, 128  # Qwen2.5-3B
 NQKV = (HQ + 2 * HKV) * D
-KERNELS = [Path(__file__).resolve().parent / f for f in ("persistent_mlp.cu", "persistent_layer.cu")]
+KERNEL_FILES = [Path(__file__).resolve().parent / f for f in ("persistent_stream.cu", "persistent_layer.cu")]
 STAMPS = ("qkv", "attention split", "combine", "o", "gate/up", "down")  # each: waited, arrived
 
 
@@ -132,7 +134,7 @@ def product_chain(m: Layers, buf: Buffers, layers: int, splits: int):
 def compile_layer(ring: int):
     import cupy
 
-    code = loader.kernel_source("gemv.cu") + "".join(f'\n#line 1 "{p.name}"\n' + p.read_text() for p in KERNELS)
+    code = persistent_source(KERNEL_FILES)
     name = f"persistent_layer_kernel<{ring}>"
     return cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,)).get_function(name)
 

@@ -47,7 +47,12 @@ EPS = 1e-6
 WARPS = 16  # persistent_mlp.cu PM_WARPS
 SLOT_BYTES = 66 * 16  # one piece: 1 KB of W4 + 32 B of scales
 EXTRA_SHARED = 8 * WARPS * 32 * 4 + WARPS * 16 * 4  # partial sums (A_UNITS_MAX units, B)
-KERNEL_FILE = Path(__file__).resolve().parent / "persistent_mlp.cu"
+KERNEL_FILES = [Path(__file__).resolve().parent / f for f in ("persistent_stream.cu", "persistent_mlp.cu")]
+
+
+def persistent_source(files: list[Path]) -> str:
+    """common.cu and gemv.cu (the loader's text), then the probe's files: what NVRTC compiles."""
+    return loader.kernel_source("gemv.cu") + "".join(f'\n#line 1 "{f.name}"\n' + f.read_text() for f in files)
 
 
 def tile_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -149,7 +154,7 @@ def compile_persistent(ring: int, math: bool = True, bulk: bool = False):
     fills the ring with SM90 bulk copies instead of cp.async."""
     import cupy
 
-    code = loader.kernel_source("gemv.cu") + '\n#line 1 "persistent_mlp.cu"\n' + KERNEL_FILE.read_text()
+    code = persistent_source(KERNEL_FILES)
     flag = lambda v: "true" if v else "false"  # noqa: E731
     name = f"persistent_mlp_kernel<{ring}, {flag(math)}, {flag(bulk)}>"
     module = cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,))
