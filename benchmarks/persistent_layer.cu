@@ -33,6 +33,7 @@ struct LayerStream {
     const uint4* dn;     // [L][H/16][I/128][64]
     const half_t* dn_sc;
     int layers, H, I, qkv_tiles;
+    int steps;  // > 0: qkv_w holds every piece as a record at [layer][step][block][warp] (PieceStream)
     int b, warp, nQ, nO, nA, nB, otile, dtile, per_layer;
     int layer, j;  // the next piece to issue
 
@@ -41,7 +42,11 @@ struct LayerStream {
         const int G = gridDim.x, gh = H / GROUP;
         int k = j;
         long at;
-        if (k < nQ) {
+        if (steps > 0) {
+            at = (((long)layer * steps + j) * G + b) * PM_WARPS + warp;
+            w = qkv_w + at * SLOT_VECS;
+            s = reinterpret_cast<const half_t*>(w + 64);
+        } else if (k < nQ) {
             at = ((long)layer * qkv_tiles + b + (long)k * G) * gh + warp;
             w = qkv_w + at * 64;
             s = qkv_s + at * 16;
@@ -212,7 +217,8 @@ persistent_layer_kernel(const uint4* __restrict__ qkv_w, const half_t* __restric
                         unsigned* counter,                  // zero at launch
                         int layers, int H, int I, int Hq, int Hkv, int max_len, int pos, int splits, int chunk,
                         float eps, float scale,
-                        unsigned long long* stamps) {  // null, or [layers][LAYER_STAMPS][G] globaltimer ns
+                        unsigned long long* stamps,  // null, or [layers][LAYER_STAMPS][G] globaltimer ns
+                        int record_steps) {          // > 0: qkv_w holds the pieces as records (LayerStream)
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
@@ -230,7 +236,7 @@ persistent_layer_kernel(const uint4* __restrict__ qkv_w, const half_t* __restric
 
     Ring<RING, false, LayerStream> ring{
         smem + warp * RING * SLOT_VECS, nullptr, 0, 0u,
-        LayerStream{qkv_w, qkv_s, o_w, o_s, gu, gu_sc, dn, dn_sc, layers, H, I, qkv_tiles,
+        LayerStream{qkv_w, qkv_s, o_w, o_s, gu, gu_sc, dn, dn_sc, layers, H, I, qkv_tiles, record_steps,
                     b, warp, nQ, nO, nA, nB, otile, dtile, nQ + nO + 2 * nA + nB, 0, 0}};
     for (int i = 0; i < RING - 1; ++i) ring.issue_at(i, lane);
 

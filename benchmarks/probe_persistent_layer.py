@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import sys
@@ -33,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
 from probe_persistent_mlp import (  # noqa: E402
-    DEV, EPS, EXTRA_SHARED, SLOT_BYTES, WARPS, persistent_source, random_w4, rel_err, tile_scales,
+    DEV, EPS, EXTRA_SHARED, SLOT_BYTES, WARPS, persistent_source, random_w4, rel_err, step_index, stored_records,
+    tile_scales,
 )
 
 from app.kernels import loader  # noqa: E402
@@ -80,6 +82,34 @@ class Layers:
         angles = torch.arange(max_len, device=DEV).float()[:, None] * inv_freq[None]  # [len, D/2]
         self.cos, self.sin = angles.cos().contiguous(), angles.sin().contiguous()
         self.h0 = torch.randn(1, H, generator=gen, device=DEV).half()
+
+
+def layer_record_sources(blocks: int) -> tuple[int, torch.Tensor]:
+    """The pieces in the order persistent_layer.cu's LayerStream takes them (step_index). A
+    layer's pieces: qkv, o, gate/up tile-groups (tile * H/128 + group), then the down ones."""
+    gh, gi, tiles_h, units, qkv_tiles = H // 128, I // 128, H // 16, I // 16, NQKV // 16
+    o0 = qkv_tiles * gh
+    gu0 = o0 + tiles_h * gh
+    dn0 = gu0 + 2 * units * gh
+    seqs = {}
+    for b in range(blocks):
+        n_q = max(0, -(-(qkv_tiles - b) // blocks))
+        otile = (b + tiles_h) % blocks
+        n_a = -(-(units - b) // blocks)
+        for w in range(WARPS):
+            seq = [(b + k * blocks) * gh + w for k in range(n_q)]
+            seq += [o0 + otile * gh + w] if otile < tiles_h else []
+            seq += [gu0 + ((j & 1) * units + b + (j >> 1) * blocks) * gh + w for j in range(2 * n_a)]
+            seq += [dn0 + otile * gi + w + q * WARPS for q in range(-(-(gi - w) // WARPS))] if otile < tiles_h else []
+            seqs[b, w] = seq
+    return step_index(seqs, blocks)
+
+
+def layer_records(m: "Layers", blocks: int) -> tuple[int, torch.Tensor]:
+    steps, index = layer_record_sources(blocks)
+    s = m.stacked
+    mats = [[(s[k][ell], s[k + "_s"][ell]) for k in ("qkv", "o", "gu", "dn")] for ell in range(m.n)]
+    return steps, stored_records(mats, index)
 
 
 def reference(m: Layers, layers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,6 +161,7 @@ def product_chain(m: Layers, buf: Buffers, layers: int, splits: int):
     return run
 
 
+@functools.lru_cache(maxsize=None)
 def compile_layer(ring: int):
     import cupy
 
@@ -139,7 +170,8 @@ def compile_layer(ring: int):
     return cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,)).get_function(name)
 
 
-def persistent_chain(kernel, ring: int, m: Layers, buf: Buffers, layers: int, splits: int, stamps=None):
+def persistent_chain(kernel, ring: int, m: Layers, buf: Buffers, layers: int, splits: int, stamps=None,
+                     records: tuple[int, torch.Tensor] | None = None):
     blocks = loader.sm_count(torch.device(DEV))
     chunk = max(16, -(-(m.pos + 1) // splits))
     used = -(-(m.pos + 1) // chunk)
@@ -150,14 +182,15 @@ def persistent_chain(kernel, ring: int, m: Layers, buf: Buffers, layers: int, sp
     if loader.resident_blocks(kernel, 32 * WARPS, shared) < 1:
         raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
     s = m.stacked
-    args = (s["qkv"].data_ptr(), s["qkv_s"].data_ptr(), m.bias.data_ptr(), s["o"].data_ptr(), s["o_s"].data_ptr(),
+    steps, first = (0, s["qkv"]) if records is None else records
+    args = (first.data_ptr(), s["qkv_s"].data_ptr(), m.bias.data_ptr(), s["o"].data_ptr(), s["o_s"].data_ptr(),
             s["gu"].data_ptr(), s["gu_s"].data_ptr(), s["dn"].data_ptr(), s["dn_s"].data_ptr(),
             m.ln1.data_ptr(), m.ln2.data_ptr(), buf.h.data_ptr(), buf.sums.data_ptr(), buf.qkv.data_ptr(),
             buf.attn.data_ptr(), buf.a.data_ptr(), buf.k.data_ptr(), buf.v.data_ptr(),
             m.cos.data_ptr(), m.sin.data_ptr(), np.int32(m.cos.stride(0)), buf.part_o.data_ptr(),
             buf.part_ml.data_ptr(), buf.counter.data_ptr(), np.int32(layers), np.int32(H), np.int32(I),
             np.int32(HQ), np.int32(HKV), np.int32(m.max_len), np.int32(m.pos), np.int32(splits), np.int32(chunk),
-            np.float32(EPS), np.float32(1 / math.sqrt(D)), 0 if stamps is None else stamps.data_ptr())
+            np.float32(EPS), np.float32(1 / math.sqrt(D)), 0 if stamps is None else stamps.data_ptr(), np.int32(steps))
 
     def run(_i=0):
         buf.counter.zero_()
@@ -165,7 +198,7 @@ def persistent_chain(kernel, ring: int, m: Layers, buf: Buffers, layers: int, sp
     return run
 
 
-def check(m: Layers, kernels: dict, layers: int, splits: int) -> dict:
+def check(m: Layers, variants: dict, layers: int, splits: int) -> dict:
     ref_h, ref_k, ref_v = reference(m, layers)
     at = (slice(0, layers), 0, slice(None), m.pos)  # the k / v rows written at pos
     out = {"layers": layers, "ref_absmax": float(ref_h.float().abs().max())}
@@ -175,16 +208,15 @@ def check(m: Layers, kernels: dict, layers: int, splits: int) -> dict:
     out["product_rel_err"] = rel_err(buf.h, ref_h)
     out["product_k_rel_err"] = rel_err(buf.k[at], ref_k[at])
     out["product_v_rel_err"] = rel_err(buf.v[at], ref_v[at])
-    for ring, kernel in kernels.items():
+    for name, (ring, kernel, records) in variants.items():
         runs = []
         for _ in range(2):
             buf = Buffers(m, splits)
-            persistent_chain(kernel, ring, m, buf, layers, splits)()
+            persistent_chain(kernel, ring, m, buf, layers, splits, records=records)()
             torch.cuda.synchronize()
-            assert not torch.isnan(buf.a).any() and not torch.isnan(buf.attn).any(), f"ring {ring}: left poisoned"
+            assert not torch.isnan(buf.a).any() and not torch.isnan(buf.attn).any(), f"{name}: left poisoned"
             runs.append((buf.h.clone(), buf.k.clone(), buf.v.clone(), buf.sums.clone()))
         h, k, v, sums = runs[0]
-        name = f"persistent ring {ring}"
         out[f"{name}: rel_err"] = err = rel_err(h, ref_h)
         out[f"{name}: k_rel_err"] = k_err = rel_err(k[at], ref_k[at])
         out[f"{name}: v_rel_err"] = v_err = rel_err(v[at], ref_v[at])
@@ -213,45 +245,60 @@ def stamp_summary(stamps: torch.Tensor) -> dict:
     return out
 
 
+def timing(m: Layers, variants: dict, layers: int, splits: int, copy_gbps: float) -> list[dict]:
+    buf = Buffers(m, splits)
+    sides = {"product chain (graphed)": product_chain(m, buf, layers, splits)}
+    sides.update({n: persistent_chain(k, r, m, buf, layers, splits, records=rec) for n, (r, k, rec) in variants.items()})
+    rows = [{"side": n, "us_per_layer": time_us(fn, graph=True, launches=2, trials=15) / layers}
+            for n, fn in sides.items()]
+    layer_bytes = sum(t.numel() * t.element_size() for t in m.stacked.values()) / m.n
+    for r in rows:
+        r["speedup_vs_product"] = rows[0]["us_per_layer"] / r["us_per_layer"]
+        r["copy_fraction"] = layer_bytes / r["us_per_layer"] / 1e3 / copy_gbps
+        print(f"{r['side']:36} {r['us_per_layer']:7.2f} µs/layer  {100 * r['copy_fraction']:5.1f} % of copy"
+              f"  {r['speedup_vs_product']:5.2f}x")
+    return rows
+
+
+def stamped(m: Layers, variants: dict, layers: int, splits: int) -> dict:
+    out = {}
+    for name, (ring, kernel, records) in variants.items():
+        st = torch.zeros(layers, 2 * len(STAMPS), loader.sm_count(torch.device(DEV)), dtype=torch.int64, device=DEV)
+        persistent_chain(kernel, ring, m, Buffers(m, splits), layers, splits, st, records=records)()
+        torch.cuda.synchronize()
+        out[name] = stamp_summary(st)
+    print("stamps, µs: " + " | ".join(out))
+    for k in next(iter(out.values())):
+        print(f"  {k:48} " + " ".join(f"{s[k]:7.2f}" for s in out.values()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--check-layers", type=int, default=3)
     ap.add_argument("--pos", type=int, default=511, help="the new token's position (context pos + 1)")
     ap.add_argument("--max-len", type=int, default=1024)
-    ap.add_argument("--rings", default="6,10")
+    ap.add_argument("--variants", default="6,10,10r", help="ring depths; a trailing r: pieces stored as records")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    splits = default_num_splits(HKV, args.max_len, loader.sm_count(torch.device(DEV)))
-    kernels = {int(r): compile_layer(int(r)) for r in args.rings.split(",")}
+    blocks = loader.sm_count(torch.device(DEV))
+    splits = default_num_splits(HKV, args.max_len, blocks)
     m = Layers(args.layers, args.max_len, args.pos, args.seed)
-    checked = check(m, kernels, args.check_layers, splits)
+    records = layer_records(m, blocks) if "r" in args.variants else None
+    variants = {}
+    for v in args.variants.split(","):
+        ring = int(v.rstrip("r"))
+        name = f"persistent, ring {ring}" + (", records" if v.endswith("r") else "")
+        variants[name] = (ring, compile_layer(ring), records if v.endswith("r") else None)
+    checked = check(m, variants, args.check_layers, splits)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
-    buf = Buffers(m, splits)
-    sides = {"product chain (graphed)": product_chain(m, buf, args.layers, splits)}
-    sides.update({f"persistent, ring {r}": persistent_chain(k, r, m, buf, args.layers, splits) for r, k in kernels.items()})
-    rows = [{"side": n, "us_per_layer": time_us(fn, graph=True, launches=2, trials=15) / args.layers}
-            for n, fn in sides.items()]
-    layer_bytes = sum(t.numel() * t.element_size() for t in m.stacked.values()) / args.layers
     print(f"copy {copy_gbps:.0f} GB/s; {args.layers} layers of the 3B w4, batch 1, position {args.pos}, {splits} splits")
-    for r in rows:
-        r["speedup_vs_product"] = rows[0]["us_per_layer"] / r["us_per_layer"]
-        r["copy_fraction"] = layer_bytes / r["us_per_layer"] / 1e3 / copy_gbps
-        print(f"{r['side']:28} {r['us_per_layer']:7.2f} µs/layer  {100 * r['copy_fraction']:5.1f} % of copy"
-              f"  {r['speedup_vs_product']:5.2f}x")
-    stamps = {}
-    for ring, kernel in kernels.items():
-        st = torch.zeros(args.layers, 2 * len(STAMPS), loader.sm_count(torch.device(DEV)), dtype=torch.int64,
-                         device=DEV)
-        run = persistent_chain(kernel, ring, m, Buffers(m, splits), args.layers, splits, st)
-        run()
-        torch.cuda.synchronize()
-        stamps[f"ring {ring}"] = stamp_summary(st)
-    for k in next(iter(stamps.values())):
-        print(f"  {k:48} " + " ".join(f"{s[k]:7.2f}" for s in stamps.values()))
+    rows = timing(m, variants, args.layers, splits, copy_gbps)
+    stamps = stamped(m, variants, args.layers, splits)
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": args.commit,
               "torch": torch.__version__, "copy_gb_per_s": copy_gbps, "layers": args.layers, "pos": args.pos,
               "splits": splits, "check": checked, "rows": rows, "stamps_us": stamps}

@@ -113,10 +113,19 @@ def variant_name(ring: int, math: bool, bulk: bool, records: bool = False) -> st
             + ("" if math else ", no dequant/mma (ablation)"))
 
 
+def step_index(seqs: dict, blocks: int) -> tuple[int, torch.Tensor]:
+    """Per (block, warp) the pieces it takes, in order -> (steps J, index [J, blocks, WARPS] into
+    a layer's pieces, -1 where a warp has fewer than J)."""
+    steps = max(len(q) for q in seqs.values())
+    index = torch.full((steps, blocks, WARPS), -1, dtype=torch.long)
+    for (b, w), seq in seqs.items():
+        index[: len(seq), b, w] = torch.tensor(seq, dtype=torch.long)
+    return steps, index
+
+
 def record_sources(blocks: int) -> tuple[int, torch.Tensor]:
-    """The pieces in the order persistent_mlp.cu's PieceStream takes them: (steps J, index
-    [J, blocks, WARPS] into one layer's pieces, -1 where a warp has fewer than J). A layer's
-    pieces: the gate/up tile-groups (tile * H/128 + group), then the down ones."""
+    """The pieces in the order persistent_mlp.cu's PieceStream takes them (step_index). A
+    layer's pieces: the gate/up tile-groups (tile * H/128 + group), then the down ones."""
     ga, gb, units, tiles_b = HIDDEN // 128, INTER // 128, INTER // 16, HIDDEN // 16
     seqs = {}
     for b in range(blocks):
@@ -127,26 +136,26 @@ def record_sources(blocks: int) -> tuple[int, torch.Tensor]:
             seq = [((j & 1) * units + b + (j >> 1) * blocks) * ga + w for j in range(2 * n_a)]
             seq += [2 * units * ga + dtile * gb + w + q * WARPS for q in range(n_b)]
             seqs[b, w] = seq
-    steps = max(len(q) for q in seqs.values())
-    index = torch.full((steps, blocks, WARPS), -1, dtype=torch.long)
-    for (b, w), seq in seqs.items():
-        index[: len(seq), b, w] = torch.tensor(seq)
-    return steps, index
+    return step_index(seqs, blocks)
+
+
+def stored_records(mats: list[list[tuple[torch.Tensor, torch.Tensor]]], index: torch.Tensor) -> torch.Tensor:
+    """Every piece once more as a 1,056-byte record (1 KB of tiles, 32 B of scales) at
+    [layer][step][block][warp], so what all warps take at one step lies side by side. mats: per
+    layer, its matrices in piece order as (tiles, tile-ordered scales)."""
+    index = index.to(DEV)
+    out = torch.empty(len(mats), *index.shape, 264, dtype=torch.int32, device=DEV)
+    for ell, layer in enumerate(mats):
+        rows = [torch.cat([t.reshape(-1, 256), s.view(torch.int32).reshape(-1, 8)], dim=1) for t, s in layer]
+        pieces = torch.cat([*rows, torch.zeros(1, 264, dtype=torch.int32, device=DEV)])  # + the padding row
+        out[ell] = pieces[index]  # -1 takes the padding row
+    return out
 
 
 def build_records(w: dict, blocks: int) -> tuple[int, torch.Tensor]:
-    """Every piece once more as a 1,056-byte record (1 KB of tiles, 32 B of scales) at
-    [layer][step][block][warp]: what all warps take at one step lies side by side."""
     steps, index = record_sources(blocks)
-    index = index.to(DEV)
-    out = torch.empty(len(w["gu"]), steps, blocks, WARPS, 264, dtype=torch.int32, device=DEV)
-    for ell in range(len(w["gu"])):
-        pieces = torch.cat([
-            torch.cat([w["gu"][ell].reshape(-1, 256), w["gu_st"][ell].view(torch.int32).reshape(-1, 8)], dim=1),
-            torch.cat([w["dn"][ell].reshape(-1, 256), w["dn_st"][ell].view(torch.int32).reshape(-1, 8)], dim=1),
-            torch.zeros(1, 264, dtype=torch.int32, device=DEV)])  # [pieces + 1 (padding), 264]
-        out[ell] = pieces[index]  # -1 takes the zero padding row
-    return steps, out
+    mats = [[(w["gu"][ell], w["gu_st"][ell]), (w["dn"][ell], w["dn_st"][ell])] for ell in range(len(w["gu"]))]
+    return steps, stored_records(mats, index)
 
 
 def compile_persistent(ring: int, math: bool = True, bulk: bool = False):
