@@ -68,14 +68,6 @@ struct LayerStream {
         if (++j == per_layer) { j = 0; ++layer; }
         return true;
     }
-
-    template <bool BULK>
-    __device__ __forceinline__ void issue(uint4* slot, unsigned long long* bar, int lane) {
-        const uint4* w = nullptr;
-        const half_t* s = nullptr;
-        const bool any = next(w, s);
-        issue_piece<BULK>(slot, bar, lane, any, w, s);
-    }
 };
 
 // P0's pieces: n tiles (b, b + G, ...) of this warp's group against x; rows to partA[k][warp][16].

@@ -51,16 +51,7 @@ struct PieceStream {
         if (++j == per_layer) { j = 0; ++layer; }
         return true;
     }
-
-    template <bool BULK>
-    __device__ __forceinline__ void issue(uint4* slot, unsigned long long* bar, int lane) {
-        const uint4* w = nullptr;
-        const half_t* s = nullptr;
-        const bool any = next(w, s);
-        issue_piece<BULK>(slot, bar, lane, any, w, s);
-    }
 };
-
 
 template <int RING, bool MATH = true, bool BULK = false>
 __global__ void __launch_bounds__(PM_WARPS * 32, 1)

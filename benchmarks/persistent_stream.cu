@@ -120,7 +120,10 @@ struct Ring {
     Stream src;                // next(w, s): the pieces in the order the warp takes them
 
     __device__ __forceinline__ void issue_at(int slot, int lane) {
-        src.template issue<BULK>(base + slot * SLOT_VECS, bars + slot, lane);
+        const uint4* w = nullptr;
+        const half_t* s = nullptr;
+        const bool any = src.next(w, s);
+        issue_piece<BULK>(base + slot * SLOT_VECS, bars + slot, lane, any, w, s);
     }
 
     __device__ __forceinline__ const uint4* take(int lane) {
