@@ -17,15 +17,27 @@ constexpr int STAMPS = 7;  // per layer: A waited, A pieces done, A arrived, B w
     if (stamps != nullptr && threadIdx.x == 0) stamps[((long)layer * STAMPS + (k)) * gridDim.x + blockIdx.x] = global_ns()
 
 // Where the warp's piece j of a layer comes from (j < 2 nA: unit j / 2, gate or up; then down).
+// Piece indices that only step forward: next() costs a few adds. (Phase 22: recomputing each
+// piece's 64-bit index from (layer, j) took ~75 of the loop's ~220 instructions a piece, and
+// with 250 pieces per SM and layer the kernel was bound by instruction issue.)
 struct PieceStream {
-    const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up rows)
+    const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up); or records
     const half_t* gu_sc;  // [L][2I/16][H/128][16] scales, tile-ordered
     const uint4* dn;      // [L][H/16][I/128][64]
     const half_t* dn_sc;  // [L][H/16][I/128][16]
-    int layers, H, I;
-    int steps;  // > 0: gu holds records (below), steps of them per warp and layer
-    int b, warp, nA, nB, dtile, per_layer;
+    int a, d;             // the next gate piece's index in gu, down piece's in dn
+    int a_layer0, d_layer0;  // this layer's first ones
+    int up, step, a_layer, d_layer;  // in pieces: gate -> up, unit -> unit + G, layer -> layer
+    int layers, steps, b, warp, nA, per_layer;
     int layer, j;  // the next piece to issue
+
+    __device__ static PieceStream make(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
+                                       int layers, int H, int I, int steps, int b, int warp, int nA, int nB,
+                                       int dtile) {
+        const int gh = H / GROUP, gi = I / GROUP, a0 = b * gh + warp, d0 = dtile * gi + warp;
+        return PieceStream{gu, gu_sc, dn, dn_sc, a0, d0, a0, d0, (I / 16) * gh, (int)gridDim.x * gh,
+                           (2 * I / 16) * gh, (H / 16) * gi, layers, steps, b, warp, nA, 2 * nA + nB, 0, 0};
+    }
 
     // The next piece's weights and scales; false past the last layer.
     // Records (steps > 0, an ablation of the layout): every piece is stored once more as one
@@ -38,17 +50,21 @@ struct PieceStream {
             w = gu + at * SLOT_VECS;
             s = reinterpret_cast<const half_t*>(w + 64);
         } else if (j < 2 * nA) {
-            const long tile = (long)(j & 1) * (I / 16) + b + (long)(j >> 1) * gridDim.x;
-            const long at = ((long)layer * (2 * I / 16) + tile) * (H / GROUP) + warp;
-            w = gu + at * 64;
-            s = gu_sc + at * 16;
+            const int at = a + (j & 1 ? up : 0);
+            w = gu + (long)at * 64;
+            s = gu_sc + (long)at * 16;
+            if (j & 1) a += step;
         } else {
-            const int grp = warp + (j - 2 * nA) * PM_WARPS;
-            const long at = ((long)layer * (H / 16) + dtile) * (I / GROUP) + grp;
-            w = dn + at * 64;
-            s = dn_sc + at * 16;
+            w = dn + (long)d * 64;
+            s = dn_sc + (long)d * 16;
+            d += PM_WARPS;  // groups warp, warp + 16, ...
         }
-        if (++j == per_layer) { j = 0; ++layer; }
+        if (++j == per_layer) {
+            j = 0;
+            ++layer;
+            a = a_layer0 += a_layer;
+            d = d_layer0 += d_layer;
+        }
         return true;
     }
 };
@@ -64,7 +80,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       unsigned* counter,                  // zero at launch
                       int layers, int H, int I, float eps,
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
-                      int free_run,                // ablation: never wait for the counter (wrong results)
+                      int ablate,                  // ablations (wrong results): bit 0 never wait for the counter, bit 1 arrive without a fence
                       int record_steps) {          // ablation: > 0, gu holds the pieces as records (PieceStream)
     extern __shared__ uint4 smem[];
     pdl_wait();
@@ -80,8 +96,9 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
     uint4* a_stage = reinterpret_cast<uint4*>(partB + PM_WARPS * 16);  // [I / 8]
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
-    Ring<RING, BULK, PieceStream> ring{smem + warp * RING * SLOT_VECS, bars + warp * RING, 0, 0u,
-                          PieceStream{gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile, 2 * nA + nB, 0, 0}};
+    Ring<RING, BULK, PieceStream> ring{
+        smem + warp * RING * SLOT_VECS, bars + warp * RING, 0, 0u,
+        PieceStream::make(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile)};
     if constexpr (BULK) {
         if (lane < RING) mbar_init(ring.bars + lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (bulk copies are SM90-only; the probe skips them below)
@@ -96,7 +113,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         // Phase A: x = RMSNorm(h), this warp's group of the block's gate/up units.
         uint4 wv[4];
         load_norm_weight(norm_w + (long)layer * H, warp, t, wv);
-        wait_counter(counter, free_run ? 0 : phase * G);
+        wait_counter(counter, ablate & 1 ? 0 : phase * G);
         STAMP(0);
         uint4 xv[1][4];
         normalized_group(h, sums, wv, H, eps, warp, lane, xv);
@@ -104,14 +121,14 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
         STAMP(1);
         __syncthreads();
         gate_up_outputs(partA, a, nA, b, G, warp, lane);
-        arrive(counter);
+        arrive(counter, !(ablate & 2));
         STAMP(2);
 
         // Phase B: h += a Wd^T for tile dtile, this warp's groups of it. A block without a tile
         // waits too: arriving early would count towards the next phase's target while another
         // block may still be in phase A (the runs of 2293ccf and before had that race; their
         // checks passed, the blocks without a tile being among the last to finish A).
-        wait_counter(counter, free_run ? 0 : (phase + 1) * G);
+        wait_counter(counter, ablate & 1 ? 0 : (phase + 1) * G);
         if (dtile < tilesB) {  // block-uniform (a warp's nB may be 0 for other shapes)
             STAMP(3);
             stage_vector(a, a_stage, I);  // a: every group this block's tile needs
@@ -122,7 +139,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
             __syncthreads();
             if (warp == 0) residual_tile(partB, nullptr, h, sums, dtile, lane);
         }
-        arrive(counter);
+        arrive(counter, !(ablate & 2));
         STAMP(6);
     }
     if constexpr (!BULK) cp_async_wait_group<0>();

@@ -175,7 +175,7 @@ def shared_bytes(ring: int) -> int:
 
 
 def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None,
-                     free_run: bool = False, records: tuple[int, torch.Tensor] | None = None):
+                     ablate: int = 0, records: tuple[int, torch.Tensor] | None = None):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
@@ -186,7 +186,7 @@ def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: in
     args = (gu.data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
             np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
-            0 if stamps is None else stamps.data_ptr(), np.int32(free_run), np.int32(steps))
+            0 if stamps is None else stamps.data_ptr(), np.int32(ablate), np.int32(steps))
 
     def run(_i=0):
         counter.zero_()
@@ -250,9 +250,11 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     for name, (ring, kernel, rec) in kernels.items():
         records = w["records"] if rec else None
         sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=records)
-        if "ablation" in name:  # the same, never waiting for the other blocks: a pure stream
-            sides[name + ", free run"] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers,
-                                                          free_run=True, records=records)
+        # Ablations (wrong results): never waiting for the other blocks (a pure stream), and
+        # arriving without a fence (phase 22: fences cost 0.4-1.7 µs under a saturated stream).
+        for ablate, suffix in ABLATIONS:
+            sides[name + suffix] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers,
+                                                    ablate=ablate, records=records)
     rows = []
     for name, fn in sides.items():
         us = time_us(fn, graph=True, launches=2, trials=15)
@@ -265,6 +267,7 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
     return rows
 
 
+ABLATIONS = ((1, ", free run"), (2, ", no fence"), (3, ", free run, no fence"))
 STAMP_NAMES = ("A waited", "A pieces done", "A arrived", "B waited", "a staged", "B pieces done", "B arrived")
 
 
