@@ -230,7 +230,7 @@ persistent_layer_kernel(const uint4* __restrict__ qkv_w, const half_t* __restric
         smem + warp * RING * SLOT_VECS, nullptr, 0, 0u,
         LayerStream{qkv_w, qkv_s, o_w, o_s, gu, gu_sc, dn, dn_sc, layers, H, I, qkv_tiles, record_steps,
                     b, warp, nQ, nO, nA, nB, otile, dtile, nQ + nO + 2 * nA + nB, 0, 0}};
-    for (int i = 0; i < RING - 1; ++i) ring.issue_at(i, lane);
+    ring.prime(lane);
 
     for (int layer = 0; layer < layers; ++layer) {
         const unsigned p0 = 6u * layer;

@@ -16,48 +16,44 @@ constexpr int STAMPS = 7;  // per layer: A waited, A pieces done, A arrived, B w
 #define STAMP(k) \
     if (stamps != nullptr && threadIdx.x == 0) stamps[((long)layer * STAMPS + (k)) * gridDim.x + blockIdx.x] = global_ns()
 
-// Where the warp's piece j of a layer comes from (j < 2 nA: unit j / 2, gate or up; then down).
-// Piece indices that only step forward: next() costs a few adds. (Phase 22: recomputing each
-// piece's 64-bit index from (layer, j) took ~75 of the loop's ~220 instructions a piece, and
-// with 250 pieces per SM and layer the kernel was bound by instruction issue.)
-struct PieceStream {
-    const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up); or records
+// Where a warp's pieces come from, in the order it takes them: per layer 2 nA gate/up pieces
+// (unit j / 2, gate then up), then nB down pieces. Three layouts (LAYOUT, a template argument,
+// so the stream's next() has no dead branches):
+//   0  the tile layout (w4_tiles.py), gate/up and down apart: TileStream;
+//   1  records in sweep order: every piece stored once more as one 1,056-byte record (1 KB of
+//      tiles, 32 B of scales) at [layer][step][block][warp], so the pieces all warps take at one
+//      step lie side by side (phase 21's ablation: it streamed no faster): SweepRecords;
+//   2  records per warp: [block][warp][layer][step], each warp's pieces one contiguous run in
+//      the order it takes them (phase 22: next() is an add): WarpRecords.
+// Phase 22: recomputing each piece's 64-bit index from (layer, j) took ~75 of the phase A loop's
+// ~220 instructions a piece; the kernel issues ~45 % of cycles and every instruction counts.
+
+// LAYOUT 0: piece indices that only step forward.
+struct TileStream {
+    const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up)
     const half_t* gu_sc;  // [L][2I/16][H/128][16] scales, tile-ordered
     const uint4* dn;      // [L][H/16][I/128][64]
     const half_t* dn_sc;  // [L][H/16][I/128][16]
     int a, d;             // the next gate piece's index in gu, down piece's in dn
     int a_layer0, d_layer0;  // this layer's first ones
     int up, step, a_layer, d_layer;  // in pieces: gate -> up, unit -> unit + G, layer -> layer
-    int layers, steps, b, warp, nA, per_layer;
+    int layers, nA, nB, per_layer;   // per_layer: 2 nA + nB, + 1 to pad an odd nB (pairs)
     int layer, j;  // the next piece to issue
 
-    __device__ static PieceStream make(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
-                                       int layers, int H, int I, int steps, int b, int warp, int nA, int nB,
-                                       int dtile) {
-        const int gh = H / GROUP, gi = I / GROUP, a0 = b * gh + warp, d0 = dtile * gi + warp;
-        return PieceStream{gu, gu_sc, dn, dn_sc, a0, d0, a0, d0, (I / 16) * gh, (int)gridDim.x * gh,
-                           (2 * I / 16) * gh, (H / 16) * gi, layers, steps, b, warp, nA, 2 * nA + nB, 0, 0};
-    }
-
-    // The next piece's weights and scales; false past the last layer.
-    // Records (steps > 0, an ablation of the layout): every piece is stored once more as one
-    // 1,056-byte record, weights then scales, at [layer][step j][block][warp]: the pieces all
-    // warps take at step j lie side by side, the order a plain read sweeps the memory in.
     __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
         if (layer >= layers) return false;
-        if (steps > 0) {
-            const long at = (((long)layer * steps + j) * gridDim.x + b) * PM_WARPS + warp;
-            w = gu + at * SLOT_VECS;
-            s = reinterpret_cast<const half_t*>(w + 64);
-        } else if (j < 2 * nA) {
+        bool any = true;
+        if (j < 2 * nA) {
             const int at = a + (j & 1 ? up : 0);
             w = gu + (long)at * 64;
             s = gu_sc + (long)at * 16;
             if (j & 1) a += step;
-        } else {
+        } else if (j < 2 * nA + nB) {
             w = dn + (long)d * 64;
             s = dn_sc + (long)d * 16;
             d += PM_WARPS;  // groups warp, warp + 16, ...
+        } else {
+            any = false;  // the pad after an odd nB: the next layer's pairs start a slot
         }
         if (++j == per_layer) {
             j = 0;
@@ -65,11 +61,64 @@ struct PieceStream {
             a = a_layer0 += a_layer;
             d = d_layer0 += d_layer;
         }
+        return any;
+    }
+};
+
+// LAYOUT 1.
+struct SweepRecords {
+    const uint4* rec;  // [L][steps][G][warps][SLOT_VECS]
+    int layers, steps, b, warp, per_layer;
+    int layer, j;
+
+    __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
+        if (layer >= layers) return false;
+        const long at = (((long)layer * steps + j) * gridDim.x + b) * PM_WARPS + warp;
+        w = rec + at * SLOT_VECS;
+        s = reinterpret_cast<const half_t*>(w + 64);
+        if (++j == per_layer) { j = 0; ++layer; }
         return true;
     }
 };
 
-template <int RING, bool MATH = true, bool BULK = false>
+// LAYOUT 2: the warp's run, past the padding after each layer's per_layer pieces.
+struct WarpRecords {
+    const uint4* p;  // the next record of [G][warps][L][steps][SLOT_VECS]
+    int layers, skip, per_layer;  // skip: (steps - per_layer) x SLOT_VECS
+    int layer, j;
+
+    __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
+        if (layer >= layers) return false;
+        w = p;
+        s = reinterpret_cast<const half_t*>(p + 64);
+        p += SLOT_VECS;
+        if (++j == per_layer) {
+            j = 0;
+            ++layer;
+            p += skip;
+        }
+        return true;
+    }
+};
+
+template <int LAYOUT>
+__device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
+                                           int layers, int H, int I, int steps, int b, int warp, int nA, int nB,
+                                           int dtile, bool pairs) {
+    if constexpr (LAYOUT == 0) {
+        const int gh = H / GROUP, gi = I / GROUP, a0 = b * gh + warp, d0 = dtile * gi + warp;
+        return TileStream{gu, gu_sc, dn, dn_sc, a0, d0, a0, d0, (I / 16) * gh, (int)gridDim.x * gh,
+                          (2 * I / 16) * gh, (H / 16) * gi, layers, nA, nB, 2 * nA + nB + (pairs && (nB & 1)), 0, 0};
+    } else if constexpr (LAYOUT == 1) {
+        return SweepRecords{gu, layers, steps, b, warp, 2 * nA + nB, 0, 0};
+    } else {
+        const int per_layer = 2 * nA + nB;
+        return WarpRecords{gu + ((long)b * PM_WARPS + warp) * layers * steps * SLOT_VECS, layers,
+                           (steps - per_layer) * SLOT_VECS, per_layer, 0, 0};
+    }
+}
+
+template <int RING, bool MATH = true, bool BULK = false, int PIECES = 1, int LAYOUT = 0>
 __global__ void __launch_bounds__(PM_WARPS * 32, 1)
 persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ gu_sc,
                       const uint4* __restrict__ dn, const half_t* __restrict__ dn_sc,
@@ -81,7 +130,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       int layers, int H, int I, float eps,
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
                       int ablate,                  // ablations (wrong results): bit 0 never wait for the counter, bit 1 arrive without a fence
-                      int record_steps) {          // ablation: > 0, gu holds the pieces as records (PieceStream)
+                      int record_steps) {          // LAYOUT 1, 2: gu holds the records, steps per layer
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -91,14 +140,16 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
     const int dtile = (b + tilesB) % G;
     const int nB = dtile < tilesB ? max(0, (groupsB - warp + PM_WARPS - 1) / PM_WARPS) : 0;
     // Shared memory: the rings, then A's partial sums [unit][warp][gate/up][16], B's [warp][16], a.
-    float* partA = reinterpret_cast<float*>(smem + PM_WARPS * RING * SLOT_VECS);
+    float* partA = reinterpret_cast<float*>(smem + PM_WARPS * RING * PIECES * SLOT_VECS);
     float* partB = partA + A_UNITS_MAX * PM_WARPS * 32;
     uint4* a_stage = reinterpret_cast<uint4*>(partB + PM_WARPS * 16);  // [I / 8]
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
-    Ring<RING, BULK, PieceStream> ring{
-        smem + warp * RING * SLOT_VECS, bars + warp * RING, 0, 0u,
-        PieceStream::make(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile)};
+    static_assert(LAYOUT == 0 || PIECES == 1, "two pieces a take: the tile layout's stream pads for them");
+    using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, 0, 0, 0, 0, false));
+    Ring<RING, BULK, Stream, PIECES> ring{
+        smem + warp * RING * PIECES * SLOT_VECS, bars + warp * RING, 0, 0u,
+        mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile, PIECES == 2)};
     if constexpr (BULK) {
         if (lane < RING) mbar_init(ring.bars + lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (bulk copies are SM90-only; the probe skips them below)
@@ -106,7 +157,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 #endif
         __syncthreads();
     }
-    for (int i = 0; i < RING - 1; ++i) ring.issue_at(i, lane);
+    ring.prime(lane);
 
     unsigned phase = 0;
     for (int layer = 0; layer < layers; ++layer, phase += 2) {

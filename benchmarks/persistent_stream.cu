@@ -98,43 +98,57 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 #endif
 }
 
-// Copy one piece into a ring slot (any = false past the end: cp.async still commits an empty
-// group, so the wait arithmetic stays the same).
+// Copy one piece into a ring slot (any = false: nothing; cp.async still commits one group per
+// slot, so the wait arithmetic stays the same).
 template <bool BULK>
-__device__ __forceinline__ void issue_piece(uint4* slot, unsigned long long* bar, int lane, bool any,
-                                            const uint4* w, const half_t* s) {
+__device__ __forceinline__ void copy_piece(uint4* slot, unsigned long long* bar, int lane, bool any, const uint4* w,
+                                           const half_t* s) {
+    if (!any) return;
     if constexpr (BULK) {
-        if (any && lane == 0) bulk_piece(slot, w, s, bar);
+        if (lane == 0) bulk_piece(slot, w, s, bar);
     } else {
-        if (any) {
-            cp_async_16(slot + lane, w + lane);
-            cp_async_16(slot + 32 + lane, w + 32 + lane);
-            if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
-        }
-        cp_async_commit();
+        cp_async_16(slot + lane, w + lane);
+        cp_async_16(slot + 32 + lane, w + 32 + lane);
+        if (lane < 2) cp_async_16(slot + 64 + lane, s + 8 * lane);
     }
 }
 
-// The ring: piece i sits in slot i % RING; take() issues piece i + RING - 1, then waits for i
-// (cp.async: its commit group; BULK: the slot's mbarrier, whose phase flips once per use).
-template <int RING, bool BULK, class Stream>
+// The ring: RING slots of PIECES pieces each (PIECES = 2: one commit group, one wait and one
+// slot's bookkeeping per two pieces; phase 22: the kernels are bound by instruction issue).
+// Slot i % RING holds take i; take() first fills the slot freed by take i - 1 with take
+// i + RING - 1, then waits for take i (cp.async: its commit group; BULK: the slot's mbarrier,
+// whose phase flips once per use).
+template <int RING, bool BULK, class Stream, int PIECES = 1>
 struct Ring {
+    static_assert(!BULK || PIECES == 1, "bulk copies: one piece per slot");
+    static constexpr int PIECES_PER_TAKE = PIECES;
     uint4* base;               // this warp's RING slots
     unsigned long long* bars;  // BULK: this warp's RING mbarriers
-    int next;                  // slot of the next piece to consume
+    int next;                  // slot of the next take
     unsigned parity;           // BULK: bit s = the phase parity slot s completes next
     Stream src;                // next(w, s): the pieces in the order the warp takes them
+    int fill = 0;              // slot the next issue fills (next + RING - 1 once primed)
 
-    __device__ __forceinline__ void issue_at(int slot, int lane) {
-        const uint4* w = nullptr;
-        const half_t* s = nullptr;
-        const bool any = src.next(w, s);
-        issue_piece<BULK>(base + slot * SLOT_VECS, bars + slot, lane, any, w, s);
+    __device__ __forceinline__ void issue(int lane) {
+        uint4* slot = base + fill * PIECES * SLOT_VECS;
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p) {
+            const uint4* w = nullptr;
+            const half_t* s = nullptr;
+            const bool any = src.next(w, s);
+            copy_piece<BULK>(slot + p * SLOT_VECS, bars + fill, lane, any, w, s);
+        }
+        if constexpr (!BULK) cp_async_commit();
+        fill = fill + 1 == RING ? 0 : fill + 1;
+    }
+
+    __device__ __forceinline__ void prime(int lane) {
+        for (int i = 0; i < RING - 1; ++i) issue(lane);
     }
 
     __device__ __forceinline__ const uint4* take(int lane) {
         __syncwarp();  // every lane is done with the slot about to be refilled
-        issue_at((next + RING - 1) % RING, lane);
+        issue(lane);
         if constexpr (BULK) {
             mbar_wait(bars + next, (parity >> next) & 1);
             parity ^= 1u << next;
@@ -142,7 +156,7 @@ struct Ring {
             cp_async_wait_group<RING - 1>();
             __syncwarp();  // lanes 0-1's scale copies visible to the warp
         }
-        const uint4* slot = base + next * SLOT_VECS;
+        const uint4* slot = base + next * PIECES * SLOT_VECS;
         next = next + 1 == RING ? 0 : next + 1;
         return slot;
     }
@@ -211,8 +225,15 @@ __device__ __forceinline__ void gate_up_pieces(R& ring, const uint4 (&xv)[1][4],
     const int g = lane >> 2, t = lane & 3;
     for (int k = 0; k < nA; ++k) {
         float r[2][2];
-        const Piece gate = read_piece(ring.take(lane), lane);
-        const Piece up = read_piece(ring.take(lane), lane);
+        Piece gate, up;
+        if constexpr (R::PIECES_PER_TAKE == 2) {
+            const uint4* slot = ring.take(lane);
+            gate = read_piece(slot, lane);
+            up = read_piece(slot + SLOT_VECS, lane);
+        } else {
+            gate = read_piece(ring.take(lane), lane);
+            up = read_piece(ring.take(lane), lane);
+        }
         piece_dot<MATH>(gate, xv, r[0][0], r[0][1]);
         piece_dot<MATH>(up, xv, r[1][0], r[1][1]);
         if (t == 0) {
@@ -265,12 +286,13 @@ __device__ __forceinline__ void tile_pieces(R& ring, const uint4* x_stage, float
     for (int q = 0; q < n; q += 2) {
         const uint4* xs = x_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
         const uint4 x0[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
-        const Piece p0 = read_piece(ring.take(lane), lane);
+        const uint4* slot = ring.take(lane);  // PIECES_PER_TAKE 2: pieces q and q + 1 (the stream pads odd n)
+        const Piece p0 = read_piece(slot, lane);
         float r0, r1;
         if (q + 1 < n) {
             const uint4* ys = xs + PM_WARPS * (GROUP / 8);
             const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
-            const Piece p1 = read_piece(ring.take(lane), lane);
+            const Piece p1 = read_piece(R::PIECES_PER_TAKE == 2 ? slot + SLOT_VECS : ring.take(lane), lane);
             float u0, u1;
             piece_dot<MATH>(p0, x0, r0, r1);
             piece_dot<MATH>(p1, x1, u0, u1);

@@ -107,9 +107,13 @@ def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor,
     return run
 
 
-def variant_name(ring: int, math: bool, bulk: bool, records: bool = False) -> str:
+LAYOUTS = ("", ", records in sweep order", ", records per warp")  # persistent_mlp.cu's LAYOUT 0, 1, 2
+
+
+def variant_name(ring: int, math: bool, bulk: bool, layout: int = 0, pieces: int = 1) -> str:
     copy = "bulk copies (SM90)" if bulk else "cp.async"
-    return (f"persistent, ring {ring}, {copy}" + (", records in sweep order" if records else "")
+    return (f"persistent, ring {ring}, {copy}" + LAYOUTS[layout]
+            + (f", {pieces} pieces a take" if pieces > 1 else "")
             + ("" if math else ", no dequant/mma (ablation)"))
 
 
@@ -152,20 +156,24 @@ def stored_records(mats: list[list[tuple[torch.Tensor, torch.Tensor]]], index: t
     return out
 
 
-def build_records(w: dict, blocks: int) -> tuple[int, torch.Tensor]:
+def build_records(w: dict, blocks: int, layout: int) -> tuple[int, torch.Tensor]:
+    """Layout 1: [layer][step][block][warp] records; layout 2: [block][warp][layer][step], each
+    warp's pieces one contiguous run."""
     steps, index = record_sources(blocks)
     mats = [[(w["gu"][ell], w["gu_st"][ell]), (w["dn"][ell], w["dn_st"][ell])] for ell in range(len(w["gu"]))]
-    return steps, stored_records(mats, index)
+    records = stored_records(mats, index)
+    return steps, records if layout == 1 else records.permute(2, 3, 0, 1, 4).contiguous()
 
 
-def compile_persistent(ring: int, math: bool = True, bulk: bool = False):
+def compile_persistent(ring: int, math: bool = True, bulk: bool = False, pieces: int = 1, layout: int = 0):
     """The kernel instance; math=False is the ablation without dequantization and mma, bulk=True
-    fills the ring with SM90 bulk copies instead of cp.async."""
+    fills the ring with SM90 bulk copies instead of cp.async, pieces=2 takes two pieces a slot,
+    layout: the weights' (LAYOUTS)."""
     import cupy
 
     code = persistent_source(KERNEL_FILES)
     flag = lambda v: "true" if v else "false"  # noqa: E731
-    name = f"persistent_mlp_kernel<{ring}, {flag(math)}, {flag(bulk)}>"
+    name = f"persistent_mlp_kernel<{ring}, {flag(math)}, {flag(bulk)}, {pieces}, {layout}>"
     module = cupy.RawModule(code=code, options=loader.COMPILE_OPTIONS, name_expressions=(name,))
     return module.get_function(name)
 
@@ -218,7 +226,7 @@ def check(w: dict, kernels: dict, layers: int, seed: int) -> dict:
         results = []
         for _ in range(2):
             h, sums, a = fresh()
-            persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=w["records"] if rec else None)()
+            persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=w["records"][rec] if rec else None)()
             torch.cuda.synchronize()
             assert not torch.isnan(a).any(), f"{name}: a left poisoned"
             results.append((h.clone(), sums.clone()))
@@ -248,7 +256,7 @@ def timing(w: dict, kernels: dict, layers: int, copy_gbps: float) -> list[dict]:
                                                        counter.data_ptr()))
     sides["pure read of the same bytes (probe_read.py, 2 x 1,024 threads per SM)"] = pure_read
     for name, (ring, kernel, rec) in kernels.items():
-        records = w["records"] if rec else None
+        records = w["records"][rec] if rec else None
         sides[name] = persistent_chain(kernel, ring, w, h, sums, a, counter, layers, records=records)
         # Ablations (wrong results): never waiting for the other blocks (a pure stream), and
         # arriving without a fence (phase 22: fences cost 0.4-1.7 µs under a saturated stream).
@@ -315,18 +323,23 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--check-layers", type=int, default=4)
     ap.add_argument("--variants", default="4:1:0,11:1:0,11:1:0:1,11:0:0,11:0:0:1",
-                    help="ring:math:bulk[:records] to compile, check (math ones) and time")
+                    help="ring:math:bulk[:layout[:pieces a take]] to compile, check (math ones) and time; "
+                         "layout 0 tiles, 1 records in sweep order, 2 records per warp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    variants = [tuple(int(v) for v in t.split(":")) for t in args.variants.split(",")]
+    defaults = (0, 1)  # layout, pieces a take
+    variants = [(*v, *defaults[len(v) - 3:]) for v in (tuple(int(x) for x in t.split(":")) for t in args.variants.split(","))]
     bulk_ok = torch.cuda.get_device_capability() >= (9, 0)
-    kernels = {variant_name(r, bool(m), bool(b), bool(rec)): (r, compile_persistent(r, bool(m), bool(b)), bool(rec))
-               for r, m, b, rec in ((*v, 0)[:4] for v in variants) if bulk_ok or not b}
+    if any(v[4] > 1 and (v[2] or v[3]) for v in variants):
+        raise SystemExit("two pieces a take: cp.async and the tile layout only (not bulk, not records)")
+    # the ring's shared memory is counted in pieces: ring x pieces a take
+    kernels = {variant_name(r, bool(m), bool(b), lay, p): (r * p, compile_persistent(r, bool(m), bool(b), p, lay), lay)
+               for r, m, b, lay, p in variants if bulk_ok or not b}
     w = build(args.layers, args.seed)
-    if any(rec for _, _, rec in kernels.values()):
-        w["records"] = build_records(w, loader.sm_count(torch.device(DEV)))
+    w["records"] = {lay: build_records(w, loader.sm_count(torch.device(DEV)), lay)
+                    for lay in {lay for _, _, lay in kernels.values() if lay}}
     checked = check(w, {k: v for k, v in kernels.items() if "ablation" not in k}, args.check_layers, args.seed)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
@@ -340,10 +353,10 @@ def main() -> None:
     for name, (ring, kernel, rec) in kernels.items():
         if "ablation" in name:
             continue
-        stamps[name] = stamped_run(w, kernel, ring, args.layers, w["records"] if rec else None)
+        stamps[name] = stamped_run(w, kernel, ring, args.layers, w["records"][rec] if rec else None)
     print("one stamped run each (µs, medians over blocks and layers):")
     label = lambda n: (n.replace("persistent, ring ", "r").replace(", bulk copies (SM90)", " bulk")  # noqa: E731
-                       .replace(", cp.async", " cp").replace(", records in sweep order", " rec"))
+                       .replace(", cp.async", " cp").replace(", records in sweep order", " rec").replace(", records per warp", " wrec"))
     print(f"  {'':60} " + " ".join(f"{label(n):>14}" for n in stamps))
     for k in next(iter(stamps.values())):
         print(f"  {k[:60]:60} " + " ".join(f"{st[k]:14.2f}" for st in stamps.values()))
