@@ -81,7 +81,8 @@ struct SweepRecords {
     }
 };
 
-// LAYOUT 2: the warp's run, past the padding after each layer's per_layer pieces.
+// LAYOUT 2: the warp's run (region records: stored layers x steps), past the padding after each
+// layer's per_layer pieces.
 struct WarpRecords {
     const uint4* p;  // the next record of [G][warps][L][steps][SLOT_VECS]
     int layers, skip, per_layer;  // skip: (steps - per_layer) x SLOT_VECS
@@ -103,8 +104,8 @@ struct WarpRecords {
 
 template <int LAYOUT>
 __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
-                                           int layers, int H, int I, int steps, int b, int warp, int nA, int nB,
-                                           int dtile, bool pairs) {
+                                           int layers, int H, int I, int steps, int region, int b, int warp,
+                                           int nA, int nB, int dtile, bool pairs) {
     if constexpr (LAYOUT == 0) {
         const int gh = H / GROUP, gi = I / GROUP, a0 = b * gh + warp, d0 = dtile * gi + warp;
         return TileStream{gu, gu_sc, dn, dn_sc, a0, d0, a0, d0, (I / 16) * gh, (int)gridDim.x * gh,
@@ -113,7 +114,7 @@ __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc,
         return SweepRecords{gu, layers, steps, b, warp, 2 * nA + nB, 0, 0};
     } else {
         const int per_layer = 2 * nA + nB;
-        return WarpRecords{gu + ((long)b * PM_WARPS + warp) * layers * steps * SLOT_VECS, layers,
+        return WarpRecords{gu + ((long)b * PM_WARPS + warp) * region * SLOT_VECS, layers,
                            (steps - per_layer) * SLOT_VECS, per_layer, 0, 0};
     }
 }
@@ -130,7 +131,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       int layers, int H, int I, float eps,
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
                       int ablate,                  // ablations (wrong results): bit 0 never wait for the counter, bit 1 arrive without a fence
-                      int record_steps) {          // LAYOUT 1, 2: gu holds the records, steps per layer
+                      int record_steps,            // LAYOUT 1, 2: gu holds the records, steps per layer
+                      int record_region) {         // LAYOUT 2: records per warp (stored layers x steps)
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -146,10 +148,11 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
     static_assert(LAYOUT == 0 || PIECES == 1, "two pieces a take: the tile layout's stream pads for them");
-    using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, 0, 0, 0, 0, false));
+    using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false));
     Ring<RING, BULK, Stream, PIECES> ring{
         smem + warp * RING * PIECES * SLOT_VECS, bars + warp * RING, 0, 0u,
-        mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, b, warp, nA, nB, dtile, PIECES == 2)};
+        mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, record_region, b, warp, nA, nB, dtile,
+                           PIECES == 2)};
     if constexpr (BULK) {
         if (lane < RING) mbar_init(ring.bars + lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (bulk copies are SM90-only; the probe skips them below)

@@ -156,13 +156,16 @@ def stored_records(mats: list[list[tuple[torch.Tensor, torch.Tensor]]], index: t
     return out
 
 
-def build_records(w: dict, blocks: int, layout: int) -> tuple[int, torch.Tensor]:
-    """Layout 1: [layer][step][block][warp] records; layout 2: [block][warp][layer][step], each
-    warp's pieces one contiguous run."""
+def build_records(w: dict, blocks: int, layout: int) -> tuple[int, torch.Tensor, int]:
+    """(steps, records, a warp's region in records). Layout 1: [layer][step][block][warp] (region
+    0: unused); layout 2: [block][warp][layer][step], each warp's pieces one contiguous run of
+    layers x steps records (a run over fewer layers reads the first ones)."""
     steps, index = record_sources(blocks)
     mats = [[(w["gu"][ell], w["gu_st"][ell]), (w["dn"][ell], w["dn_st"][ell])] for ell in range(len(w["gu"]))]
     records = stored_records(mats, index)
-    return steps, records if layout == 1 else records.permute(2, 3, 0, 1, 4).contiguous()
+    if layout == 1:
+        return steps, records, 0
+    return steps, records.permute(2, 3, 0, 1, 4).contiguous(), len(mats) * steps
 
 
 def compile_persistent(ring: int, math: bool = True, bulk: bool = False, pieces: int = 1, layout: int = 0):
@@ -183,18 +186,18 @@ def shared_bytes(ring: int) -> int:
 
 
 def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None,
-                     ablate: int = 0, records: tuple[int, torch.Tensor] | None = None):
+                     ablate: int = 0, records: tuple[int, torch.Tensor, int] | None = None):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
     shared = shared_bytes(ring)
     if loader.resident_blocks(kernel, 32 * WARPS, shared) < 1:
         raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
-    steps, gu = (0, w["gu_all"]) if records is None else records
+    steps, gu, region = (0, w["gu_all"], 0) if records is None else records
     args = (gu.data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
             np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
-            0 if stamps is None else stamps.data_ptr(), np.int32(ablate), np.int32(steps))
+            0 if stamps is None else stamps.data_ptr(), np.int32(ablate), np.int32(steps), np.int32(region))
 
     def run(_i=0):
         counter.zero_()
