@@ -24,6 +24,7 @@ constexpr int LAYER_STAMPS = 12;     // per phase: waited, arrived
 
 // The warp's pieces of a layer: nQ qkv tiles, nO o tiles (0 or 1), 2 nA gate/up, nB down.
 struct LayerStream {
+    static constexpr bool LANE_SCALES = false, CONTIGUOUS = false;
     const uint4* qkv_w;  // [L][NQKV/16][H/128][64] W4 tiles;  scales tile-ordered [..][16]
     const half_t* qkv_s;
     const uint4* o_w;    // [L][H/16][H/128][64]
@@ -44,7 +45,7 @@ struct LayerStream {
         long at;
         if (steps > 0) {
             at = (((long)layer * steps + j) * G + b) * PM_WARPS + warp;
-            w = qkv_w + at * SLOT_VECS;
+            w = qkv_w + at * RECORD_VECS;
             s = reinterpret_cast<const half_t*>(w + 64);
         } else if (k < nQ) {
             at = ((long)layer * qkv_tiles + b + (long)k * G) * gh + warp;
@@ -76,7 +77,7 @@ __device__ __forceinline__ void plain_pieces(R& ring, const uint4 (&xv)[1][4], f
     const int g = lane >> 2, t = lane & 3;
     for (int k = 0; k < n; ++k) {
         float r0, r1;
-        piece_dot<true>(read_piece(ring.take(lane), lane), xv, r0, r1);
+        piece_dot<true>(ring.read(ring.take(lane), lane), xv, r0, r1);
         if (t == 0) {
             partA[(k * PM_WARPS + warp) * 16 + g] = r0;
             partA[(k * PM_WARPS + warp) * 16 + g + 8] = r1;

@@ -17,19 +17,22 @@ constexpr int STAMPS = 7;  // per layer: A waited, A pieces done, A arrived, B w
     if (stamps != nullptr && threadIdx.x == 0) stamps[((long)layer * STAMPS + (k)) * gridDim.x + blockIdx.x] = global_ns()
 
 // Where a warp's pieces come from, in the order it takes them: per layer 2 nA gate/up pieces
-// (unit j / 2, gate then up), then nB down pieces. Three layouts (LAYOUT, a template argument,
+// (unit j / 2, gate then up), then nB down pieces. Four layouts (LAYOUT, a template argument,
 // so the stream's next() has no dead branches):
 //   0  the tile layout (w4_tiles.py), gate/up and down apart: TileStream;
 //   1  records in sweep order: every piece stored once more as one 1,056-byte record (1 KB of
 //      tiles, 32 B of scales) at [layer][step][block][warp], so the pieces all warps take at one
 //      step lie side by side (phase 21's ablation: it streamed no faster): SweepRecords;
 //   2  records per warp: [block][warp][layer][step], each warp's pieces one contiguous run in
-//      the order it takes them (phase 22: next() is an add): WarpRecords.
+//      the order it takes them, padded to the longest warp's steps: WarpRecords;
+//   3  the same compact, with lane scales (persistent_stream.cu): next() is one add, no
+//      __syncwarp after the wait: RunRecords.
 // Phase 22: recomputing each piece's 64-bit index from (layer, j) took ~75 of the phase A loop's
 // ~220 instructions a piece; the kernel issues ~45 % of cycles and every instruction counts.
 
 // LAYOUT 0: piece indices that only step forward.
 struct TileStream {
+    static constexpr bool LANE_SCALES = false, CONTIGUOUS = false;
     const uint4* gu;      // [L][2I/16 tiles][H/128][64] W4 tiles (gate rows, then up)
     const half_t* gu_sc;  // [L][2I/16][H/128][16] scales, tile-ordered
     const uint4* dn;      // [L][H/16][I/128][64]
@@ -67,14 +70,15 @@ struct TileStream {
 
 // LAYOUT 1.
 struct SweepRecords {
-    const uint4* rec;  // [L][steps][G][warps][SLOT_VECS]
+    static constexpr bool LANE_SCALES = false, CONTIGUOUS = false;
+    const uint4* rec;  // [L][steps][G][warps][RECORD_VECS]
     int layers, steps, b, warp, per_layer;
     int layer, j;
 
     __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
         if (layer >= layers) return false;
         const long at = (((long)layer * steps + j) * gridDim.x + b) * PM_WARPS + warp;
-        w = rec + at * SLOT_VECS;
+        w = rec + at * RECORD_VECS;
         s = reinterpret_cast<const half_t*>(w + 64);
         if (++j == per_layer) { j = 0; ++layer; }
         return true;
@@ -84,15 +88,16 @@ struct SweepRecords {
 // LAYOUT 2: the warp's run (region records: stored layers x steps), past the padding after each
 // layer's per_layer pieces.
 struct WarpRecords {
-    const uint4* p;  // the next record of [G][warps][L][steps][SLOT_VECS]
-    int layers, skip, per_layer;  // skip: (steps - per_layer) x SLOT_VECS
+    static constexpr bool LANE_SCALES = false, CONTIGUOUS = false;
+    const uint4* p;  // the next record of [G][warps][L][steps][RECORD_VECS]
+    int layers, skip, per_layer;  // skip: (steps - per_layer) x RECORD_VECS
     int layer, j;
 
     __device__ __forceinline__ bool next(const uint4*& w, const half_t*& s) {
         if (layer >= layers) return false;
         w = p;
         s = reinterpret_cast<const half_t*>(p + 64);
-        p += SLOT_VECS;
+        p += RECORD_VECS;
         if (++j == per_layer) {
             j = 0;
             ++layer;
@@ -101,6 +106,37 @@ struct WarpRecords {
         return true;
     }
 };
+
+// LAYOUT 3: lane records (LANE_RECORD_VECS), each warp's run compact at [block][warp][layer][j]
+// (per layer its 2 nA + nB pieces, + one zero record after an odd nB when a take holds two), so
+// next() is one add; past the run the ring copies the next warp's records (the buffer ends with
+// RING x PIECES spare ones).
+struct RunRecords {
+    static constexpr bool LANE_SCALES = true, CONTIGUOUS = true;
+    const uint4* p;  // the next take's first record
+    int stride;      // PIECES x LANE_RECORD_VECS
+
+    __device__ __forceinline__ bool next(const uint4*& w, const half_t*&) {
+        w = p;
+        p += stride;
+        return true;
+    }
+};
+
+// Where warp (b, warp)'s run starts: the records of every (block, warp) before it, stored layers
+// each (the order probe_persistent_mlp.py's run_records writes).
+__device__ __forceinline__ long run_start(int b, int warp, int stored_layers, int G, int unitsA, int tilesB,
+                                          int groupsB, bool pairs) {
+    long start = 0;
+    for (int bb = 0; bb <= b; ++bb) {
+        const int na = (unitsA - bb + G - 1) / G, dt = (bb + tilesB) % G;
+        for (int ww = 0; ww < (bb == b ? warp : PM_WARPS); ++ww) {
+            const int nb = dt < tilesB ? max(0, (groupsB - ww + PM_WARPS - 1) / PM_WARPS) : 0;
+            start += (long)stored_layers * (2 * na + nb + (pairs && (nb & 1)));
+        }
+    }
+    return start;
+}
 
 template <int LAYOUT>
 __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
@@ -112,10 +148,13 @@ __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc,
                           (2 * I / 16) * gh, (H / 16) * gi, layers, nA, nB, 2 * nA + nB + (pairs && (nB & 1)), 0, 0};
     } else if constexpr (LAYOUT == 1) {
         return SweepRecords{gu, layers, steps, b, warp, 2 * nA + nB, 0, 0};
+    } else if constexpr (LAYOUT == 3) {
+        const long start = run_start(b, warp, region, gridDim.x, I / 16, H / 16, I / GROUP, pairs);
+        return RunRecords{gu + start * LANE_RECORD_VECS, (pairs ? 2 : 1) * LANE_RECORD_VECS};
     } else {
         const int per_layer = 2 * nA + nB;
-        return WarpRecords{gu + ((long)b * PM_WARPS + warp) * region * SLOT_VECS, layers,
-                           (steps - per_layer) * SLOT_VECS, per_layer, 0, 0};
+        return WarpRecords{gu + ((long)b * PM_WARPS + warp) * region * RECORD_VECS, layers,
+                           (steps - per_layer) * RECORD_VECS, per_layer, 0, 0};
     }
 }
 
@@ -132,7 +171,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
                       int ablate,                  // ablations (wrong results): bit 0 never wait for the counter, bit 1 arrive without a fence
                       int record_steps,            // LAYOUT 1, 2: gu holds the records, steps per layer
-                      int record_region) {         // LAYOUT 2: records per warp (stored layers x steps)
+                      int record_region) {         // LAYOUT 2: records per warp (stored layers x steps); 3: stored layers
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -147,7 +186,7 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
     uint4* a_stage = reinterpret_cast<uint4*>(partB + PM_WARPS * 16);  // [I / 8]
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
-    static_assert(LAYOUT == 0 || PIECES == 1, "two pieces a take: the tile layout's stream pads for them");
+    static_assert(LAYOUT == 0 || LAYOUT == 3 || PIECES == 1, "two pieces a take: the tile and run layouts pad for them");
     using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false));
     Ring<RING, BULK, Stream, PIECES> ring{
         smem + warp * RING * PIECES * SLOT_VECS, bars + warp * RING, 0, 0u,

@@ -16,7 +16,9 @@
 // Activations written inside a kernel are read with __ldcg (L2, never a stale L1 line).
 
 constexpr int PM_WARPS = 16;
-constexpr int SLOT_VECS = 66;  // 64 weight vectors + 2 of scales (16 rows x fp16)
+constexpr int RECORD_VECS = 66;       // a piece with shared scales: 64 weight vectors + 2 of scales (16 rows x fp16)
+constexpr int LANE_RECORD_VECS = 72;  // a piece with lane scales: 64 weight vectors + 32 lanes x (row g, row g + 8)
+constexpr int SLOT_VECS = 72;         // a ring slot holds either
 constexpr int A_UNITS_MAX = 8;  // phase A units a block may own (688 over 132 SMs: 6)
 constexpr int A_STAGE_VECS = 4;  // a staged for phase B: I / 8 vectors over 512 threads (I <= 16384)
 
@@ -79,7 +81,7 @@ __device__ __forceinline__ void bulk_piece(uint4* slot, const uint4* w, const ha
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const unsigned b = smem_addr(bar);
     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
-                 :: "r"(b), "r"(SLOT_VECS * 16) : "memory");
+                 :: "r"(b), "r"(RECORD_VECS * 16) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 1024, [%2];"
                  :: "r"(smem_addr(slot)), "l"(w), "r"(b) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 32, [%2];"
@@ -98,6 +100,17 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 #endif
 }
 
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(s), "l"(gmem) : "memory");
+}
+
+// Two ways a piece's scales travel (a stream's LANE_SCALES):
+// - shared (false): 32 B after the weights, copied by lanes 0 and 1; every lane reads rows g and
+//   g + 8 after the wait and a __syncwarp;
+// - lane (true, phase 22): a record of LANE_RECORD_VECS, lane l's pair (row g, row g + 8) at word
+//   256 + l. Every lane copies and reads only what it copied itself: no predicate, and no
+//   __syncwarp between its wait and its reads.
 // Copy one piece into a ring slot (any = false: nothing; cp.async still commits one group per
 // slot, so the wait arithmetic stays the same).
 template <bool BULK>
@@ -113,11 +126,43 @@ __device__ __forceinline__ void copy_piece(uint4* slot, unsigned long long* bar,
     }
 }
 
+__device__ __forceinline__ void copy_lane_piece(uint4* slot, int lane, const uint4* w) {
+    cp_async_16(slot + lane, w + lane);
+    cp_async_16(slot + 32 + lane, w + 32 + lane);
+    cp_async_4(reinterpret_cast<unsigned*>(slot + 64) + lane, reinterpret_cast<const unsigned*>(w + 64) + lane);
+}
+
+// A piece in registers: the lane's fragment and its rows' scales.
+struct Piece {
+    Frag<4> f;
+    float s0, s1;
+};
+
+template <bool LANE_SCALES>
+__device__ __forceinline__ Piece read_piece(const uint4* slot, int lane) {
+    Piece p;
+    p.f.r[0] = slot[lane];
+    p.f.r[1] = slot[32 + lane];
+    if constexpr (LANE_SCALES) {
+        const unsigned pair = reinterpret_cast<const unsigned*>(slot + 64)[lane];
+        p.s0 = h2f((half_t)(pair & 0xffffu));
+        p.s1 = h2f((half_t)(pair >> 16));
+    } else {
+        const half_t* sc = reinterpret_cast<const half_t*>(slot + 64);
+        p.s0 = h2f(sc[lane >> 2]);
+        p.s1 = h2f(sc[(lane >> 2) + 8]);
+    }
+    return p;
+}
+
 // The ring: RING slots of PIECES pieces each (PIECES = 2: one commit group, one wait and one
 // slot's bookkeeping per two pieces; phase 22: the kernels are bound by instruction issue).
 // Slot i % RING holds take i; take() first fills the slot freed by take i - 1 with take
 // i + RING - 1, then waits for take i (cp.async: its commit group; BULK: the slot's mbarrier,
 // whose phase flips once per use).
+//
+// A Stream gives next(w, s) and two constants: LANE_SCALES (above) and CONTIGUOUS (a take's
+// PIECES pieces are adjacent lane records from w: one next() a slot, and next() is an add).
 template <int RING, bool BULK, class Stream, int PIECES = 1>
 struct Ring {
     static_assert(!BULK || PIECES == 1, "bulk copies: one piece per slot");
@@ -129,14 +174,24 @@ struct Ring {
     Stream src;                // next(w, s): the pieces in the order the warp takes them
     int fill = 0;              // slot the next issue fills (next + RING - 1 once primed)
 
+    static_assert(!Stream::CONTIGUOUS || (Stream::LANE_SCALES && !BULK), "contiguous streams carry lane records");
+
     __device__ __forceinline__ void issue(int lane) {
         uint4* slot = base + fill * PIECES * SLOT_VECS;
-#pragma unroll
-        for (int p = 0; p < PIECES; ++p) {
+        if constexpr (Stream::CONTIGUOUS) {
             const uint4* w = nullptr;
             const half_t* s = nullptr;
-            const bool any = src.next(w, s);
-            copy_piece<BULK>(slot + p * SLOT_VECS, bars + fill, lane, any, w, s);
+            src.next(w, s);
+#pragma unroll
+            for (int p = 0; p < PIECES; ++p) copy_lane_piece(slot + p * SLOT_VECS, lane, w + p * LANE_RECORD_VECS);
+        } else {
+#pragma unroll
+            for (int p = 0; p < PIECES; ++p) {
+                const uint4* w = nullptr;
+                const half_t* s = nullptr;
+                const bool any = src.next(w, s);
+                copy_piece<BULK>(slot + p * SLOT_VECS, bars + fill, lane, any, w, s);
+            }
         }
         if constexpr (!BULK) cp_async_commit();
         fill = fill + 1 == RING ? 0 : fill + 1;
@@ -154,29 +209,18 @@ struct Ring {
             parity ^= 1u << next;
         } else {
             cp_async_wait_group<RING - 1>();
-            __syncwarp();  // lanes 0-1's scale copies visible to the warp
+            if constexpr (!Stream::LANE_SCALES) __syncwarp();  // lanes 0-1's scale copies visible to the warp
         }
         const uint4* slot = base + next * PIECES * SLOT_VECS;
         next = next + 1 == RING ? 0 : next + 1;
         return slot;
     }
+
+    __device__ __forceinline__ Piece read(const uint4* slot, int lane) const {
+        return read_piece<Stream::LANE_SCALES>(slot, lane);
+    }
 };
 
-// A piece in registers: the lane's fragment and its rows' scales.
-struct Piece {
-    Frag<4> f;
-    float s0, s1;
-};
-
-__device__ __forceinline__ Piece read_piece(const uint4* slot, int lane) {
-    Piece p;
-    p.f.r[0] = slot[lane];
-    p.f.r[1] = slot[32 + lane];
-    const half_t* sc = reinterpret_cast<const half_t*>(slot + 64);
-    p.s0 = h2f(sc[lane >> 2]);
-    p.s1 = h2f(sc[(lane >> 2) + 8]);
-    return p;
-}
 
 // One piece against x: the 16 rows' sums (lane (g, t = 0) holds rows g and g + 8, column 0).
 // Two pieces are read before either's math, so their mma chains interleave.
@@ -228,11 +272,11 @@ __device__ __forceinline__ void gate_up_pieces(R& ring, const uint4 (&xv)[1][4],
         Piece gate, up;
         if constexpr (R::PIECES_PER_TAKE == 2) {
             const uint4* slot = ring.take(lane);
-            gate = read_piece(slot, lane);
-            up = read_piece(slot + SLOT_VECS, lane);
+            gate = ring.read(slot, lane);
+            up = ring.read(slot + SLOT_VECS, lane);
         } else {
-            gate = read_piece(ring.take(lane), lane);
-            up = read_piece(ring.take(lane), lane);
+            gate = ring.read(ring.take(lane), lane);
+            up = ring.read(ring.take(lane), lane);
         }
         piece_dot<MATH>(gate, xv, r[0][0], r[0][1]);
         piece_dot<MATH>(up, xv, r[1][0], r[1][1]);
@@ -287,12 +331,12 @@ __device__ __forceinline__ void tile_pieces(R& ring, const uint4* x_stage, float
         const uint4* xs = x_stage + (warp + q * PM_WARPS) * (GROUP / 8) + 4 * t;
         const uint4 x0[1][4] = {{xs[0], xs[1], xs[2], xs[3]}};
         const uint4* slot = ring.take(lane);  // PIECES_PER_TAKE 2: pieces q and q + 1 (the stream pads odd n)
-        const Piece p0 = read_piece(slot, lane);
+        const Piece p0 = ring.read(slot, lane);
         float r0, r1;
         if (q + 1 < n) {
             const uint4* ys = xs + PM_WARPS * (GROUP / 8);
             const uint4 x1[1][4] = {{ys[0], ys[1], ys[2], ys[3]}};
-            const Piece p1 = read_piece(R::PIECES_PER_TAKE == 2 ? slot + SLOT_VECS : ring.take(lane), lane);
+            const Piece p1 = ring.read(R::PIECES_PER_TAKE == 2 ? slot + SLOT_VECS : ring.take(lane), lane);
             float u0, u1;
             piece_dot<MATH>(p0, x0, r0, r1);
             piece_dot<MATH>(p1, x1, u0, u1);

@@ -45,7 +45,7 @@ DEV = "cuda"
 HIDDEN, INTER = 2048, 11008  # Qwen2.5-3B
 EPS = 1e-6
 WARPS = 16  # persistent_mlp.cu PM_WARPS
-SLOT_BYTES = 66 * 16  # one piece: 1 KB of W4 + 32 B of scales
+SLOT_BYTES = 72 * 16  # a ring slot (persistent_stream.cu SLOT_VECS): 1 KB of W4 + up to 128 B of scales
 EXTRA_SHARED = 8 * WARPS * 32 * 4 + WARPS * 16 * 4  # partial sums (A_UNITS_MAX units, B)
 KERNEL_FILES = [Path(__file__).resolve().parent / f for f in ("persistent_stream.cu", "persistent_mlp.cu")]
 
@@ -107,7 +107,7 @@ def product_chain(w: dict, h: torch.Tensor, sums: torch.Tensor, a: torch.Tensor,
     return run
 
 
-LAYOUTS = ("", ", records in sweep order", ", records per warp")  # persistent_mlp.cu's LAYOUT 0, 1, 2
+LAYOUTS = ("", ", records in sweep order", ", records per warp", ", lane records, compact runs")  # LAYOUT 0-3
 
 
 def variant_name(ring: int, math: bool, bulk: bool, layout: int = 0, pieces: int = 1) -> str:
@@ -156,10 +156,58 @@ def stored_records(mats: list[list[tuple[torch.Tensor, torch.Tensor]]], index: t
     return out
 
 
-def build_records(w: dict, blocks: int, layout: int) -> tuple[int, torch.Tensor, int]:
-    """(steps, records, a warp's region in records). Layout 1: [layer][step][block][warp] (region
+def lane_pieces(tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A matrix's pieces as lane records [pieces, 288] int32: 1 KB of tiles, then for lane l the
+    scales of rows g and g + 8 (g = l // 4) as one word (persistent_stream.cu, LANE_SCALES)."""
+    s16 = scales.reshape(-1, 16)  # tile-ordered: [tiles][groups][16 rows] fp16
+    g = torch.arange(32, device=s16.device) // 4
+    pairs = torch.stack([s16[:, g], s16[:, g + 8]], dim=-1).contiguous().view(torch.int32).reshape(-1, 32)
+    return torch.cat([tiles.reshape(-1, 256), pairs], dim=1)
+
+
+def run_records(w: dict, blocks: int, pairs: bool, spare: int) -> tuple[torch.Tensor, int]:
+    """Layout 3: every warp's pieces in the order it takes them, one compact run per (block, warp)
+    over all stored layers (per layer a zero record after an odd count when a take holds two),
+    then `spare` zero records for the rings' reads past the last run. -> (records, layers)."""
+    _, index = record_sources(blocks)
+    layers, dev = len(w["gu"]), w["gu"][0].device
+    tables = torch.stack([torch.cat([lane_pieces(w["gu"][ell], w["gu_st"][ell]),
+                                     lane_pieces(w["dn"][ell], w["dn_st"][ell])]) for ell in range(layers)])
+    zero = tables.shape[1]  # the zero row appended below
+    tables = torch.cat([tables, torch.zeros(layers, 1, 288, dtype=torch.int32, device=dev)], dim=1)
+    at_layer, at_piece = [], []
+    for b in range(blocks):
+        for warp in range(WARPS):
+            seq = [int(i) for i in index[:, b, warp] if i >= 0]
+            if pairs and len(seq) % 2:
+                seq.append(zero)
+            for ell in range(layers):
+                at_layer += [ell] * len(seq)
+                at_piece += seq
+    records = tables[torch.tensor(at_layer, device=dev), torch.tensor(at_piece, device=dev)]
+    return torch.cat([records, torch.zeros(spare, 288, dtype=torch.int32, device=dev)]), layers
+
+
+def run_start(b: int, warp: int, layers: int, blocks: int, pairs: bool) -> int:
+    """Where run_records puts warp (b, warp)'s run: persistent_mlp.cu's run_start, in Python."""
+    units, tiles_b, groups_b = INTER // 16, HIDDEN // 16, INTER // 128
+    start = 0
+    for bb in range(b + 1):
+        n_a, dt = -(-(units - bb) // blocks), (bb + tiles_b) % blocks
+        for ww in range(warp if bb == b else WARPS):
+            n_b = -(-(groups_b - ww) // WARPS) if dt < tiles_b else 0
+            start += layers * (2 * n_a + n_b + (pairs and n_b % 2))
+    return start
+
+
+def build_records(w: dict, blocks: int, layout: int, pieces: int = 1) -> tuple[int, torch.Tensor, int]:
+    """(steps, records, the kernel's record_region). Layout 1: [layer][step][block][warp] (region
     0: unused); layout 2: [block][warp][layer][step], each warp's pieces one contiguous run of
-    layers x steps records (a run over fewer layers reads the first ones)."""
+    layers x steps records (a run over fewer layers reads the first ones); layout 3: run_records
+    (region: the stored layers)."""
+    if layout == 3:
+        records, layers = run_records(w, blocks, pieces == 2, spare=32)
+        return 0, records, layers
     steps, index = record_sources(blocks)
     mats = [[(w["gu"][ell], w["gu_st"][ell]), (w["dn"][ell], w["dn_st"][ell])] for ell in range(len(w["gu"]))]
     records = stored_records(mats, index)
@@ -327,7 +375,7 @@ def main() -> None:
     ap.add_argument("--check-layers", type=int, default=4)
     ap.add_argument("--variants", default="4:1:0,11:1:0,11:1:0:1,11:0:0,11:0:0:1",
                     help="ring:math:bulk[:layout[:pieces a take]] to compile, check (math ones) and time; "
-                         "layout 0 tiles, 1 records in sweep order, 2 records per warp")
+                         "layout 0 tiles, 1 records in sweep order, 2 records per warp, 3 compact lane records")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", type=Path)
@@ -335,14 +383,16 @@ def main() -> None:
     defaults = (0, 1)  # layout, pieces a take
     variants = [(*v, *defaults[len(v) - 3:]) for v in (tuple(int(x) for x in t.split(":")) for t in args.variants.split(","))]
     bulk_ok = torch.cuda.get_device_capability() >= (9, 0)
-    if any(v[4] > 1 and (v[2] or v[3]) for v in variants):
-        raise SystemExit("two pieces a take: cp.async and the tile layout only (not bulk, not records)")
+    if any(v[4] > 1 and (v[2] or v[3] not in (0, 3)) for v in variants):
+        raise SystemExit("two pieces a take: cp.async and the tile or run layouts only")
     # the ring's shared memory is counted in pieces: ring x pieces a take
-    kernels = {variant_name(r, bool(m), bool(b), lay, p): (r * p, compile_persistent(r, bool(m), bool(b), p, lay), lay)
+    # values: (ring x pieces, the kernel, the key of its records in w["records"] or 0)
+    kernels = {variant_name(r, bool(m), bool(b), lay, p): (r * p, compile_persistent(r, bool(m), bool(b), p, lay),
+                                                           (lay, p) if lay else 0)
                for r, m, b, lay, p in variants if bulk_ok or not b}
     w = build(args.layers, args.seed)
-    w["records"] = {lay: build_records(w, loader.sm_count(torch.device(DEV)), lay)
-                    for lay in {lay for _, _, lay in kernels.values() if lay}}
+    w["records"] = {key: build_records(w, loader.sm_count(torch.device(DEV)), *key)
+                    for key in {key for _, _, key in kernels.values() if key}}
     checked = check(w, {k: v for k, v in kernels.items() if "ablation" not in k}, args.check_layers, args.seed)
     print(json.dumps(checked, indent=1))
     copy_gbps = copy_bandwidth_gbps()
@@ -359,7 +409,8 @@ def main() -> None:
         stamps[name] = stamped_run(w, kernel, ring, args.layers, w["records"][rec] if rec else None)
     print("one stamped run each (µs, medians over blocks and layers):")
     label = lambda n: (n.replace("persistent, ring ", "r").replace(", bulk copies (SM90)", " bulk")  # noqa: E731
-                       .replace(", cp.async", " cp").replace(", records in sweep order", " rec").replace(", records per warp", " wrec"))
+                       .replace(", cp.async", " cp").replace(", records in sweep order", " rec").replace(", records per warp", " wrec")
+                       .replace(", lane records, compact runs", " run").replace(" pieces a take", "/take"))
     print(f"  {'':60} " + " ".join(f"{label(n):>14}" for n in stamps))
     for k in next(iter(stamps.values())):
         print(f"  {k[:60]:60} " + " ".join(f"{st[k]:14.2f}" for st in stamps.values()))

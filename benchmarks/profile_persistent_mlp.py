@@ -39,7 +39,7 @@ def main() -> None:
     for spec in args.variants.split(","):
         ring, math, bulk, layout, pieces = (int(x) for x in spec.split(":"))
         kernel = compile_persistent(ring, bool(math), bool(bulk), pieces, layout)
-        records = build_records(w, loader.sm_count(h.device), layout) if layout else None
+        records = build_records(w, loader.sm_count(h.device), layout, pieces) if layout else None
         runs.append(persistent_chain(kernel, ring * pieces, w, h, sums, a, counter, args.layers, records=records))
     for run in runs:
         run()

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from probe_persistent_layer import NQKV, layer_record_sources  # noqa: E402
-from probe_persistent_mlp import HIDDEN, INTER, WARPS, record_sources  # noqa: E402
+from probe_persistent_mlp import HIDDEN, INTER, WARPS, record_sources, run_records, run_start  # noqa: E402
 
 PIECES = 2 * (INTER // 16) * (HIDDEN // 128) + (HIDDEN // 16) * (INTER // 128)  # gate/up, then down
 
@@ -52,3 +53,42 @@ def test_every_piece_of_a_whole_layer_is_stored_once(sms):
     # a warp takes its qkv pieces first: block 0, warp 5 -> qkv tiles 0 and `sms` (if any), group 5
     first = index[0, 0, 5]
     assert first == 5
+
+
+def small_weights(layers: int) -> dict:
+    """The 3B MLP's shapes with random words (only where the pieces land is checked)."""
+    gen = torch.Generator().manual_seed(0)
+    w = {}
+    for key, tiles, groups in (("gu", 2 * INTER // 16, HIDDEN // 128), ("dn", HIDDEN // 16, INTER // 128)):
+        w[key] = [torch.randint(-2**31, 2**31 - 1, (tiles, groups, 256), generator=gen, dtype=torch.int32)
+                  for _ in range(layers)]
+        w[key + "_st"] = [torch.rand(tiles, groups, 16, generator=gen).half() for _ in range(layers)]
+    return w
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_run_records_put_each_warps_pieces_where_the_kernel_starts_its_run(pairs):
+    layers, sms = 2, 132
+    w = small_weights(layers)
+    records, stored = run_records(w, sms, pairs, spare=4)
+    _, index = record_sources(sms)
+    gu_pieces = w["gu"][0].shape[0] * w["gu"][0].shape[1]
+    assert stored == layers
+    total = run_start(sms - 1, WARPS - 1, layers, sms, pairs)
+    last = [int(i) for i in index[:, sms - 1, WARPS - 1] if i >= 0]
+    assert records.shape == (total + layers * (len(last) + (pairs and len(last) % 2)) + 4, 288)
+    for b, warp in ((0, 0), (5, 7), (30, 3), (131, 15)):
+        seq = [int(i) for i in index[:, b, warp] if i >= 0]
+        per_layer = len(seq) + (pairs and len(seq) % 2)
+        start = run_start(b, warp, layers, sms, pairs)
+        for ell in range(layers):
+            for j, piece in enumerate(seq):
+                key, at = ("gu", piece) if piece < gu_pieces else ("dn", piece - gu_pieces)
+                tiles = w[key][ell].reshape(-1, 256)[at]
+                s16 = w[key + "_st"][ell].reshape(-1, 16)[at]
+                row = records[start + ell * per_layer + j]
+                assert torch.equal(row[:256], tiles)
+                lane = 9  # g = 2: rows 2 and 10
+                assert torch.equal(row[256 + lane : 257 + lane].view(torch.float16), s16[[2, 10]])
+            if per_layer > len(seq):
+                assert not records[start + ell * per_layer + len(seq)].any()  # the pad is zero
