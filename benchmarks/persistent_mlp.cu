@@ -123,25 +123,11 @@ struct RunRecords {
     }
 };
 
-// Where warp (b, warp)'s run starts: the records of every (block, warp) before it, stored layers
-// each (the order probe_persistent_mlp.py's run_records writes).
-__device__ __forceinline__ long run_start(int b, int warp, int stored_layers, int G, int unitsA, int tilesB,
-                                          int groupsB, bool pairs) {
-    long start = 0;
-    for (int bb = 0; bb <= b; ++bb) {
-        const int na = (unitsA - bb + G - 1) / G, dt = (bb + tilesB) % G;
-        for (int ww = 0; ww < (bb == b ? warp : PM_WARPS); ++ww) {
-            const int nb = dt < tilesB ? max(0, (groupsB - ww + PM_WARPS - 1) / PM_WARPS) : 0;
-            start += (long)stored_layers * (2 * na + nb + (pairs && (nb & 1)));
-        }
-    }
-    return start;
-}
-
 template <int LAYOUT>
 __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc, const uint4* dn, const half_t* dn_sc,
-                                           int layers, int H, int I, int steps, int region, int b, int warp,
-                                           int nA, int nB, int dtile, bool pairs) {
+                                           int layers, int H, int I, int steps, int region,
+                                           const long long* run_offsets, int b, int warp, int nA, int nB,
+                                           int dtile, bool pairs) {
     if constexpr (LAYOUT == 0) {
         const int gh = H / GROUP, gi = I / GROUP, a0 = b * gh + warp, d0 = dtile * gi + warp;
         return TileStream{gu, gu_sc, dn, dn_sc, a0, d0, a0, d0, (I / 16) * gh, (int)gridDim.x * gh,
@@ -149,8 +135,9 @@ __device__ __forceinline__ auto mlp_stream(const uint4* gu, const half_t* gu_sc,
     } else if constexpr (LAYOUT == 1) {
         return SweepRecords{gu, layers, steps, b, warp, 2 * nA + nB, 0, 0};
     } else if constexpr (LAYOUT == 3) {
-        const long start = run_start(b, warp, region, gridDim.x, I / 16, H / 16, I / GROUP, pairs);
-        return RunRecords{gu + start * LANE_RECORD_VECS, (pairs ? 2 : 1) * LANE_RECORD_VECS};
+        // (Computing the start here, a loop over the blocks before, cost the last blocks ~100 µs
+        // at launch: ce98934's run.)
+        return RunRecords{gu + run_offsets[b * PM_WARPS + warp] * LANE_RECORD_VECS, (pairs ? 2 : 1) * LANE_RECORD_VECS};
     } else {
         const int per_layer = 2 * nA + nB;
         return WarpRecords{gu + ((long)b * PM_WARPS + warp) * region * RECORD_VECS, layers,
@@ -171,7 +158,8 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
                       unsigned long long* stamps,  // null, or [layers][STAMPS][G] globaltimer ns (block's thread 0)
                       int ablate,                  // ablations (wrong results): bit 0 never wait for the counter, bit 1 arrive without a fence
                       int record_steps,            // LAYOUT 1, 2: gu holds the records, steps per layer
-                      int record_region) {         // LAYOUT 2: records per warp (stored layers x steps); 3: stored layers
+                      int record_region,           // LAYOUT 2: records per warp (stored layers x steps)
+                      const long long* run_offsets) {  // LAYOUT 3: [G][warps] the record each warp's run starts at
     extern __shared__ uint4 smem[];
     pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -187,11 +175,11 @@ persistent_mlp_kernel(const uint4* __restrict__ gu, const half_t* __restrict__ g
 
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(a_stage + I / 8);  // [warps][RING]
     static_assert(LAYOUT == 0 || LAYOUT == 3 || PIECES == 1, "two pieces a take: the tile and run layouts pad for them");
-    using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false));
+    using Stream = decltype(mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, 0, 0, 0, 0, 0, nullptr, 0, 0, 0, 0, 0, false));
     Ring<RING, BULK, Stream, PIECES> ring{
         smem + warp * RING * PIECES * SLOT_VECS, bars + warp * RING, 0, 0u,
-        mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, record_region, b, warp, nA, nB, dtile,
-                           PIECES == 2)};
+        mlp_stream<LAYOUT>(gu, gu_sc, dn, dn_sc, layers, H, I, record_steps, record_region, run_offsets, b, warp, nA, nB,
+                           dtile, PIECES == 2)};
     if constexpr (BULK) {
         if (lane < RING) mbar_init(ring.bars + lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (bulk copies are SM90-only; the probe skips them below)

@@ -165,19 +165,21 @@ def lane_pieces(tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat([tiles.reshape(-1, 256), pairs], dim=1)
 
 
-def run_records(w: dict, blocks: int, pairs: bool, spare: int) -> tuple[torch.Tensor, int]:
+def run_records(w: dict, blocks: int, pairs: bool, spare: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Layout 3: every warp's pieces in the order it takes them, one compact run per (block, warp)
     over all stored layers (per layer a zero record after an odd count when a take holds two),
-    then `spare` zero records for the rings' reads past the last run. -> (records, layers)."""
+    then `spare` zero records for the rings' reads past the last run. -> (records, the record
+    each run starts at [blocks * WARPS] int64)."""
     _, index = record_sources(blocks)
     layers, dev = len(w["gu"]), w["gu"][0].device
     tables = torch.stack([torch.cat([lane_pieces(w["gu"][ell], w["gu_st"][ell]),
                                      lane_pieces(w["dn"][ell], w["dn_st"][ell])]) for ell in range(layers)])
     zero = tables.shape[1]  # the zero row appended below
     tables = torch.cat([tables, torch.zeros(layers, 1, 288, dtype=torch.int32, device=dev)], dim=1)
-    at_layer, at_piece = [], []
+    at_layer, at_piece, starts = [], [], []
     for b in range(blocks):
         for warp in range(WARPS):
+            starts.append(len(at_piece))
             seq = [int(i) for i in index[:, b, warp] if i >= 0]
             if pairs and len(seq) % 2:
                 seq.append(zero)
@@ -185,11 +187,12 @@ def run_records(w: dict, blocks: int, pairs: bool, spare: int) -> tuple[torch.Te
                 at_layer += [ell] * len(seq)
                 at_piece += seq
     records = tables[torch.tensor(at_layer, device=dev), torch.tensor(at_piece, device=dev)]
-    return torch.cat([records, torch.zeros(spare, 288, dtype=torch.int32, device=dev)]), layers
+    return (torch.cat([records, torch.zeros(spare, 288, dtype=torch.int32, device=dev)]),
+            torch.tensor(starts, dtype=torch.int64, device=dev))
 
 
 def run_start(b: int, warp: int, layers: int, blocks: int, pairs: bool) -> int:
-    """Where run_records puts warp (b, warp)'s run: persistent_mlp.cu's run_start, in Python."""
+    """Where run_records puts warp (b, warp)'s run, from the counts alone (the test's cross-check)."""
     units, tiles_b, groups_b = INTER // 16, HIDDEN // 16, INTER // 128
     start = 0
     for bb in range(b + 1):
@@ -200,20 +203,20 @@ def run_start(b: int, warp: int, layers: int, blocks: int, pairs: bool) -> int:
     return start
 
 
-def build_records(w: dict, blocks: int, layout: int, pieces: int = 1) -> tuple[int, torch.Tensor, int]:
-    """(steps, records, the kernel's record_region). Layout 1: [layer][step][block][warp] (region
-    0: unused); layout 2: [block][warp][layer][step], each warp's pieces one contiguous run of
-    layers x steps records (a run over fewer layers reads the first ones); layout 3: run_records
-    (region: the stored layers)."""
+def build_records(w: dict, blocks: int, layout: int, pieces: int = 1) -> tuple:
+    """(steps, records, the kernel's record_region, run offsets or None). Layout 1:
+    [layer][step][block][warp] (region 0: unused); layout 2: [block][warp][layer][step], each
+    warp's pieces one contiguous run of layers x steps records (a run over fewer layers reads the
+    first ones); layout 3: run_records."""
     if layout == 3:
-        records, layers = run_records(w, blocks, pieces == 2, spare=32)
-        return 0, records, layers
+        records, starts = run_records(w, blocks, pieces == 2, spare=32)
+        return 0, records, 0, starts
     steps, index = record_sources(blocks)
     mats = [[(w["gu"][ell], w["gu_st"][ell]), (w["dn"][ell], w["dn_st"][ell])] for ell in range(len(w["gu"]))]
     records = stored_records(mats, index)
     if layout == 1:
-        return steps, records, 0
-    return steps, records.permute(2, 3, 0, 1, 4).contiguous(), len(mats) * steps
+        return steps, records, 0, None
+    return steps, records.permute(2, 3, 0, 1, 4).contiguous(), len(mats) * steps, None
 
 
 def compile_persistent(ring: int, math: bool = True, bulk: bool = False, pieces: int = 1, layout: int = 0):
@@ -234,18 +237,19 @@ def shared_bytes(ring: int) -> int:
 
 
 def persistent_chain(kernel, ring: int, w: dict, h, sums, a, counter, layers: int, stamps=None,
-                     ablate: int = 0, records: tuple[int, torch.Tensor, int] | None = None):
+                     ablate: int = 0, records: tuple | None = None):
     blocks = loader.sm_count(h.device)
     if blocks < HIDDEN // 16 or -(-(INTER // 16) // blocks) > 8:
         raise SystemExit(f"the probe's kernel needs 128 to {INTER // 16} SMs with <= 8 units each, got {blocks}")
     shared = shared_bytes(ring)
     if loader.resident_blocks(kernel, 32 * WARPS, shared) < 1:
         raise SystemExit(f"ring {ring}: {shared} B of shared memory do not fit a block on this GPU")
-    steps, gu, region = (0, w["gu_all"], 0) if records is None else records
+    steps, gu, region, starts = (0, w["gu_all"], 0, None) if records is None else records
     args = (gu.data_ptr(), w["gu_st_all"].data_ptr(), w["dn_all"].data_ptr(), w["dn_st_all"].data_ptr(),
             w["norm_all"].data_ptr(), h.data_ptr(), sums.data_ptr(), a.data_ptr(), counter.data_ptr(),
             np.int32(layers), np.int32(HIDDEN), np.int32(INTER), np.float32(EPS),
-            0 if stamps is None else stamps.data_ptr(), np.int32(ablate), np.int32(steps), np.int32(region))
+            0 if stamps is None else stamps.data_ptr(), np.int32(ablate), np.int32(steps), np.int32(region),
+            0 if starts is None else starts.data_ptr())
 
     def run(_i=0):
         counter.zero_()

@@ -70,10 +70,9 @@ def small_weights(layers: int) -> dict:
 def test_run_records_put_each_warps_pieces_where_the_kernel_starts_its_run(pairs):
     layers, sms = 2, 132
     w = small_weights(layers)
-    records, stored = run_records(w, sms, pairs, spare=4)
+    records, starts = run_records(w, sms, pairs, spare=4)
     _, index = record_sources(sms)
     gu_pieces = w["gu"][0].shape[0] * w["gu"][0].shape[1]
-    assert stored == layers
     total = run_start(sms - 1, WARPS - 1, layers, sms, pairs)
     last = [int(i) for i in index[:, sms - 1, WARPS - 1] if i >= 0]
     assert records.shape == (total + layers * (len(last) + (pairs and len(last) % 2)) + 4, 288)
@@ -81,6 +80,7 @@ def test_run_records_put_each_warps_pieces_where_the_kernel_starts_its_run(pairs
         seq = [int(i) for i in index[:, b, warp] if i >= 0]
         per_layer = len(seq) + (pairs and len(seq) % 2)
         start = run_start(b, warp, layers, sms, pairs)
+        assert int(starts[b * WARPS + warp]) == start
         for ell in range(layers):
             for j, piece in enumerate(seq):
                 key, at = ("gu", piece) if piece < gu_pieces else ("dn", piece - gu_pieces)
