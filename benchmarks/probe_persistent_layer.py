@@ -33,9 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+from persistent_records import DEV, WARPS, step_index, stored_records  # noqa: E402
 from probe_persistent_mlp import (  # noqa: E402
-    DEV, EPS, EXTRA_SHARED, SLOT_BYTES, WARPS, persistent_source, random_w4, rel_err, step_index, stored_records,
-    tile_scales,
+    EPS, EXTRA_SHARED, SLOT_BYTES, persistent_source, random_w4, rel_err, tile_scales,
 )
 
 from app.kernels import loader  # noqa: E402

@@ -19,8 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probe_persistent_mlp import (DEV, HIDDEN, INTER, build, build_records, compile_persistent,  # noqa: E402
-                                  norm_chunk_sums_ref, persistent_chain, product_chain)
+from persistent_records import DEV, HIDDEN, INTER, build_records  # noqa: E402
+from probe_persistent_mlp import (build, compile_persistent, norm_chunk_sums_ref, persistent_chain,  # noqa: E402
+                                  product_chain)
 
 from app.kernels import loader  # noqa: E402
 
