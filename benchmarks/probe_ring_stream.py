@@ -43,15 +43,13 @@ __device__ __forceinline__ long piece_at(long i, int gw, int warps, long per_war
 
 __device__ __forceinline__ unsigned fold(uint4 a, uint4 b) { return a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w; }
 
-template <int RING>
-__global__ void ring_kernel(const uint4* __restrict__ p, long per_warp, int sweep, unsigned* out) {
-    extern __shared__ uint4 ring_smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int gw = blockIdx.x * nw + warp, warps = gridDim.x * nw;
-    uint4* ring = ring_smem + warp * RING * PIECE_VECS;
+// One warp's ring over its per_warp pieces (piece i at p + at(i) pieces): one commit group per
+// piece, `wait_group RING - 1` before using the oldest; the XOR of every word it read (this lane's).
+template <int RING, class At>
+__device__ __forceinline__ unsigned ring_xor(const uint4* p, long per_warp, uint4* ring, int lane, At at) {
     auto issue = [&](long i) {
         if (i < per_warp) {
-            const uint4* src = p + piece_at(i, gw, warps, per_warp, sweep) * PIECE_VECS;
+            const uint4* src = p + at(i) * PIECE_VECS;
             uint4* dst = ring + (i % RING) * PIECE_VECS;
             cp_async_16(dst + lane, src + lane);
             cp_async_16(dst + 32 + lane, src + 32 + lane);
@@ -68,6 +66,16 @@ __global__ void ring_kernel(const uint4* __restrict__ p, long per_warp, int swee
         acc ^= fold(s[lane], s[32 + lane]);
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
+    return acc;
+}
+
+template <int RING>
+__global__ void ring_kernel(const uint4* __restrict__ p, long per_warp, int sweep, unsigned* out) {
+    extern __shared__ uint4 ring_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int gw = blockIdx.x * nw + warp, warps = gridDim.x * nw;
+    unsigned acc = ring_xor<RING>(p, per_warp, ring_smem + warp * RING * PIECE_VECS, lane,
+                                  [&](long i) { return piece_at(i, gw, warps, per_warp, sweep); });
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if (lane == 0) atomicXor(out, acc);
 }

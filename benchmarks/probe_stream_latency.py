@@ -33,12 +33,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+from probe_ring_stream import SOURCE as RING_SOURCE  # noqa: E402
 
 from app.kernels import loader  # noqa: E402
 
 DEV = "cuda"
 SOURCE = r"""
-constexpr int PIECE_VECS = 64;  // 1 KB
 constexpr int LINE_WORDS = 32;  // one node of a chain per 128-byte line
 constexpr int OUTS = 8;         // per block: l2, dram, fence, fence_cp8, release, probe end, -, -
 
@@ -54,31 +54,13 @@ __device__ __forceinline__ unsigned ld_cg(const unsigned* p) {
     return v;
 }
 
-__device__ __forceinline__ unsigned fold(uint4 a, uint4 b) { return a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w; }
-
 // The streaming warps: the persistent kernels' ring (take piece i: issue i + RING - 1, wait for i).
+// The streaming warps: probe_ring_stream.py's ring (the persistent kernels' stream), the GPU-wide
+// sweep order wrapping around the buffer.
 template <int RING>
 __device__ void stream(const uint4* p, long npieces, long per_warp, uint4* ring, int gw, int warps, int lane,
                        unsigned* xor_out, unsigned long long* stream_end) {
-    auto issue = [&](long i) {
-        if (i < per_warp) {
-            const uint4* src = p + ((i * warps + gw) % npieces) * PIECE_VECS;
-            uint4* dst = ring + (i % RING) * PIECE_VECS;
-            cp_async_16(dst + lane, src + lane);
-            cp_async_16(dst + 32 + lane, src + 32 + lane);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    for (int i = 0; i < RING - 1; ++i) issue(i);
-    unsigned acc = 0;
-    for (long i = 0; i < per_warp; ++i) {
-        __syncwarp();
-        issue(i + RING - 1);
-        asm volatile("cp.async.wait_group %0;" :: "n"(RING - 1) : "memory");
-        const uint4* s = ring + (i % RING) * PIECE_VECS;
-        acc ^= fold(s[lane], s[32 + lane]);
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    unsigned acc = ring_xor<RING>(p, per_warp, ring, lane, [&](long i) { return (i * warps + gw) % npieces; });
     acc = __reduce_xor_sync(0xffffffffu, acc);
     if (lane == 0) {
         atomicXor(xor_out, acc);
@@ -158,7 +140,7 @@ def compile_kernels() -> dict:
 
     names = [f"latency_kernel<{r}>" for r in RINGS]
     common = (loader.KERNEL_DIR / loader.COMMON_SOURCE).read_text(encoding="utf-8")
-    module = cupy.RawModule(code=common + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names)
+    module = cupy.RawModule(code=common + RING_SOURCE + SOURCE, options=loader.COMPILE_OPTIONS, name_expressions=names)
     return {r: module.get_function(f"latency_kernel<{r}>") for r in RINGS}
 
 
