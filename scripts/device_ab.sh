@@ -6,8 +6,9 @@
 #   on the device: bash scripts/device_ab.sh tests COMMIT        (carry .device/site.tar.xz)
 #                  bash scripts/device_ab.sh step COMMIT BASE_COMMIT   (carry .device/base)
 #                  bash scripts/device_ab.sh proxy COMMIT BASE_COMMIT  (the 3050 proxy of both trees)
+#                  bash scripts/device_ab.sh timeline COMMIT            (the candidate's step, kernel by kernel)
 # Logs and JSON land under $OUT. Each mode fits one call (10 minutes); both in one call only when
-# the machine is already warm: `tests` takes ~4 minutes, `step` ~6.
+# the machine is already warm: `tests` takes ~4 minutes, `step` ~6 (not measured: set STEP_TIMEOUT).
 set -o pipefail
 cd "$(dirname "$0")/.."
 GPU_TESTS="tests/test_argmax.py tests/test_cuda_runtime.py tests/test_greedy_pipeline.py tests/test_cuda_prefill.py
@@ -34,22 +35,27 @@ tests)
     QWEN_TRAY_TEST_KERNEL_ARCH=86 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu $SM86_TESTS -q -rfE \
         -p no:cacheprovider -k "not starter" 2>&1 | tee "$OUT/tests_sm86.txt" | tail -15 ;;
 step)
+    # The graph-only step of both trees, interleaved (a drift between them shows as a spread); in
+    # round 1 the candidate also with CANDIDATE_VARIANTS (ablate_step.py variants, e.g. phase 23's
+    # norm_prologue_20mib,no_x_prefetch; the base tree runs `full` only).
     commit=${2:-unknown} base_commit=${3:-$(cat .device/base/COMMIT 2>/dev/null || echo unknown)}
     export PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/log.txt"
-    for round in 1 2; do  # interleaved: a drift between the trees shows as a spread
+    for round in 1 2; do
         for tree in base candidate; do
             dir=$([ $tree = base ] && echo .device/base || echo .)
             c=$([ $tree = base ] && echo "$base_commit" || echo "$commit")
-            # The candidate also with the 7B gate/up's norm fused (its prologue now loads h in one trip).
-            variants=$([ $tree = base ] && echo full || echo full,norm_prologue_20mib)
-            (cd "$dir" && timeout "${STEP_TIMEOUT:-160}" python3 benchmarks/ablate_step.py --variants "$variants" \
+            variants=full
+            [ $tree = candidate ] && [ $round = 1 ] && variants=full${CANDIDATE_VARIANTS:+,$CANDIDATE_VARIANTS}
+            (cd "$dir" && timeout "${STEP_TIMEOUT:-200}" python3 benchmarks/ablate_step.py --variants "$variants" \
                 --commit "$c" --out "$OUT/step_${tree}_${round}.json") 2>&1 | tail -3 | tee -a "$OUT/log.txt"
         done
-    done
+    done ;;
+timeline)
     # Where the candidate's step goes, kernel by kernel (exposed µs per role).
-    timeout "${TIMELINE_TIMEOUT:-120}" python3 benchmarks/probe_step_timeline.py --commit "$commit" \
-        --out "$OUT/step_timeline_h200.json" 2>&1 | tail -30 | tee -a "$OUT/log.txt" ;;
+    export PYTHONUNBUFFERED=1
+    timeout "${TIMELINE_TIMEOUT:-200}" python3 benchmarks/probe_step_timeline.py --commit "${2:-unknown}" \
+        --out "$OUT/step_timeline_h200.json" 2>&1 | tail -30 | tee "$OUT/log.txt" ;;
 proxy)
     # The RTX 3050's code path and grids on 16 held SMs (probe_3050_proxy.py), base then candidate.
     commit=${2:-unknown} base_commit=${3:-$(cat .device/base/COMMIT 2>/dev/null || echo unknown)}
@@ -59,6 +65,6 @@ proxy)
     timeout "${PROXY_TIMEOUT:-200}" python3 benchmarks/probe_3050_proxy.py --commit "$commit" \
         --out "$OUT/proxy_3050_candidate.json" 2>&1 | tail -12 | tee -a "$OUT/proxy.txt" ;;
 *)
-    echo "usage: $0 prepare BASE_REF | tests COMMIT | step COMMIT BASE_COMMIT | proxy COMMIT BASE_COMMIT" >&2
+    echo "usage: $0 prepare BASE_REF | tests COMMIT | step COMMIT BASE_COMMIT | proxy COMMIT BASE_COMMIT | timeline COMMIT" >&2
     exit 2 ;;
 esac
