@@ -45,7 +45,7 @@ import app.kernels.gemv as gemv_module  # noqa: E402
 from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention", "rope_attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "rope_fusion"),

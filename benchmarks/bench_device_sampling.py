@@ -41,7 +41,7 @@ from serve_synthetic import qwen_tokenizer  # noqa: E402
 from app.engine import Engine, SamplingParams, scheduler  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 MAX_TOKENS = 128
 ROUNDS = 3

@@ -42,7 +42,7 @@ from app.engine import Engine, ModelSpec, scheduler  # noqa: E402
 from app.engine.cuda.runner import CudaRunner, runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.tokenizer import Tokenizer  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 from app.server import start_server_in_thread  # noqa: E402
 
 SHAPES = {"qwen2.5-3b": "3B", "qwen2.5-7b": "7B"}  # --model-shape -> bench_decode.MODELS key

@@ -18,23 +18,23 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.engine.kv_cache import StaticKVCache
+from app.engine.cuda.layout import to_kernel_layout
 from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
     BESIDE_ALLOCATOR, GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget,
     fitted_shape, model_weight_bytes, parse_size, plan_memory, resolve_budget,
 )
-from app.engine.models.decoder import DecoderModel
-from app.engine.runner import TorchRunner
-from app.engine.cuda.layout import to_kernel_layout
+from app.engine.cuda.runner import CudaRunner
+from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
 from app.engine.cuda.weights import (
     DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows, weights_from_model,
 )
-from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
-from app.engine.cuda.runner import CudaRunner
-from app.engine.spec import ModelSpec
+from app.engine.kv_cache import StaticKVCache
+from app.engine.models.decoder import DecoderModel
+from app.engine.runner import TorchRunner
 from app.errors import ContextLengthError
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
+from app.formats.spec import ModelSpec
 
 LOGITS_BOUND = 1e-2
 
@@ -544,8 +544,8 @@ def tiny_checkpoint(tmp_path_factory, qwen_tokenizer_dir):
 
 def test_quantized_checkpoint_loads_packed_and_runs(tiny_checkpoint):
     from app.engine.cuda.runner import load_packed
-    from app.quant.checkpoint import load_quantized_model
-    from app.quant.modules import QuantLinear
+    from app.engine.loading import load_quantized_model
+    from app.engine.quantized.modules import QuantLinear
 
     loaded = load_packed(tiny_checkpoint, max_context=64)
     quant = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]

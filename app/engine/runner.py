@@ -14,6 +14,7 @@ import torch
 
 from app.engine.kv_cache import StaticKVCache
 from app.engine.models.decoder import DecoderModel
+from app.engine.quantized.modules import quantized_nbytes
 
 
 class Runner(Protocol):
@@ -55,7 +56,6 @@ class TorchRunner:
         return self.model(tokens, start, slot, self.cache, all_logits=True)
 
     def memory_info(self) -> dict:
-        from app.quant.modules import quantized_nbytes  # packed weights are buffers, not parameters
-
+        # packed weights are buffers, not parameters
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters()) + quantized_nbytes(self.model)
         return {"weights_bytes": weights, "kv_cache_bytes": self.cache.nbytes, "device": str(self.device)}

@@ -21,10 +21,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app import kernels
 from app.engine.cuda.weights import LinearWeight
-from app.kernels import reference as ref
+from app.engine.sampling import sample_rows
 from app.kernels import gemv
-from app.kernels.attention import ROPE_MAX_ROWS
+from app.kernels import reference as ref
+from app.kernels.attention import HEAD_DIMS, ROPE_MAX_ROWS
 from app.kernels.gemv import FusedNorm, fuses_norm
 
 
@@ -49,8 +51,6 @@ class KernelOps:
     name = "kernels"
 
     def __init__(self):
-        from app import kernels
-
         self.k = kernels
 
     @staticmethod
@@ -172,8 +172,6 @@ class ReferenceOps:
 
     def filtered_draw(self, logits, vocab, params, *, workspace, out):
         """The host sampler's arithmetic (app.engine.sampling.sample_rows), row by row."""
-        from app.engine.sampling import sample_rows
-
         _check_fp16(logits=logits)
         temperature, top_p, top_k, u = params
         for i in range(logits.shape[0]):
@@ -218,8 +216,6 @@ class ReferenceOps:
 def unsupported_shape(spec) -> str | None:
     """Why the CUDA kernels cannot run a model of this shape (the engine then runs the PyTorch
     reference path on the GPU), or None."""
-    from app.kernels.attention import HEAD_DIMS
-
     if spec.head_dim not in HEAD_DIMS:
         return f"head_dim {spec.head_dim} has no decode-attention kernel (only {' and '.join(map(str, HEAD_DIMS))})"
     return None

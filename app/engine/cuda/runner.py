@@ -28,26 +28,27 @@ from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.draw import DeviceDraw
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
 from app.engine.cuda.in_flight import TokensInFlight
-from app.engine.cuda.ops import default_ops
-from app.engine.cuda.prefill import GemmPrefill
-from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
-from app.engine.kv_cache import StaticKVCache
-from app.engine.layers import rope_tables
-from app.engine.loading import LoadedModel, load_model
-from app.engine.sampling import RowSampling
+from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits,
 )
-from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
+from app.engine.cuda.ops import default_ops
+from app.engine.cuda.prefill import GemmPrefill
+from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
 from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
+from app.engine.kv_cache import StaticKVCache
+from app.engine.layers import rope_tables
+from app.engine.loading import LoadedModel, load_model, load_quantized_model
+from app.engine.sampling import RowSampling
 from app.errors import QwenTrayError
-from app.progress import GPU_STAGE
+from app.formats import checkpoint
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
 from app.kernels.gemv import MAX_BATCH
+from app.progress import GPU_STAGE
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
@@ -294,19 +295,12 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
 
 
-def _keep_packed(model, dtype: torch.dtype) -> None:
-    """Quantized backend "packed": no dense copies; the CUDA runner reads the packed tensors."""
-
-
 def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None) -> LoadedModel:
     """Load on the CPU in fp16; a quantized checkpoint keeps only its packed tensors."""
     cpu = torch.device("cpu")
-    from app.quant import checkpoint, modules
-
     if checkpoint.is_checkpoint(path):
-        modules.BACKENDS.setdefault("packed", _keep_packed)
-        return checkpoint.load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16,
-                                               max_context=max_context, progress=progress, backend="packed")
+        return load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context,
+                                    progress=progress, backend="packed")
     return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress)
 
 

@@ -2,7 +2,7 @@
 
 :class:`LinearWeight` is one projection: dense fp16 ``[N, K]`` or packed W4/W3 (layouts in
 docs/FORMATS.md). :class:`ModelWeights` is the whole model, taken from a ``DecoderModel``
-(dense ``Linear`` or ``app.quant.modules.QuantLinear``), made up with random packed values
+(dense ``Linear`` or ``app.engine.quantized.modules.QuantLinear``), made up with random packed values
 for benchmarks (:func:`synthetic_weights`), or quantized from a dense model for tests.
 
 All tensors of a model live in ONE device allocation (:func:`pack_into_arena`): the caching
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import nn
 
-from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
+from app.formats.core import GROUP_SIZE, even_odd_order
+from app.formats.spec import ModelSpec
+from app.formats.w4 import PERM4
 from app.kernels.tiles import padded_rows
 from app.kernels.w3_tiles import tile_values, unpack_w3_tiles
 from app.kernels.w4_tiles import tile_words, unpack_w4_tiles
-from app.quant.core import GROUP_SIZE, even_odd_order
-from app.quant.w4 import PERM4
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def module_to_arena(model: nn.Module, device: torch.device | str) -> torch.Tenso
 # -- reading a DecoderModel -----------------------------------------------------------------
 
 def linear_from_module(module, name: str) -> LinearWeight:
-    """A ``Linear`` (dense) or an ``app.quant.modules.QuantLinear`` (packed) as a LinearWeight."""
+    """A ``Linear`` (dense) or an ``app.engine.quantized.modules.QuantLinear`` (packed) as a LinearWeight."""
     bias = None if getattr(module, "bias", None) is None else module.bias.data.to(torch.float16)
     packed = getattr(module, "packed_tensors", None)
     if packed is None:  # dense Linear, or a tied embedding Parameter
