@@ -279,7 +279,7 @@ def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
     drawn = []
     for name, row in (("temperature", RowSampling(0.7, 1.0, 0, 1, vocab)),
                       ("top-p/top-k", RowSampling(0.7, 0.9, 50, 2, vocab))):
-        if not runner.can_draw(row):
+        if not runner.capabilities.draw_on_device:
             continue
         runner.set_sampling(0, row)
         token = runner.prefill(0, prompt_ids(16, 3, vocab), 0).argmax().item()
