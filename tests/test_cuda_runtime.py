@@ -201,7 +201,7 @@ def to_kernel_layout_linear(w: LinearWeight) -> LinearWeight:
 
 
 def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
-    """The bit arithmetic of app/engine/cuda/dequant.py's kernels, word by word, in PyTorch int64."""
+    """The bit arithmetic of app/kernels/dequant.py's kernels, word by word, in PyTorch int64."""
     words = (q.qa.long() & 0xFFFFFFFF).view(q.out_features, -1)  # unsigned 32-bit words
     s = q.scales.float().repeat_interleave(128, dim=1)  # [N, K]
     if q.bits == 4:  # output word (r, j) is tile word 4 * lane_vec + j % 4; pair m = nibbles m, 4 + m
@@ -391,7 +391,7 @@ def gpu_runner(weights, **kw) -> CudaRunner:
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
-    from app.engine.cuda.dequant import DequantKernel
+    from app.kernels.dequant import DequantKernel
 
     n = 1000  # a padded last tile
     g = torch.Generator().manual_seed(10 + bits)
@@ -403,14 +403,17 @@ def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
     kernel = DequantKernel(torch.device("cuda"))
     for start, stop in ((0, n), (13, 77), (n - 1, n)):
         out = torch.full((stop - start, 1152), float("nan"), dtype=torch.float16, device="cuda")
-        assert torch.equal(kernel(qg, start, stop, out), want[start:stop])
+        assert torch.equal(kernel.rows(qg.bits, qg.qa, qg.qb, qg.scales, start, stop, out), want[start:stop])
         assert torch.equal(dequantize_rows(qg, start, stop, DequantTables("cuda")), want[start:stop])
+        fresh = torch.full_like(out, float("nan"))
+        assert torch.equal(dequantize_rows(qg, start, stop, DequantTables("cuda"), out=fresh, kernel=kernel),
+                           want[start:stop])  # the prefill's call
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 def test_embedding_lookup_kernel_is_bit_equal_to_pytorch_and_graph_safe(bits):
-    from app.engine.cuda.dequant import DequantKernel, embedding_rows
+    from app.kernels.dequant import DequantKernel
 
     n, k = 1024, 896
     g = torch.Generator().manual_seed(20 + bits)
@@ -421,11 +424,11 @@ def test_embedding_lookup_kernel_is_bit_equal_to_pytorch_and_graph_safe(bits):
     kernel, tables = DequantKernel(torch.device("cuda")), DequantTables("cuda")
     ids = torch.tensor([n - 1, 0, 517, 517, 3], dtype=torch.int32, device="cuda")
     out = torch.full((5, k), float("nan"), dtype=torch.float16, device="cuda")
-    assert torch.equal(embedding_rows(qg, ids, tables, out, kernel), want[ids.long()])
-    assert torch.equal(embedding_rows(qg, ids, tables, out.clone(), None), want[ids.long()])  # PyTorch's
+    assert torch.equal(lookup_rows(qg, ids, tables, out, kernel), want[ids.long()])
+    assert torch.equal(lookup_rows(qg, ids, tables, out.clone()), want[ids.long()])  # PyTorch's
     graph = torch.cuda.CUDAGraph()  # the ids are read on the device: new ids, same graph
     with torch.cuda.graph(graph):
-        kernel.lookup(qg, ids, out)
+        kernel.lookup(qg.bits, qg.qa, qg.qb, qg.scales, ids, out)
     ids.copy_(torch.tensor([7, 8, n - 2, 0, 1], dtype=torch.int32))
     out.fill_(float("nan"))
     graph.replay()
@@ -440,7 +443,7 @@ def test_gpu_runner_matches_fp32_reference_over_50_steps(arch, recipe, prefill_m
     model = random_model(spec, seed=5)
     weights = runtime_weights(model, recipe)
     ref = TorchRunner(model, StaticKVCache(spec, 2, 256, torch.float32, "cpu"), torch.device("cpu"))
-    from app.engine.cuda.dequant import DequantKernel
+    from app.kernels.dequant import DequantKernel
 
     runner = gpu_runner(weights, num_slots=2, max_context=256, prefill_mode=prefill_mode,
                         dequant_kernel=DequantKernel(torch.device("cuda")))

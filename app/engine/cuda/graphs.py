@@ -17,9 +17,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from app.engine.cuda.dequant import embedding_rows
 from app.engine.cuda.step_norms import StepNorms
-from app.engine.cuda.weights import DequantTables, ModelWeights
+from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
 from app.engine.kv_cache import StaticKVCache
 from app.engine.runner import RunnerOptions
 from app.kernels.argmax import ARGMAX_BLOCKS
@@ -140,7 +139,7 @@ class DecodeStep:
                  options: RunnerOptions = RunnerOptions()):
         self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
         self.options = options
-        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (dequant.py), or None
+        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (kernels/dequant.py), or None
         self.cos, self.sin = rope
         self.spec = weights.spec
         # A fused norm needs quantized GEMVs on both sides (and the gate/up without an MLP bias).
@@ -157,7 +156,7 @@ class DecodeStep:
         workspace = bf.workspace
         norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
         fuse_rope = self.options.fuse_rope and b <= ROPE_MAX_ROWS
-        embedding_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
+        lookup_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)

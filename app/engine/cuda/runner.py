@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.draw import DeviceDraw
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
 from app.engine.cuda.in_flight import TokensInFlight
@@ -50,6 +49,7 @@ from app.errors import QwenTrayError
 from app.formats import checkpoint
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
+from app.kernels.dequant import dequant_kernel_or_none
 from app.kernels.gemv import MAX_BATCH
 from app.progress import GPU_STAGE
 

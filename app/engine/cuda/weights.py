@@ -9,10 +9,11 @@ All tensors of a model live in ONE device allocation (:func:`pack_into_arena`): 
 allocator rounds every tensor above 1 MB up to its own segment, which on a 4 GB card would
 cost tens of megabytes the VRAM planner cannot see.
 
-Dequantization here (:func:`dequantize_rows`, :func:`lookup_rows`) is plain PyTorch on
-uint8 bytes, graph-safe (no host syncs, index tables built up front) and bit-equal to
-``app.quant`` (``fp16(q * scale)``): the embedding lookup inside the decode graph and the
-fallback of the prefill GEMM path.
+Dequantization here (:func:`dequantize_rows`, :func:`lookup_rows`) is the dequant kernel's
+one launch where one is given (app.kernels.dequant, the tile layout), else plain PyTorch on
+uint8 bytes, graph-safe (no host syncs, index tables built up front); both bit-equal to
+``app.formats`` (``fp16(q * scale)``): the embedding lookup inside the decode graph and the
+prefill GEMM path's weight tiles.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from app.errors import QwenTrayError
 from app.formats.core import GROUP_SIZE, even_odd_order
 from app.formats.spec import ModelSpec
 from app.formats.w4 import PERM4
+from app.kernels.dequant import DequantKernel
+from app.kernels.loader import KernelArgumentError
 from app.kernels.tiles import padded_rows
 from app.kernels.w3_tiles import tile_values, unpack_w3_tiles
 from app.kernels.w4_tiles import tile_words, unpack_w4_tiles
@@ -353,16 +356,25 @@ def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
 
 
 def dequantize_rows(w: LinearWeight, start: int, stop: int, tables: DequantTables,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows start..stop-1 of W as fp16 [R, K]."""
+                    out: torch.Tensor | None = None, kernel: DequantKernel | None = None) -> torch.Tensor:
+    """Rows start..stop-1 of W as fp16 [R, K]; through ``kernel`` into ``out`` where given."""
     if not w.quantized:
         return w.dense[start:stop]
+    if kernel is not None:
+        if w.layout != "tiles":
+            raise KernelArgumentError(f"{w.name}: the dequantizer reads the tile layout "
+                                      "(app.engine.cuda.layout.to_kernel_layout)")
+        return kernel.rows(w.bits, w.qa, w.qb, w.scales, start, stop, out)
     rows = slice(start, stop)
     return dequantize_values(unsigned_values(w, rows, tables), w.scales[rows], w.bits, out)
 
 
-def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: torch.Tensor) -> torch.Tensor:
-    """Embedding rows ``ids`` (int32 [B]) of table ``w`` into ``out`` fp16 [B, H] (graph-safe)."""
+def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: torch.Tensor,
+                kernel: DequantKernel | None = None) -> torch.Tensor:
+    """Embedding rows ``ids`` (int32 [B]) of table ``w`` into ``out`` fp16 [B, H] (graph-safe):
+    ``kernel``'s one launch where it reads ``w`` (packed, tile layout), else PyTorch (the same bits)."""
+    if kernel is not None and w.quantized and w.layout == "tiles" and ids.dtype == torch.int32:
+        return kernel.lookup(w.bits, w.qa, w.qb, w.scales, ids, out)
     if not w.quantized:
         return torch.index_select(w.dense, 0, ids, out=out)
     if w.layout == "tiles":
