@@ -172,7 +172,7 @@ def test_plan_reports_bytes_for_health():
     assert all(k.endswith("_bytes") and isinstance(v, int) for k, v in info.items())
 
 
-# -- dequantization inside graphs: bit-equal to app.quant ------------------------------------
+# -- dequantization inside graphs: bit-equal to app.formats -----------------------------------
 
 @pytest.mark.parametrize("bits,layout", [(4, "rows"), (4, "tiles"), (3, "rows"), (3, "tiles")])
 def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
@@ -180,7 +180,7 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
     g = torch.Generator().manual_seed(bits)
     dense = LinearWeight(16, n, 640, dense=(torch.randn(n, 640, generator=g) * 0.05).half())
     q = quantize_linear(dense, bits)
-    want = dequantized_linear(q).half()  # fp16(q * scale), app.quant's rounding
+    want = dequantized_linear(q).half()  # fp16(q * scale), app.formats' rounding
     if layout == "tiles":
         q = to_kernel_layout_linear(q)
         assert q.layout == "tiles" and torch.equal(dequantized_linear(q).half(), want)

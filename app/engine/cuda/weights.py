@@ -95,7 +95,7 @@ class LinearWeight:
 
     def checkpoint_words(self) -> tuple[torch.Tensor, ...]:
         """The packed words in the checkpoint's layout, (qweight,) or (qlow, qhigh): what
-        app.quant and the kernels' references read (unpacked from the tile layout if need be)."""
+        app.formats and the kernels' references read (unpacked from the tile layout if need be)."""
         if self.layout == "rows":
             return (self.qa,) if self.bits == 4 else (self.qa, self.qb)
         if self.bits == 4:
@@ -346,7 +346,7 @@ def _tile_values(w: LinearWeight, ids: torch.Tensor, tables: DequantTables) -> t
 
 def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
                       out: torch.Tensor | None = None) -> torch.Tensor:
-    """u uint8 [R, K] and fp16 scales [R, K/128] -> fp16(q * scale) [R, K] (exact as app.quant)."""
+    """u uint8 [R, K] and fp16 scales [R, K/128] -> fp16(q * scale) [R, K] (exact as app.formats)."""
     r, k = u.shape
     w = out if out is not None else torch.empty((r, k), dtype=torch.float16, device=u.device)
     w.copy_(u)  # small integers: exact in fp16
