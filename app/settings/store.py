@@ -72,7 +72,7 @@ class SettingsStore:
         self._on_notice = on_notice
         self._pending: list[Notice] = []
         self._told: set[str] = set()  # each notice once per store, however often the file is read again
-        self._blocked: tuple[Path, str] | None = None  # a file that could not be read, and why: no saving
+        self._blocked: tuple[str, str] | None = None  # why saving would lose a file's contents, what to do
         self._invalid = False  # the file on disk has values the last load left out
         self._v1_files: list[Path] = []  # version-1 files the last load read: kept aside by the next save
 
@@ -102,7 +102,8 @@ class SettingsStore:
         if read.state == OK and not isinstance(read.data, shape):
             read = JsonRead(CORRUPT, problem=f"expected a JSON {'object' if shape is dict else 'list'}")
         if read.state == UNREADABLE:
-            self._blocked = self._blocked or (path, read.problem)
+            self._blocked = self._blocked or (f"{path} could not be read ({read.problem})",
+                                              "fix its permissions and try again")
             self._tell(Notice(UNREADABLE_FILE, {"file": str(path), "error": read.problem}))
         elif read.state == CORRUPT:
             self._move_aside(path, read.problem)
@@ -114,7 +115,8 @@ class SettingsStore:
         except FileNotFoundError:
             return  # another process moved it first and told its user
         except OSError as e:
-            self._blocked = self._blocked or (path, f"it could not be used nor moved aside: {os_reason(e)}")
+            self._blocked = self._blocked or (f"{path} could not be used ({problem}) nor moved aside ({os_reason(e)})",
+                                              f"make {path.parent} writable or move the file away, then try again")
             self._tell(Notice(NOT_MOVED, {"file": str(path), "error": problem, "reason": os_reason(e)}))
             return
         self._tell(Notice(MOVED_ASIDE, {"file": str(path), "error": problem, "backup": str(backup)}))
@@ -159,9 +161,9 @@ class SettingsStore:
         """Write ``settings`` atomically (after the last :meth:`load` of this store)."""
         with _EDITS:
             if self._blocked is not None:
-                path, reason = self._blocked
-                raise SettingsFileError(f"cannot save {self.path}: {path} could not be read ({reason}) and saving "
-                                        "would lose what it holds; fix its permissions and try again")
+                why, remedy = self._blocked
+                raise SettingsFileError(f"cannot save {self.path}: {why}, and saving would lose what it holds; "
+                                        f"{remedy}")
             kept = []
             if self._invalid or self.path in self._v1_files:  # the file being replaced is kept as it was
                 kept.append(self._keep(self.path, "v1-backup" if self._v1_files else "invalid", copy=True))

@@ -3,6 +3,10 @@ local-API seam, language, recovery from a corrupt or unwritable settings file.""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from PySide6.QtGui import QGuiApplication
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
@@ -12,6 +16,7 @@ from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore, settings_path
 from app.ui.app import TrayApp
 from app.ui.models import STARTER_NAME, ModelEntry
+from tests import unprivileged
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
 
@@ -285,6 +290,38 @@ def test_settings_that_cannot_be_saved_still_apply_and_say_why(qtbot, make_app, 
     app.switch_model(app.models()[0])  # a change made from the menu: told once, never a traceback
     app.switch_model(app.models()[0])
     assert len([n for n in app.notices if "Settings not saved" in n]) == 1
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file permissions")
+def test_the_tray_starts_on_an_unreadable_settings_file_in_a_read_only_folder(tmp_path):
+    """As a user without root's override (tests/unprivileged.py): the tray reads nothing, says
+    why, keeps the file, and a change it cannot save is told in one sentence."""
+    config = tmp_path / "config"
+    config.mkdir()
+    settings = config / "settings.json"
+    settings.write_text('{"version": 2, "preferences": {"max_tokens": 64}}', encoding="utf-8")
+    script = "\n".join([
+        "import sys", f"sys.path.insert(0, {str(Path(__file__).parent)!r})",
+        "from PySide6.QtWidgets import QApplication", "from ui_fakes import FakeHotkeys, FakeOpener",
+        "from app.ui.app import TrayApp", "qapp = QApplication([])",
+        "app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys, with_tray_icon=False, language='en')",
+        "app.switch_model(app.models()[0])", "print(app.store.prefs.max_tokens)", "print(*app.notices, sep='\\n')",
+        "app.shutdown()"])
+    env = {**os.environ, "QWEN_TRAY_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
+    env.pop("DISPLAY", None)
+    settings.chmod(0)
+    config.chmod(0o555)
+    try:
+        proc = unprivileged.run([sys.executable, "-c", script], env=env, timeout=300)
+    finally:
+        config.chmod(0o755)
+        settings.chmod(0o600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    max_tokens, *notices = proc.stdout.splitlines()
+    assert max_tokens == "512"  # the defaults, for this run
+    assert f"{settings} cannot be read (Permission denied)" in notices[0]
+    assert [n for n in notices if n.startswith("Settings not saved: cannot save") and "fix its permissions" in n]
+    assert settings.read_text() == '{"version": 2, "preferences": {"max_tokens": 64}}'
 
 
 def test_tray_icon_follows_state(qtbot, make_app):

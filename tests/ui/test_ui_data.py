@@ -56,6 +56,17 @@ def test_preferences_round_trip_under_qwen_tray_home(ui_home):
     assert notices == []
 
 
+def test_the_tray_keeps_what_the_cli_registered_while_it_ran():
+    tray = PreferencesStore()
+    local = ModelEntry("tiny", path="/models/tiny")
+    with SettingsStore().edit() as settings:  # `qwen-tray models add tiny ...` meanwhile
+        settings.add_model(local)
+    tray.update(max_tokens=64)
+    on_disk = SettingsStore().load()
+    assert on_disk.models == [local] and on_disk.default_model == "tiny" and on_disk.preferences.max_tokens == 64
+    assert tray.refresh().models == [local]
+
+
 def test_preferences_validation_names_the_field():
     with pytest.raises(PreferencesError, match="preferences field 'device': must be one of auto, cpu"):
         Preferences(device="gpu")
