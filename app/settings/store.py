@@ -28,24 +28,9 @@ from pathlib import Path
 
 from app.paths import config_dir
 from app.settings.document import Settings, settings_from_json
-from app.settings.jsonfile import (
-    CORRUPT,
-    OK,
-    UNREADABLE,
-    JsonRead,
-    SettingsFileError,
-    cannot_write,
-    keep_aside,
-    os_reason,
-    read_json,
-    write_json,
-)
-from app.settings.migrate import (
-    ACTIONS_V1,
-    PREFERENCES_V1,
-    is_version_1,
-    settings_from_v1,
-)
+from app.settings.jsonfile import (CORRUPT, OK, UNREADABLE, JsonRead, SettingsFileError, cannot_write, keep_aside,
+                                   os_reason, read_json, write_json)
+from app.settings.migrate import ACTIONS_V1, PREFERENCES_V1, is_version_1, settings_from_v1
 from app.settings.notices import Notice
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,7 @@ from app.errors import QwenTrayError
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
-from app.ui.actions import (
-    DEFAULT_OPEN_CHAT_HOTKEY,
-    load_builtin_actions,
-    with_unique_ids,
-)
+from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.local_api import LocalApi, LocalApiError

@@ -13,15 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.paths import data_dir
-from app.settings.jsonfile import (
-    CORRUPT,
-    MISSING,
-    UNREADABLE,
-    keep_aside,
-    os_reason,
-    read_json,
-    write_json,
-)
+from app.settings.jsonfile import CORRUPT, MISSING, UNREADABLE, keep_aside, os_reason, read_json, write_json
 from app.settings.notices import Notice
 
 ROLES = ("system", "user", "assistant")

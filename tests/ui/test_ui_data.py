@@ -12,13 +12,7 @@ from app.settings.keys import HotkeyError, normalize_hotkey, parse_hotkey
 from app.settings.models import ModelEntry, ModelEntryError
 from app.settings.preferences import Preferences, PreferencesError
 from app.settings.store import SettingsStore, settings_path
-from app.ui.actions import (
-    build_messages,
-    load_builtin_actions,
-    new_action_id,
-    target_language_for,
-    with_unique_ids,
-)
+from app.ui.actions import build_messages, load_builtin_actions, new_action_id, target_language_for, with_unique_ids
 from app.ui.history import ChatHistory, Conversation
 from app.ui.i18n import notice_text
 from app.ui.preferences import PreferencesStore
