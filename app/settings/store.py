@@ -12,10 +12,11 @@ never undo each other's changes; a lock serializes the edits of one process (the
 worker and UI threads).
 
 Version-1 files (app/settings/migrate.py) are read on the first load and written as one
-version-2 file; the old files are then kept beside it as ``NAME.v1-backup-<time>.json``
-rather than deleted: a value the migration could not use is still in them, and an older
-Qwen Tray finds no file of its own to misread. A file with values that were left out is
-copied (``settings.invalid-<time>.json``) before it is first rewritten without them.
+version-2 file; the old files are then kept beside it as ``NAME.v1-backup-<time>.json``:
+not deleted, since a value the migration could not use is still in them; not left under
+their names, where someone would edit a file nothing reads any more. A file with values
+that were left out is copied (``settings.invalid-<time>.json``) before it is first
+rewritten without them.
 """
 
 from __future__ import annotations
