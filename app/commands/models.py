@@ -9,6 +9,7 @@ from app.errors import QwenTrayError
 from app.model_import import check_model_name, register_model
 from app.settings.console import console_store
 from app.settings.models import ModelEntry
+from app.settings.store import SettingsStore
 
 REPLACE_HELP = "point the name at this model even if it is registered to another one"
 
@@ -85,7 +86,8 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
-    _check_free_name(name, out, args.replace)
+    store = console_store()
+    _check_free_name(store, name, out, args.replace)
     if args.force and out.exists():
         shutil.rmtree(out)
     if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
@@ -96,7 +98,7 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
             quantize_with_progress(QuantizeJob(model=staging, out=out, recipe=recipe, method=args.method), name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return _register_and_print(name, out, make_default=args.default, replace=args.replace)
+    return _register_and_print(store, name, out, make_default=args.default, replace=args.replace)
 
 
 def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, make_default: bool) -> int:
@@ -104,15 +106,16 @@ def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, ma
     from app.paths import models_dir
 
     out = models_dir() / name
-    _check_free_name(name, out, args.replace)  # before the slow conversion
+    store = console_store()
+    _check_free_name(store, name, out, args.replace)  # before the slow conversion
     if args.force or not (out / "config.json").is_file():
         _convert(gguf, out, name, force=args.force)
-    return _register_and_print(name, out, make_default=make_default, replace=args.replace)
+    return _register_and_print(store, name, out, make_default=make_default, replace=args.replace)
 
 
-def _check_free_name(name: str, folder: Path, replace: bool) -> None:
+def _check_free_name(store: SettingsStore, name: str, folder: Path, replace: bool) -> None:
     """Refuse (ModelEntryError) a name registered to something other than ``folder``, unless ``replace``."""
-    settings = console_store().load()
+    settings = store.load()
     settings.add_model(ModelEntry(name=name, kind="local", path=str(folder)), replace=replace)
 
 
@@ -124,8 +127,8 @@ def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
         convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total), overwrite=force)
 
 
-def _register_and_print(name: str, out: Path, *, make_default: bool, replace: bool) -> int:
-    is_default = register_model(name, out, make_default=make_default, replace=replace, store=console_store())
+def _register_and_print(store: SettingsStore, name: str, out: Path, *, make_default: bool, replace: bool) -> int:
+    is_default = register_model(name, out, make_default=make_default, replace=replace, store=store)
     print(f"{name}{' (default)' if is_default else ''}: {out}")
     return 0
 
