@@ -162,6 +162,12 @@ def test_one_bad_value_costs_that_value_and_the_file_is_kept_before_it_is_rewrit
     assert load()[1] == []
 
 
+def test_a_hand_written_file_without_a_version_is_read_as_the_current_one(config):
+    write(settings_path(), {"models": [LOCAL.to_dict()], "preferences": {"language": "en"}})
+    settings, notices = load()
+    assert notices == [] and settings.models == [LOCAL] and settings.preferences.language == "en"
+
+
 def test_keys_of_a_newer_version_are_written_back(config):
     write(settings_path(), {"version": 3, "sync": {"account": "me"}, "preferences": {"future_option": 1}})
     with SettingsStore().edit() as settings:

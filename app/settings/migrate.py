@@ -22,8 +22,12 @@ ACTIONS_V1 = "actions.json"
 
 
 def is_version_1(data: dict) -> bool:
+    """Version 1 said so, and its ``models`` was a name -> folder map (a file edited by hand
+    without a version is taken for the current version unless its models say otherwise)."""
     version = data.get("version")
-    return not (isinstance(version, int) and not isinstance(version, bool) and version >= 2)
+    if isinstance(version, int) and not isinstance(version, bool):
+        return version < 2
+    return isinstance(data.get("models"), dict)
 
 
 def settings_from_v1(core: dict | None, preferences: object, actions: object) -> tuple[Settings, dict[str, list[str]]]:
