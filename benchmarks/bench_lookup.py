@@ -55,7 +55,7 @@ STEP_CALLS = 60
 GUESSES = (1, 3, 7)
 
 
-MODES = {  # the tray's actions sample at temperature 0.3 by default (app/ui/preferences.py)
+MODES = {  # the tray's actions sample at temperature 0.3 by default (app/settings/preferences.py)
     "greedy": SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
     "T=0.3": SamplingParams(max_tokens=MAX_TOKENS, temperature=0.3, seed=1),
 }

@@ -137,12 +137,14 @@ def main() -> int:
     try:
         from PySide6.QtWidgets import QApplication
 
+        from app.settings.preferences import Preferences
+        from app.settings.store import SettingsStore
         from app.ui.app import TrayApp
         from app.ui.i18n import set_language
         from app.ui.models import ModelEntry
-        from app.ui.preferences import Preferences, save_preferences
 
-        save_preferences(Preferences(max_tokens=args.max_tokens, temperature=0.0, language="en"))
+        with SettingsStore().edit() as settings:
+            settings.preferences = Preferences(max_tokens=args.max_tokens, temperature=0.0, language="en")
         qapp = QApplication(sys.argv[:1])
         qapp.setQuitOnLastWindowClosed(False)
         tray = TrayApp()

@@ -8,8 +8,7 @@ unless the preferences choose one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from app.settings.notices import Notice
 from app.ui.i18n_zh import ZH_CN
 
 _language = "en"
@@ -40,12 +39,6 @@ def tr(text: str, **kwargs: object) -> str:
     return translated.format(**kwargs) if kwargs else translated
 
 
-@dataclass(frozen=True)
-class Notice:
-    """A message for the user made before the language is known; translated when shown."""
-
-    template: str
-    args: dict[str, str] = field(default_factory=dict)
-
-    def text(self) -> str:
-        return tr(self.template, **self.args)
+def notice_text(notice: Notice) -> str:
+    """A notice (made before the language was known, or by the settings) in the current language."""
+    return tr(notice.template, **notice.args)

@@ -36,12 +36,30 @@ ZH_CN: dict[str, str] = {
     "No model is ready yet ({state})": "模型尚未就绪（{state}）",
     "Nothing is selected and the clipboard holds no text": "没有选中文字，剪贴板中也没有文本",
     "Internal error: {error}": "内部错误：{error}",
-    "Preferences were unreadable and have been reset to defaults; the old file is {backup} ({error})":
-        "偏好设置无法读取，已恢复默认值；原文件保存在 {backup}（{error}）",
-    "Your actions file was unreadable and has been moved to {backup} ({error})":
-        "自定义操作文件无法读取，已移至 {backup}（{error}）",
     "A chat history file was unreadable and has been moved to {backup} ({error})":
         "一个对话记录文件无法读取，已移至 {backup}（{error}）",
+    "A chat history file was unreadable and could not be moved aside: {file} ({error})":
+        "一个对话记录文件无法读取，也无法移开：{file}（{error}）",
+    "A chat history file cannot be read and is left as it is: {file} ({error})":
+        "一个对话记录文件无法读取，保持原样未动：{file}（{error}）",
+    # settings file (app/settings/store.py)
+    "{file} could not be used ({error}); it was moved to {backup} and the defaults are used":
+        "{file} 无法使用（{error}）；已移至 {backup}，现使用默认设置",
+    "{file} could not be used ({error}) and could not be moved aside ({reason}); the defaults are used for now "
+    "and the file is left as it is":
+        "{file} 无法使用（{error}），也无法移开（{reason}）；本次使用默认设置，该文件保持原样",
+    "{file} cannot be read ({error}); the defaults are used for now and the file is left as it is: "
+    "check its permissions":
+        "无法读取 {file}（{error}）；本次使用默认设置，该文件保持原样：请检查其权限",
+    "{file}: {problem}": "{file}：{problem}",
+    "{file} had values that could not be used; the file as it was is kept as {backup}":
+        "{file} 中有无法使用的值；文件原样保存在 {backup}",
+    "The settings of an earlier version were moved into {file}; the old files are kept as {backups}":
+        "旧版本的设置已并入 {file}；旧文件保存为 {backups}",
+    "Settings not saved: {error}. The change applies until Qwen Tray quits.":
+        "设置未保存：{error}。此更改在 Qwen Tray 退出前有效。",
+    "Your action {name} had the id {id}, which another action already uses; it is now {new_id}":
+        "你的操作“{name}”的 id {id} 已被另一个操作使用；现改为 {new_id}",
     # popup
     "Copy": "复制",
     "Replace selection": "替换所选内容",

@@ -12,7 +12,8 @@ from app.engine.request import PRIORITY_NORMAL
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.history import ChatHistory
 from app.ui.models import ModelEntry
-from app.ui.preferences import PreferencesStore, load_preferences
+from app.settings.store import SettingsStore
+from app.ui.preferences import PreferencesStore
 from app.ui.widgets.chat import ChatWindow, fit_to_context
 
 
@@ -132,7 +133,7 @@ def test_window_geometry_is_remembered(qtbot, host):
     window.resize(700, 500)
     window.show()
     window.close()
-    assert "chat" in load_preferences()[0].geometry
+    assert "chat" in SettingsStore().load().preferences.geometry
     again = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(again)
     assert (again.width(), again.height()) == (700, 500)

@@ -9,21 +9,30 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QLocale
 
+import app.settings
 import app.ui
-from app.ui.i18n import Notice, resolve_language, set_language, tr
+from app.settings.notices import Notice
+from app.ui.i18n import notice_text, resolve_language, set_language, tr
 from app.ui.i18n_zh import ZH_CN
 
-UI_DIR = Path(app.ui.__file__).parent
-# tr("...") / Notice("...") with a literal first argument, in single or double quotes.
+# The tray's text, and the settings' notices it shows (made without Qt, translated when shown).
+TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
+# tr("...") / Notice("...") with a literal first argument, in single or double quotes; and the
+# notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
 LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
+TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
 DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "popup", "replace"}  # tr(state), tr(mode)
 
 
 def _ui_strings() -> set[str]:
     found = set()
-    for path in UI_DIR.rglob("*.py"):
-        for m in LITERAL.finditer(path.read_text(encoding="utf-8")):
+    for path in (p for folder in TEXT_DIRS for p in folder.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for m in LITERAL.finditer(source):
             found.add(m.group(1) if m.group(1) is not None else m.group(2))
+        for m in TEMPLATE_CONSTANT.finditer(source):
+            if f"Notice({m.group(1)}" in source or f"tr({m.group(1)}" in source:
+                found.add("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))))
     return found
 
 
@@ -46,7 +55,7 @@ def test_tr_translates_and_formats():
     set_language("zh_CN")
     assert tr("Open chat") == "打开对话"
     assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 词元/秒"
-    assert Notice("Local API running at {url}", {"url": "http://127.0.0.1:18000"}).text() == \
+    assert notice_text(Notice("Local API running at {url}", {"url": "http://127.0.0.1:18000"})) == \
         "本地 API 已在 http://127.0.0.1:18000 运行"
     set_language("en")
     assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 tokens/s"

@@ -10,7 +10,7 @@ from PySide6.QtGui import QColor
 
 from app.ui.platform import hotkeys_mac, hotkeys_win, hotkeys_x11, keyinput_win
 from app.ui.platform.hotkeys import HotkeyManager, UnavailableHotkeys, create_hotkey_backend
-from app.ui.platform.keys import NAMED_KEYS, parse_hotkey
+from app.settings.keys import NAMED_KEYS, parse_hotkey
 
 ALL_KEYS = sorted(set(NAMED_KEYS.values()))
 

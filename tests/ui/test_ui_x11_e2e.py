@@ -133,7 +133,7 @@ def test_hotkey_summarize_replace_and_clipboard_restored(xdisplay, tmp_path, tin
 def test_x11_hotkey_conflict_is_reported(xdisplay, monkeypatch):
     monkeypatch.setenv("DISPLAY", xdisplay)
     from app.ui.platform.hotkeys_x11 import X11Hotkeys
-    from app.ui.platform.keys import HotkeyConflictError, parse_hotkey
+    from app.settings.keys import HotkeyConflictError, parse_hotkey
 
     first, second = X11Hotkeys(lambda b: None), X11Hotkeys(lambda b: None)
     try:
@@ -151,7 +151,7 @@ def test_x11_hotkey_conflict_is_reported(xdisplay, monkeypatch):
 def test_x11_hotkey_fires_once_per_press(xdisplay, monkeypatch):
     monkeypatch.setenv("DISPLAY", xdisplay)
     from app.ui.platform.hotkeys_x11 import X11Hotkeys
-    from app.ui.platform.keys import parse_hotkey
+    from app.settings.keys import parse_hotkey
 
     fired: queue.Queue = queue.Queue()
     hotkeys = X11Hotkeys(fired.put)

@@ -125,7 +125,7 @@ class FakeHotkeys:
         FakeHotkeys.instances.append(self)
 
     def register(self, binding_id, hotkey) -> None:
-        from app.ui.platform.keys import HotkeyConflictError
+        from app.settings.keys import HotkeyConflictError
 
         if str(hotkey) in self.taken:
             raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")

@@ -8,10 +8,10 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
                                QLineEdit, QSpinBox, QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from app.errors import QwenTrayError
-from app.ui.actions import MODES, OPEN_CHAT_ID, Action
+from app.settings.actions import MODES, OPEN_CHAT_ID, Action
+from app.settings.keys import normalize_hotkey
+from app.settings.models import ModelEntry
 from app.ui.i18n import current_language, tr
-from app.ui.models import ModelEntry
-from app.ui.platform.keys import normalize_hotkey
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.settings_pages import ActionsPage, ModelsPage

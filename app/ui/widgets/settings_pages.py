@@ -7,10 +7,11 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app.errors import QwenTrayError
-from app.ui.actions import MODES, Action, new_action_id
+from app.settings.actions import MODES, Action
+from app.settings.keys import normalize_hotkey
+from app.settings.models import ModelEntry, check_model_name
+from app.ui.actions import new_action_id
 from app.ui.i18n import tr
-from app.ui.models import ModelEntry
-from app.ui.platform.keys import normalize_hotkey
 
 
 class ActionsPage(QWidget):
@@ -185,7 +186,7 @@ class ModelsPage(QWidget):
         try:
             if self.name.text().strip() in names:
                 raise QwenTrayError(tr("a model named {name} already exists", name=self.name.text().strip()))
-            entry = ModelEntry(name=self.name.text().strip(), kind=self.kind.currentData(),
+            entry = ModelEntry(name=check_model_name(self.name.text()), kind=self.kind.currentData(),
                                path=self.path.text().strip(), base_url=self.base_url.text().strip(),
                                api_key=self.api_key.text().strip(), model=self.model.text().strip(),
                                max_context=self.max_context.value())

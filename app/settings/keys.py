@@ -1,8 +1,9 @@
 """Hotkey strings ("Ctrl+Alt+S") parsed into a platform-neutral :class:`Hotkey`.
 
-Each backend maps the neutral names to its own codes (X11 keysyms, Windows virtual keys,
-pynput tokens). A hotkey needs at least one of Ctrl/Alt/Super so a global grab never
-steals a plain key the user types.
+The grammar of a setting's value: the settings check hotkeys with it (no Qt needed); each
+platform backend (app/ui/platform) maps the neutral names to its own codes (X11 keysyms,
+Windows virtual keys, pynput tokens). A hotkey needs at least one of Ctrl/Alt/Super so a
+global grab never steals a plain key the user types.
 """
 
 from __future__ import annotations
