@@ -21,7 +21,7 @@ unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batc
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
 norm kernels with the fusion off).
 
-    python3 benchmarks/ablate_step.py --commit SHA [--out docs/results/ablate_step_h200.json]
+    python -m lab.ablate_step --commit SHA [--out docs/results/ablate_step_h200.json]
 """
 
 from __future__ import annotations
@@ -29,23 +29,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
+from benchmarks.common import DEV, decode_tokens_per_s, fresh, spec_of
 
-import app.engine.cuda.graphs as graphs_module  # noqa: E402
-import app.engine.cuda.runner as runner_module  # noqa: E402
-import app.kernels.gemv as gemv_module  # noqa: E402
-from app.engine.cuda.ops import KernelOps  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+import app.engine.cuda.graphs as graphs_module
+import app.engine.cuda.runner as runner_module
+import app.kernels.gemv as gemv_module
+from app.engine.cuda.ops import KernelOps
+from app.engine.cuda.synthetic import synthetic_weights
+from app.kernels import programmatic
+from app.quant.recipe import BUILTIN_RECIPES
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention", "rope_attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "rope_fusion"),

@@ -7,7 +7,7 @@ probabilities (one uniform number); the peer in the same run is ``torch.multinom
 same probabilities, which the sampler used before. Printed side by side with the ratio:
 the whole ``sample`` call (fp16 logits in, token out), and the draw alone.
 
-    python3 benchmarks/bench_sampling.py --commit SHA [--out docs/results/sampling_cpu.json]
+    python -m lab.bench_sampling --commit SHA [--out docs/results/sampling_cpu.json]
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ import argparse
 import datetime as dt
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from app.engine import SamplingParams  # noqa: E402
-from app.engine.sampling import RequestSampler  # noqa: E402
+from app.engine import SamplingParams
+from app.engine.sampling import RequestSampler
 
 VOCABS = {"SmolLM2": 49152, "Qwen2.5": 151936}
 CALLS = 200

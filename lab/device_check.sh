@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU verification in one device call: every gpu-marked test, then the decode benchmark.
-#   here:            bash scripts/device_check.sh prepare   (packs test data the device image lacks into .device/)
-#   on the device:   bash scripts/device_check.sh run COMMIT   (carry .device/site.tar.xz and one of
+#   here:            bash lab/device_check.sh prepare   (packs test data the device image lacks into .device/)
+#   on the device:   bash lab/device_check.sh run COMMIT   (carry .device/site.tar.xz and one of
 #                    .device/starter.part00 / part01; logs and JSON land under $OUT; the starter-model
 #                    test runs once both halves have come, in two calls while the machine stays warm)
 set -o pipefail
@@ -39,7 +39,7 @@ run)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/log.txt"
     timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu tests/test_kernels_gpu.py tests/test_cuda_runtime.py \
         tests/test_quant_search.py -q -rfE -p no:cacheprovider -k "$select" 2>&1 | tee "$OUT/tests.txt" | tail -40
-    timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_decode.py --commit "${2:-unknown}" \
+    timeout "${BENCH_TIMEOUT:-300}" python3 -m benchmarks.bench_decode --commit "${2:-unknown}" \
         --out "$OUT/decode_h200.json" 2>&1 | tee "$OUT/bench.txt" | tail -50 ;;
 *)
     echo "usage: $0 prepare | stage | run COMMIT" >&2; exit 2 ;;

@@ -3,18 +3,18 @@
 
 Every GEMV entry point (W4 / W3, plain and gated, bias, residual, in place, chunk sums, the
 fused norm; M = 1-16; three configs; seven shapes) on inputs from a fixed seed. Run it in the
-old tree to save, then in the new one to compare (docs/KERNELS.md phase 11):
+old tree to save, then in the new one to compare (docs/history/kernels/phase-11.md); the tree
+whose ``app`` is measured is the first on PYTHONPATH:
 
-    python3 scripts/gemv_bitexact.py OLD_TREE /tmp/old.pt
-    python3 scripts/gemv_bitexact.py . /tmp/new.pt /tmp/old.pt   # prints "N of N outputs identical"
+    PYTHONPATH=OLD_TREE python lab/gemv_bitexact.py /tmp/old.pt
+    PYTHONPATH=$PWD python lab/gemv_bitexact.py /tmp/new.pt /tmp/old.pt   # prints "N of N outputs identical"
 """
 import sys
 
-sys.path.insert(0, sys.argv[1])
-import torch  # noqa: E402
-from app.kernels import GemvConfig, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4  # noqa: E402
-from app.kernels.gemv import FusedNorm  # noqa: E402
-from app.kernels.tiles import padded_rows  # noqa: E402
+import torch
+from app.kernels import GemvConfig, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
+from app.kernels.gemv import FusedNorm
+from app.kernels.tiles import padded_rows
 
 SHAPES = ((2051, 1152), (77, 384), (2560, 2048), (1056, 1152), (2048, 2048), (2048, 11008), (4608, 3584))
 GEN = torch.Generator(device="cuda").manual_seed(0)
@@ -72,12 +72,12 @@ def outputs() -> dict:
 
 def main() -> None:
     res = outputs()
-    if len(sys.argv) > 3:
-        other = torch.load(sys.argv[3])
+    if len(sys.argv) > 2:
+        other = torch.load(sys.argv[2])
         bad = [key for key in res if not torch.equal(res[key].nan_to_num(7), other[key].nan_to_num(7))]
         print(f"bit-exact check: {len(res) - len(bad)} of {len(res)} outputs identical; differing: {bad[:10]}")
     else:
-        torch.save(res, sys.argv[2])
+        torch.save(res, sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch each decode kernel once on real Qwen2.5 shapes inside an NVTX range, for Nsight Compute.
 
-    ncu --nvtx --nvtx-include "profile/" --set full python3 benchmarks/ncu_driver.py > ncu.txt
+    ncu --nvtx --nvtx-include "profile/" --set full python -m lab.ncu_driver > ncu.txt
 
 Everything is launched once outside the range first (NVRTC compile, caches), so the profiled
 launches are the steady-state ones. ``--only NAME`` (repeatable) restricts the cases.
@@ -10,16 +10,12 @@ launches are the steady-state ones. ``--only NAME`` (repeatable) restricts the c
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import DEV, gemv_cases, gemv_fn, rand_weights  # noqa: E402
+from benchmarks.common import DEV, gemv_cases, gemv_fn, rand_weights
 
-from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits  # noqa: E402
+from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits
 
 GEMV_CASES = ("3b_w4.qkv", "3b_w4.o", "3b_w4.gate_up", "3b_w4.down", "7b_mixed.gate_up", "7b_mixed.down")
 CONTEXT = 640

@@ -1,6 +1,6 @@
-// A whole decode layer as phases of one persistent kernel (probe for docs/KERNELS.md phase 21;
+// A whole decode layer as phases of one persistent kernel (probe for docs/history/kernels/phase-21.md;
 // not a product kernel). Compiled after common.cu, gemv.cu and persistent_stream.cu (the ring,
-// pieces and phase work, shared with persistent_mlp.cu): benchmarks/probe_persistent_layer.py
+// pieces and phase work, shared with persistent_mlp.cu): lab/probe_persistent_layer.py
 // builds the text.
 //
 // Per layer, at batch 1 (Qwen2 shapes with head_dim 128 and H = 128 x 16 warps, e.g. the 3B):

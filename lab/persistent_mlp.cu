@@ -1,6 +1,6 @@
-// A persistent, weight-streaming MLP (probe for docs/KERNELS.md phase 21; not a product kernel).
+// A persistent, weight-streaming MLP (probe for docs/history/kernels/phase-21.md; not a product kernel).
 // Compiled after common.cu, gemv.cu and persistent_stream.cu (the ring, pieces and phase work):
-// benchmarks/probe_persistent_mlp.py builds the text.
+// lab/probe_persistent_mlp.py builds the text.
 //
 // The question: the decode step is a chain of dependent kernels, and each big GEMV reads its
 // weights only once its input exists (phase 16: the one window that paid). Weights never

@@ -1,4 +1,4 @@
-"""Where the persistent MLP probe's pieces are stored (docs/KERNELS.md phases 21-22): the order
+"""Where the persistent MLP probe's pieces are stored (docs/history/kernels/phase-21.md, docs/history/kernels/phase-22.md): the order
 persistent_mlp.cu's warps take a layer's pieces in, and the records layouts built from it.
 
 - `record_sources`: per (block, warp) the pieces in the order the kernel takes them;

@@ -1,4 +1,4 @@
-// The machinery of the persistent probes (docs/KERNELS.md phase 21; not product kernels):
+// The machinery of the persistent probes (docs/history/kernels/phase-21.md; not product kernels):
 // weight pieces streamed through per-warp shared-memory rings, a grid counter between phases,
 // and the phases' work on pieces. Compiled after common.cu and gemv.cu (their fragments, decode
 // and mma helpers) and before persistent_mlp.cu or persistent_layer.cu.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a dependent phase costs: a kernel boundary in a CUDA graph vs a grid barrier inside one
-persistent kernel (the question behind a persistent per-layer decode kernel, docs/KERNELS.md).
+persistent kernel (the question behind a persistent per-layer decode kernel, docs/history/kernels/phase-07.md).
 
 Both sides run the same chain of P dependent phases over a grid of ``blocks`` (default: one
 per SM, all resident): in every phase each block reads one value the previous phase wrote
@@ -10,7 +10,7 @@ GPU has them, and plain). Side B: one kernel whose blocks meet at a counter barr
 (``atom.add.release.gpu`` + ``ld.acquire.gpu`` polling) between phases. Both check that the
 last phase saw the expected sum, then print microseconds per phase and write JSON.
 
-    python benchmarks/probe_barrier.py --out docs/results/probe_barrier_h200.json
+    python -m lab.probe_barrier --out docs/results/probe_barrier_h200.json
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import argparse
 import datetime
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.kernels import loader, programmatic  # noqa: E402
+from app.kernels import loader, programmatic
 
 SOURCE = r"""
 // One phase: every block sums the previous phase's values (one per block), adds 1 and writes

@@ -27,9 +27,9 @@ The ablations compute wrong numbers on purpose; ``base``, the shared-memory cand
 global timer at entry / after the programmatic wait / after its main loop / (warp 0) after
 the store, and its SM: how long warps wait to start, how long their loops take, how long the
 block reduction and epilogue take, and how much of the kernel is the last warps' tail.
-Results and reading: docs/KERNELS.md, phase 9.
+Results and reading: docs/history/kernels/phase-09.md.
 
-    python3 benchmarks/probe_gemv_path.py --commit SHA [--sweep] [--out docs/results/probe_gemv_path_h200.json]
+    python -m lab.probe_gemv_path --commit SHA [--sweep] [--out docs/results/probe_gemv_path_h200.json]
 """
 
 from __future__ import annotations
@@ -38,21 +38,17 @@ import argparse
 import datetime as dt
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_kernels import DEV, MODELS, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes  # noqa: E402
+from benchmarks.common import DEV, KERNEL_SHAPES, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes
 
-from app.kernels import (  # noqa: E402
+from app.kernels import (
     GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, loader,
 )
-from app.kernels.gemv import COLUMN_BLOCK  # noqa: E402
+from app.kernels.gemv import COLUMN_BLOCK
 
 STAMP_SLOTS = 8  # per warp: t0, t1, t2, cycles wait, cycles loop, smid, -, t3 (warp 0)
 STAMP_WARPS = 1 << 17
@@ -323,7 +319,7 @@ def main() -> None:
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     rows = []
-    for model in MODELS:
+    for model in KERNEL_SHAPES:
         for case in gemv_cases(model):
             if case[0] in args.only:
                 rows.append(probe_shape(*case, props.multi_processor_count, args.sweep, args.variants))

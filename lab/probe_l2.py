@@ -10,7 +10,7 @@
 3. torch.profiler over graph replays of a real 3B ``w4`` decode step: device time per kernel
    kind per step, and the step's wall time (the difference is launch gaps).
 
-    python3 benchmarks/probe_l2.py [--out docs/results/probe_l2_h200.json]
+    python -m lab.probe_l2 [--out docs/results/probe_l2_h200.json]
 """
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ import argparse
 import datetime as dt
 import json
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import (
+from benchmarks.common import (
     DEV,
-    MODELS,
+    KERNEL_SHAPES,
     gemv_cases,
     gemv_fn,
     n_copies,
@@ -74,7 +71,7 @@ def launch_prefetch(kernel, tensors: list[torch.Tensor], evict_last: bool, block
 
 def hot_vs_cold() -> list[dict]:
     rows = []
-    for model in MODELS:
+    for model in KERNEL_SHAPES:
         for name, bits, n, k, gated in gemv_cases(model):
             nbytes = weight_bytes(bits, n, k)
             ws = rand_weights(bits, n, k, n_copies(nbytes))
@@ -95,7 +92,7 @@ def mlp_prefetch(model: str, kernel, sms: int) -> list[dict]:
     sets = 6
     mlp = {part: rand_weights(cases[part][1], cases[part][2], cases[part][3], sets) for part in ("gate_up", "down")}
     fill = {part: rand_weights(cases[part][1], cases[part][2], cases[part][3], sets) for part in ("qkv", "o")}
-    c = MODELS[model]
+    c = KERNEL_SHAPES[model]
     x, xi = torch.randn(1, c["hidden"], device=DEV).half(), torch.randn(1, c["inter"], device=DEV).half()
     fns = {p: gemv_fn(cases[p][1], cases[p][4], ws, x if p != "down" else xi) for p, ws in {**mlp, **fill}.items()}
 
@@ -131,7 +128,7 @@ def mlp_prefetch(model: str, kernel, sms: int) -> list[dict]:
 
 
 def profile_step(model: str, recipe: str) -> dict:
-    from bench_decode import spec_of
+    from benchmarks.common import spec_of
 
     from app.engine.cuda.runner import runner_for_weights
     from app.engine.cuda.synthetic import synthetic_weights

@@ -8,9 +8,9 @@ difference bounds what any DRAM-side change of the GEMVs (more bytes in flight, 
 layouts) can give; what remains of the shared-weights step is the kernels' latency chain.
 Not a correctness run (a model whose layers are all the same one; the same kernels, shapes and
 launches as the product's step). Graph-only step after 512-token prompts, batch 1, as
-benchmarks/ablate_step.py times it; rounds interleaved.
+lab/ablate_step.py times it; rounds interleaved.
 
-    python3 benchmarks/probe_l2_step.py --commit SHA [--out docs/results/probe_l2_step_h200.json]
+    python -m lab.probe_l2_step --commit SHA [--out docs/results/probe_l2_step_h200.json]
 """
 
 from __future__ import annotations
@@ -19,19 +19,15 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, decode_tokens_per_s, fresh, spec_of  # noqa: E402
+from benchmarks.common import DEV, decode_tokens_per_s, fresh, spec_of
 
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 

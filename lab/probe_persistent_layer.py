@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A whole decode layer as one persistent kernel against the product's chain of kernels
-(docs/KERNELS.md phase 21; the kernel is benchmarks/persistent_layer.cu).
+(docs/history/kernels/phase-21.md; the kernel is lab/persistent_layer.cu).
 
 L layers of Qwen2.5-3B `w4` at batch 1, the token at position `pos` over a KV cache of random
 earlier positions (distinct synthetic weights per layer, 1.3 GB: read from DRAM), side by side:
@@ -13,7 +13,7 @@ Correctness first: both against the PyTorch reference (app.kernels.reference) ov
 layers (h, and the k / v written at pos), outputs poisoned before the runs, the persistent
 kernel run twice bit-equal. Prints µs per layer, the per-phase stamps, and writes JSON.
 
-    python benchmarks/probe_persistent_layer.py --commit $(git rev-parse --short HEAD) \\
+    python -m lab.probe_persistent_layer --commit $(git rev-parse --short HEAD) \\
         --out docs/results/probe_persistent_layer_h200.json
 """
 
@@ -24,28 +24,25 @@ import datetime
 import functools
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
-from persistent_records import DEV, WARPS, step_index, stored_records  # noqa: E402
-from probe_persistent_mlp import (  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbps, time_us
+from lab.persistent_records import DEV, WARPS, step_index, stored_records
+from lab.probe_persistent_mlp import (
     EPS, EXTRA_SHARED, SLOT_BYTES, persistent_source, random_w4, rel_err, tile_scales,
 )
 
-from app.kernels import loader  # noqa: E402
-from app.kernels.attention import DecodeAttentionWorkspace, default_num_splits, rope_decode_attention  # noqa: E402
-from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4  # noqa: E402
-from app.kernels.reference import (  # noqa: E402
+from app.kernels import loader
+from app.kernels.attention import DecodeAttentionWorkspace, default_num_splits, rope_decode_attention
+from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4
+from app.kernels.reference import (
     decode_attention_ref, gate_up_silu_w4_ref, gemv_w4_ref, norm_chunk_sums_ref, rms_norm_chunked_ref,
     rope_kv_write_ref,
 )
-from app.kernels.w4_tiles import repack_w4_tiles  # noqa: E402
+from app.kernels.w4_tiles import repack_w4_tiles
 
 H, I, HQ, HKV, D = 2048, 11008, 16, 2, 128  # Qwen2.5-3B
 NQKV = (HQ + 2 * HKV) * D

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Can one persistent kernel that streams weights across the phase boundaries beat the chain of
-GEMV kernels? (docs/KERNELS.md phase 21; the kernel is benchmarks/persistent_mlp.cu.)
+GEMV kernels? (docs/history/kernels/phase-21.md; the kernel is lab/persistent_mlp.cu.)
 
 L layers of the 3B `w4` MLP at batch 1 (h = h + silu(RMSNorm(h) Wg^T) * (RMSNorm(h) Wu^T) Wd^T,
 distinct synthetic weights per layer, 1.2 GB for 36 layers: read from DRAM), side by side:
@@ -16,7 +16,7 @@ first layers, outputs poisoned before the runs; the persistent kernel run twice 
 Prints µs per layer, GB/s and the fraction of the copy bandwidth measured in the same run, and
 writes JSON.
 
-    python benchmarks/probe_persistent_mlp.py --commit $(git rev-parse --short HEAD) \\
+    python -m lab.probe_persistent_mlp --commit $(git rev-parse --short HEAD) \\
         --out docs/results/probe_persistent_mlp_h200.json
 """
 
@@ -25,24 +25,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
-from persistent_records import DEV, HIDDEN, INTER, WARPS, build_records  # noqa: E402
-from probe_read import compile_read_kernels  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbps, time_us
+from lab.persistent_records import DEV, HIDDEN, INTER, WARPS, build_records
+from lab.probe_read import compile_read_kernels
 
-from app.kernels import loader  # noqa: E402
-from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4  # noqa: E402
-from app.kernels.reference import (  # noqa: E402
+from app.kernels import loader
+from app.kernels.gemv import FusedNorm, gate_up_silu_w4, gemv_w4
+from app.kernels.reference import (
     gate_up_silu_w4_ref, gemv_w4_ref, norm_chunk_sums_ref, rms_norm_chunked_ref,
 )
-from app.kernels.w4_tiles import repack_w4_tiles  # noqa: E402
+from app.kernels.w4_tiles import repack_w4_tiles
 
 EPS = 1e-6
 SLOT_BYTES = 72 * 16  # a ring slot (persistent_stream.cu SLOT_VECS): 1 KB of W4 + up to 128 B of scales

@@ -7,7 +7,7 @@ whose GPU work takes ~9 ms (the graphed first chunk). This runs a 1,024-token pr
 synthetic Qwen2.5-3B `w4` (first chunk graphed, second eager) under cProfile and prints the
 functions with the most own time, and the wall time with and without the profiler.
 
-    python3 benchmarks/probe_prefill_host.py [--tokens 1024] [--out docs/results/probe_prefill_host_h200.txt]
+    python -m lab.probe_prefill_host [--tokens 1024] [--out docs/results/probe_prefill_host_h200.txt]
 """
 
 from __future__ import annotations
@@ -16,20 +16,16 @@ import argparse
 import cProfile
 import io
 import pstats
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, fresh, prompt_ids, spec_of  # noqa: E402
+from benchmarks.common import DEV, fresh, prompt_ids, spec_of
 
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ Printed side by side with the GEMV of the same shape (the default config, batch 
 ratio GEMV / read. Nothing is checked against a reference: the read kernel XORs what it
 loaded and the probe asserts the result equals the XOR computed by torch.
 
-    python3 benchmarks/probe_read.py --commit SHA [--out docs/results/probe_read_h200.json]
+    python -m lab.probe_read --commit SHA [--out docs/results/probe_read_h200.json]
 """
 
 from __future__ import annotations
@@ -27,20 +27,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_kernels import (  # noqa: E402
-    DEV, MODELS, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes,
+from benchmarks.common import (
+    DEV, KERNEL_SHAPES, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, time_us, weight_bytes,
 )
 
-from app.kernels import default_gemv_config, loader  # noqa: E402
+from app.kernels import default_gemv_config, loader
 
 SOURCE = r"""
 // XOR of every 32-bit word of p[0 .. n16) (16-byte vectors), U vectors in flight per thread.
@@ -187,7 +183,7 @@ def main() -> None:
     copy = copy_bandwidth_gbps()
     kernels = compile_read_kernels()
     rows = []
-    for model in MODELS:
+    for model in KERNEL_SHAPES:
         for name, bits, n, k, gated in gemv_cases(model):
             nbytes = weight_bytes(bits, n, k)
             copies = n_copies(nbytes)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How fast can one resident block per SM stream weights through per-warp rings? (docs/KERNELS.md
-phase 21: the persistent MLP's stream, without its math and phases, peaked at ~2.9 TB/s where
+"""How fast can one resident block per SM stream weights through per-warp rings?
+(docs/history/kernels/phase-21.md: the persistent MLP's stream, without its math and phases, peaked at ~2.9 TB/s where
 a plain read of the same bytes reaches ~4.2.)
 
 Every warp reads 1 KB pieces (two 16-byte vectors per lane, the W4 tile-group shape) of a 512 MiB
@@ -12,7 +12,7 @@ buffer together, like a plain read) or `own` (each warp a contiguous region). Me
 Grid: one or two blocks per SM, 8-32 warps each. Each config's XOR of all words is checked against the host
 before it is timed; prints GB/s and the fraction of the copy bandwidth measured in the same run.
 
-    python benchmarks/probe_ring_stream.py --commit $(git rev-parse --short HEAD) \\
+    python -m lab.probe_ring_stream --commit $(git rev-parse --short HEAD) \\
         --out docs/results/probe_ring_stream_h200.json
 """
 
@@ -21,17 +21,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbps, time_us
 
-from app.kernels import loader  # noqa: E402
+from app.kernels import loader
 
 DEV = "cuda"
 SOURCE = r"""

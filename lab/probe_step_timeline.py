@@ -9,7 +9,7 @@ it: the exposed times add up to the step, and they are what removing or speeding
 kernel could save. Grouped by role (the layer's kernels come in a fixed order:
 app/engine/cuda/graphs.py DecodeStep.run).
 
-    python3 benchmarks/probe_step_timeline.py --commit SHA [--out docs/results/step_timeline_h200.json]
+    python -m lab.probe_step_timeline --commit SHA [--out docs/results/step_timeline_h200.json]
 """
 
 from __future__ import annotations
@@ -17,21 +17,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, PROMPT, fresh, prompt_ids, spec_of  # noqa: E402
+from benchmarks.common import DEV, PROMPT, fresh, prompt_ids, spec_of
 
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 REPLAYS = 3

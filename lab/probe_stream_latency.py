@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What does a weight stream do to the latency of the loads and fences around it? (docs/KERNELS.md
-phase 22: inside the persistent kernels the latency-bound steps — the norm's sums, staging `a`,
+"""What does a weight stream do to the latency of the loads and fences around it?
+(docs/history/kernels/phase-22.md: inside the persistent kernels the latency-bound steps — the norm's sums, staging `a`,
 the attention's partials, the release after a phase — took 1-4 µs each while the rings streamed,
 and the layer kernel's attention phases ran slower than the product's own kernels.)
 
@@ -15,7 +15,7 @@ XOR of every word checked against the host. One more warp measures, while the st
 - `release`: `red.release.gpu.add` (a phase's arrival);
 - `probe_done_before_stream`: the measuring warp finished while the stream still ran.
 
-    python benchmarks/probe_stream_latency.py --commit $(git rev-parse --short HEAD) \\
+    python -m lab.probe_stream_latency --commit $(git rev-parse --short HEAD) \\
         --out docs/results/probe_stream_latency_h200.json
 """
 
@@ -24,18 +24,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
-from probe_ring_stream import SOURCE as RING_SOURCE  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbps, time_us
+from lab.probe_ring_stream import SOURCE as RING_SOURCE
 
-from app.kernels import loader  # noqa: E402
+from app.kernels import loader
 
 DEV = "cuda"
 SOURCE = r"""

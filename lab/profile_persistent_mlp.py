@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""One launch of each side of probe_persistent_mlp.py, for Nsight Compute (docs/KERNELS.md phase 22:
+"""One launch of each side of probe_persistent_mlp.py, for Nsight Compute (docs/history/kernels/phase-22.md:
 is the persistent MLP bound by instruction issue, and are the product's GEMVs?).
 
     ncu --section SpeedOfLight --section SchedulerStats --section WarpStateStats \\
-        --section LaunchStats python3 benchmarks/profile_persistent_mlp.py --variants 3:1:0:0:1,3:1:0:2:1
+        --section LaunchStats python -m lab.profile_persistent_mlp --variants 3:1:0:0:1,3:1:0:2:1
 
 Runs the product chain for one layer (its gate/up and down kernels) and each persistent variant
 over all layers, once each after a warm-up; ncu profiles every launch it sees.
@@ -12,18 +12,14 @@ over all layers, once each after a warm-up; ncu profiles every launch it sees.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from persistent_records import DEV, HIDDEN, INTER, build_records  # noqa: E402
-from probe_persistent_mlp import (build, compile_persistent, norm_chunk_sums_ref, persistent_chain,  # noqa: E402
+from lab.persistent_records import DEV, HIDDEN, INTER, build_records
+from lab.probe_persistent_mlp import (build, compile_persistent, norm_chunk_sums_ref, persistent_chain,
                                   product_chain)
 
-from app.kernels import loader  # noqa: E402
+from app.kernels import loader
 
 
 def main() -> None:

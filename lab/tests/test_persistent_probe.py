@@ -1,20 +1,15 @@
-"""The persistent probes' records layouts (benchmarks/persistent_records.py and
-probe_persistent_layer.py, docs/KERNELS.md phases 21-22): every piece of a layer is stored exactly
+"""The persistent probes' records layouts (lab/persistent_records.py and
+probe_persistent_layer.py, docs/history/kernels/phase-21.md, docs/history/kernels/phase-22.md): every piece of a layer is stored exactly
 once, in the order the kernel's warps take them, whatever the SM count the grid has; each warp's
 compact run starts where the kernel looks for it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from probe_persistent_layer import NQKV, layer_record_sources  # noqa: E402
-from persistent_records import HIDDEN, INTER, WARPS, record_sources, run_records, run_start  # noqa: E402
+from lab.persistent_records import HIDDEN, INTER, WARPS, record_sources, run_records, run_start
+from lab.probe_persistent_layer import NQKV, layer_record_sources
 
 PIECES = 2 * (INTER // 16) * (HIDDEN // 128) + (HIDDEN // 16) * (INTER // 128)  # gate/up, then down
 
