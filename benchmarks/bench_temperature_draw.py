@@ -3,9 +3,9 @@
 
 A sampled row used to be drawn after the graph replay by app.engine.sampling.sample_rows on the
 device, one row at a time: a softmax, a cumulative sum and a search over Qwen's 152k logits at
-a temperature alone (the tray's default, 0.3; phase 15: 4-6 % of a greedy step), plus a sort
-with top-k / top-p (12-16 %). The peer in the same run is exactly that path (``TorchDraw``
-below, swapped into the runner).
+a temperature alone (the tray's default, 0.3: 4-6 % of a greedy step), plus a sort with top-k /
+top-p (12-16 %; docs/history/kernels/phase-15.md). The peer in the same run is exactly that
+path (``TorchDraw`` below, swapped into the runner).
 
 1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, at temperature
    0.3 and at 0.7 with top-p 0.9 and top-k 50; the GPU's time (calls captured in a CUDA graph)
@@ -43,7 +43,7 @@ ROUNDS = 3
 
 
 class TorchDraw:
-    """The peer: phase 15's draw (sample_rows, one row at a time; top-k / top-p sort the row)."""
+    """The peer: the PyTorch draw of phase 15 (sample_rows, one row at a time; top-k / top-p sort the row)."""
 
     def temperature_draw(self, logits, vocab, params, *, workspace, out):
         return self._rows(logits, vocab, params, out, filtered=False)
