@@ -3,8 +3,8 @@
 Runs the real app with a real model under Xvfb (started here when DISPLAY is not set, with
 trayer as the system tray):
 
-    python scripts/screenshots.py                       # the starter model (converted on first use)
-    python scripts/screenshots.py --model PATH --out docs/images
+    python -m scripts.screenshots                       # the starter model (converted on first use)
+    python -m scripts.screenshots --model PATH --out docs/images
 
 Needs: xvfb, trayer (apt), PySide6; a CJK font (fonts-wqy-microhei) for the Chinese shots.
 Uses a temporary QWEN_TRAY_HOME unless --home is given, so the user's settings stay untouched.
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 TEXT = ("The quarterly planning meeting has moved from Tuesday to Friday at 3 pm because the "
         "design review ran late. Alice will send the updated slides by Thursday noon, and Bob "

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+# ui_fakes and ui_x11_driver are imported by name: pytest's default "prepend" import mode puts this folder
+# (no __init__.py) first on the import path before it imports this conftest.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-sys.path.insert(0, str(Path(__file__).parent))  # ui_fakes, ui_e2e_driver
 
 
 @pytest.fixture(autouse=True)
