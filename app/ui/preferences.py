@@ -18,9 +18,11 @@ from app.ui.jsonfile import CorruptFileError, back_up_corrupt, read_json, write_
 from app.ui.models import ModelEntry, ModelEntryError
 from app.ui.paths import config_dir
 from app.ui.platform.keys import HotkeyError, normalize_hotkey
+from app.ui.platform.shortcuts import STYLES
 
 LANGUAGES = ("auto", "en", "zh_CN")
 DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
+CHAT_SEND_KEYS = ("enter", "ctrl_enter")  # what sends a chat message; the other key makes a new line
 FILE_NAME = "ui-preferences.json"
 
 
@@ -42,6 +44,10 @@ class Preferences:
     local_api_port: int = 18000
     device: str = "auto"  # one of DEVICES: "cpu" keeps the GPU free (games, other models)
     geometry: dict[str, str] = field(default_factory=dict)  # window name -> base64 of saveGeometry()
+    chat_send_key: str = "enter"  # one of CHAT_SEND_KEYS: Enter sends (Shift+Enter: new line), or Ctrl+Enter
+    # application (lowercased X11 WM_CLASS, Windows window class or program name) -> copy/paste keys,
+    # one of app.ui.platform.shortcuts.STYLES; wins over the built-in terminal table
+    copy_shortcuts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.language in LANGUAGES, "language", f"must be one of {', '.join(LANGUAGES)}")
@@ -69,6 +75,12 @@ class Preferences:
         _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
         _require(isinstance(self.geometry, dict) and all(isinstance(v, str) for v in self.geometry.values()),
                  "geometry", "must map window names to strings")
+        _require(self.chat_send_key in CHAT_SEND_KEYS, "chat_send_key", f"must be one of {', '.join(CHAT_SEND_KEYS)}")
+        _require(isinstance(self.copy_shortcuts, dict)
+                 and all(isinstance(k, str) and k.strip() for k in self.copy_shortcuts)
+                 and all(v in STYLES for v in self.copy_shortcuts.values()),
+                 "copy_shortcuts", f"must map application names to one of {', '.join(STYLES)}")
+        self.copy_shortcuts = {k.strip().lower(): v for k, v in self.copy_shortcuts.items()}
 
     def to_dict(self) -> dict:
         data = asdict(self)

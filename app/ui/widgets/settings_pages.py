@@ -11,6 +11,7 @@ from app.ui.actions import MODES, Action, new_action_id
 from app.ui.i18n import tr
 from app.ui.models import ModelEntry
 from app.ui.platform.keys import normalize_hotkey
+from app.ui.widgets.hotkeys_page import HotkeyField
 
 
 class ActionsPage(QWidget):
@@ -27,8 +28,7 @@ class ActionsPage(QWidget):
         self.name = QLineEdit()
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText(tr("Prompt; {text} is replaced by the selected text"))
-        self.hotkey = QLineEdit()
-        self.hotkey.setPlaceholderText("Ctrl+Alt+F")
+        self.hotkey = HotkeyField("")  # captured by pressing it
         self.mode = QComboBox()
         for mode in MODES:
             self.mode.addItem(tr(mode), mode)
@@ -65,7 +65,7 @@ class ActionsPage(QWidget):
             a = self.actions[row]
             self.name.setText(a.name)
             self.prompt.setPlainText(a.prompt)
-            self.hotkey.setText(a.hotkey)
+            self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
 
     def _new(self) -> None:
@@ -73,7 +73,7 @@ class ActionsPage(QWidget):
         self.list.setCurrentRow(-1)
         self.name.clear()
         self.prompt.setPlainText("{text}")
-        self.hotkey.clear()
+        self.hotkey.set_text("")
         self.error.clear()
 
     def save_current(self) -> bool:
