@@ -4,7 +4,7 @@ local-API seam, language, recovery from a corrupt preferences file."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFormLayout
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
@@ -261,6 +261,7 @@ def test_chinese_ui(qtbot, make_app):
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
 
 def test_corrupt_preferences_do_not_stop_the_app(qtbot, make_app):

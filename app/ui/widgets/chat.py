@@ -129,7 +129,7 @@ class ChatWindow(QWidget):
     def showEvent(self, event) -> None:  # noqa: N802 (Qt)
         super().showEvent(event)
         self.input.setPlaceholderText(self._placeholder())  # the setting may have changed meanwhile
-        self.input.setFocus(Qt.ActiveWindowFocusReason)
+        QTimer.singleShot(0, lambda: self.input.setFocus(Qt.ActiveWindowFocusReason))  # once the window is up
 
     # -- conversations ---------------------------------------------------------------------------
     def _refresh_list(self) -> None:
