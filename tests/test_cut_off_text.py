@@ -41,7 +41,7 @@ def chain_engine(tmp_path_factory, qwen_tokenizer_dir):
         model.model.embed_tokens.weight.zero_()
         model.model.norm.weight.fill_(1.0)
         model.lm_head.weight.zero_()
-        for k, (current, following) in enumerate(zip(chain, chain[1:])):
+        for k, (current, following) in enumerate(zip(chain, chain[1:], strict=False)):
             model.model.embed_tokens.weight[current, k] = 1.0  # token k of the chain: hidden direction k
             model.lm_head.weight[following, k] = 10.0  # direction k: the next token of the chain wins
     model.save_pretrained(folder, safe_serialization=True)

@@ -100,8 +100,8 @@ ZH_CN: dict[str, str] = {
     "Copy and paste keys per application": "各程序的复制/粘贴按键",
     "Terminals get Ctrl+Shift+C / Ctrl+Shift+V on their own, never Ctrl+C.":
         "终端会自动使用 Ctrl+Shift+C / Ctrl+Shift+V，绝不会收到 Ctrl+C。",
-    "An application is named by its window class (X11 WM_CLASS, e.g. xterm) or its program (e.g. putty.exe).":
-        "程序以其窗口类（X11 的 WM_CLASS，如 xterm）或程序名（如 putty.exe）表示。",
+    "Name it by window class (X11 WM_CLASS, e.g. xterm) or program (e.g. putty.exe).":
+        "以窗口类（X11 的 WM_CLASS，如 xterm）或程序名（如 putty.exe）指定程序。",
     "Add application": "添加程序",
     "Application": "程序",
     "Ctrl+C / Ctrl+V (most applications)": "Ctrl+C / Ctrl+V（大多数程序）",

@@ -152,7 +152,8 @@ def test_a_remote_model_serves_chat_and_actions_through_the_same_code(qtbot, sse
 
     clipboard = QGuiApplication.clipboard()
     clipboard.setText("Text to summarize remotely.")
-    controller = ActionController(host, Preferences, RecordingInjector(clipboard, None), clipboard, load_builtin_actions)
+    injector = RecordingInjector(clipboard, None)
+    controller = ActionController(host, Preferences, injector, clipboard, load_builtin_actions)
     answers = []
     controller.answered.connect(answers.append)
     controller.run_on_clipboard("summarize")

@@ -2,9 +2,9 @@
 
 Enter sends and Shift+Enter starts a new line (as in chat apps), or with the preference
 ``chat_send_key = "ctrl_enter"`` Ctrl+Enter sends and Enter starts a new line. The input
-has the focus whenever the window opens. Every conversation is saved after each answer (history.py). When a long conversation no
-longer fits the model's context, the oldest turns are left out of the request (the window
-says so) rather than failing.
+has the focus whenever the window opens. Every conversation is saved after each answer
+(history.py). When a long conversation no longer fits the model's context, the oldest
+turns are left out of the request (the window says so) rather than failing.
 """
 
 from __future__ import annotations

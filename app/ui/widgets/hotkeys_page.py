@@ -171,8 +171,8 @@ class HotkeysPage(QWidget):
     # -- copy/paste keys per application ------------------------------------------------------------
     def _copy_keys_box(self) -> QGroupBox:
         box = QGroupBox(tr("Copy and paste keys per application"))
-        hint = QLabel(tr("Terminals get Ctrl+Shift+C / Ctrl+Shift+V on their own, never Ctrl+C.") + " "
-                      + tr("An application is named by its window class (X11 WM_CLASS, e.g. xterm) or its program (e.g. putty.exe)."))
+        naming = tr("Name it by window class (X11 WM_CLASS, e.g. xterm) or program (e.g. putty.exe).")
+        hint = QLabel(tr("Terminals get Ctrl+Shift+C / Ctrl+Shift+V on their own, never Ctrl+C.") + " " + naming)
         hint.setWordWrap(True)
         self.copy_rows = QVBoxLayout()
         add = QPushButton(tr("Add application"))

@@ -96,7 +96,7 @@ class ResultPopup(QWidget):
         layout.addLayout(buttons)
         order = [self.instruction, self.view, self.copy_button, self.replace_button, self.undo_button,
                  self.retry_button, self.stop_button, self.chat_button, self.close_button]
-        for first, second in zip(order, order[1:]):
+        for first, second in zip(order, order[1:], strict=False):
             QWidget.setTabOrder(first, second)
 
     def _shortcuts(self) -> None:
