@@ -16,7 +16,7 @@ from app.ui.i18n_zh import ZH_CN
 UI_DIR = Path(app.ui.__file__).parent
 # tr("...") / Notice("...") with a literal first argument, in single or double quotes.
 LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
-DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "popup", "replace"}  # tr(state), tr(mode)
+DYNAMIC_KEYS = {"empty", "loading", "ready", "error"}  # tr(state)
 
 
 def _ui_strings() -> set[str]:

@@ -51,6 +51,11 @@ def key_sequence(hotkey: str, platform: str = sys.platform) -> QKeySequence:
                         QKeySequence.PortableText)
 
 
+def mode_label(mode: str) -> str:
+    """How an action answers, as the lists show it."""
+    return {"popup": tr("Answer in a popup"), "replace": tr("Replace the selection")}[mode]
+
+
 def style_label(style: str) -> str:
     return {"standard": tr("Ctrl+C / Ctrl+V (most applications)"),
             "ctrl_shift": tr("Ctrl+Shift+C / Ctrl+Shift+V (terminals)"),
@@ -124,7 +129,7 @@ class HotkeysPage(QWidget):
         if mode is not None:
             box = QComboBox()
             for m in MODES:
-                box.addItem(tr(m), m)
+                box.addItem(mode_label(m), m)
             box.setCurrentIndex(MODES.index(mode))
             box.setToolTip(tr("Answer"))
             self.modes[binding_id] = box

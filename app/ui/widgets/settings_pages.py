@@ -11,7 +11,7 @@ from app.ui.actions import MODES, Action, new_action_id
 from app.ui.i18n import tr
 from app.ui.models import ModelEntry
 from app.ui.platform.keys import normalize_hotkey
-from app.ui.widgets.hotkeys_page import HotkeyField
+from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 
 
 class ActionsPage(QWidget):
@@ -31,7 +31,7 @@ class ActionsPage(QWidget):
         self.hotkey = HotkeyField("")  # captured by pressing it
         self.mode = QComboBox()
         for mode in MODES:
-            self.mode.addItem(tr(mode), mode)
+            self.mode.addItem(mode_label(mode), mode)
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
