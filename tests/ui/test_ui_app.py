@@ -164,6 +164,21 @@ def test_hotkey_press_from_the_os_thread_runs_the_action(qtbot, make_app):
     qtbot.waitUntil(lambda: app.chat_window is not None and app.chat_window.isVisible(), timeout=5000)
 
 
+def test_continue_in_chat_opens_the_chat_with_the_selection_and_the_answer(qtbot, make_app):
+    app = make_app(selection="The launch moved to May 4.")
+    _start(qtbot, app)
+    answers = []
+    app.action_controller.answered.connect(answers.append)
+    FakeHotkeys.instances[-1].press("summarize")
+    qtbot.waitUntil(lambda: bool(answers), timeout=5000)
+    app.action_controller.popup.chat_button.click()
+    window = app.chat_window
+    assert window is not None and window.isVisible() and not app.action_controller.popup.isVisible()
+    shown = [m for m in window.conversation.messages if m.role != "system"]
+    assert [m.role for m in shown] == ["user", "assistant"]
+    assert shown[0].content.endswith("The launch moved to May 4.") and shown[1].content == answers[0]
+
+
 def _press(qtbot, field, key, modifiers=Qt.NoModifier):
     """Set a hotkey field the way a user does: click it and press the combination."""
     field.edit.setFocus()

@@ -227,7 +227,7 @@ class ActionController(QObject):
         if action is None or captured is None or not answer.strip():
             return
         messages = build_messages(action, captured.text, self._prefs().translate_target)
-        self.popup.close_popup()
+        self.popup.hide()  # (not close_popup: the keyboard goes to the chat, not back to the target)
         self.continueInChat.emit([*messages, {"role": "assistant", "content": answer}])
 
     def _popup_closed(self, had_focus: bool) -> None:
