@@ -37,7 +37,9 @@ def xdisplay():
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install xvfb xdotool xclip)")
     read_fd, write_fd = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+    # -noreset: the server would otherwise reset when its last client leaves, refusing the next one meanwhile.
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp",
+                             "-noreset"],
                             pass_fds=(write_fd,), stderr=subprocess.DEVNULL)
     os.close(write_fd)
     with os.fdopen(read_fd) as f:
