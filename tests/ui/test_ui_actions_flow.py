@@ -312,3 +312,13 @@ def test_replace_undo_replace_quickly_still_restores_the_users_clipboard(qtbot, 
         controller.popup.replace_button.click()  # before the first paste's clipboard came back
     assert injector.sent.count("Ctrl+V") == 2 and injector.sent.count("Ctrl+Z") == 1
     assert {f: _clipboard_formats(clipboard)[f] for f in ORIGINAL} == ORIGINAL
+
+
+def test_a_second_hotkey_while_the_popup_has_the_keyboard_works_on_the_same_text(qtbot, host, clipboard):
+    controller, injector = _controller(host, clipboard, "Le rapport est prêt.")
+    _answer(qtbot, controller, "summarize")
+    qtbot.waitUntil(controller.popup.isActiveWindow, timeout=5000)
+    _answer(qtbot, controller, "translate")
+    assert injector.sent == ["Ctrl+C"]  # nothing was copied out of the popup
+    assert _sent_text(host).endswith("Le rapport est prêt.")
+    assert controller.popup.replace_button.isEnabled()  # the selection is still the user's

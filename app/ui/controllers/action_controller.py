@@ -109,6 +109,11 @@ class ActionController(QObject):
         if text is not None:
             self._start(action, CapturedText(text, "given"))
             return
+        if self.popup.isActiveWindow() and self._captured is not None:
+            # The keyboard is in our popup, not in the window the text came from: a second hotkey
+            # works on the same text (copying now would copy the popup).
+            self._start(action, self._captured)
+            return
         self._capturing_for = action
         self._capture.start(self._prefs().copy_shortcuts)
 
