@@ -86,9 +86,12 @@ def create_key_injector() -> KeyInjector:
     if sys.platform == "darwin":
         try:
             from app.ui.platform.keyinput_mac import MacKeyInjector
+
+            return MacKeyInjector()
         except ImportError as e:
             return NoKeyInjector(f"pynput is not installed ({e})")
-        return MacKeyInjector()
+        except OSError as e:  # Quartz/AppKit could not be loaded through ctypes
+            return NoKeyInjector(str(e))
     if not os.environ.get("DISPLAY"):
         return NoKeyInjector("no X display")
     try:
