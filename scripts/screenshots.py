@@ -1,4 +1,4 @@
-"""Screenshots of the tray menu, the answer popup and the chat window, for docs/images/.
+"""Screenshots of the tray menu, the answer popup, the chat window and Settings → Hotkeys, for docs/images/.
 
 Runs the real app with a real model under Xvfb (started here when DISPLAY is not set, with
 trayer as the system tray):
@@ -6,7 +6,8 @@ trayer as the system tray):
     python -m scripts.screenshots                       # the starter model (converted on first use)
     python -m scripts.screenshots --model PATH --out docs/images
 
-Needs: xvfb, trayer (apt), PySide6; a CJK font (fonts-wqy-microhei) for the Chinese shots.
+Needs: xvfb, trayer (apt), PySide6, python-xlib (the popup's text is copied with real keys);
+a CJK font (fonts-noto-cjk or fonts-wqy-microhei) for the Chinese shots.
 Uses a temporary QWEN_TRAY_HOME unless --home is given, so the user's settings stay untouched.
 """
 
@@ -69,21 +70,33 @@ def settle(qapp, seconds: float = 0.4) -> None:
 
 
 def shoot_popup(qapp, tray, out: Path, name: str) -> None:
-    qapp.clipboard().setText(TEXT)
+    """A real hotkey action: the text is selected in an editor and copied with real keys (XTest)."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QPlainTextEdit
+
+    editor = QPlainTextEdit()
+    editor.setWindowTitle("editor")
+    editor.setPlainText(TEXT)
+    editor.selectAll()
+    editor.resize(420, 200)
+    editor.move(40, 60)
+    editor.show()
+    editor.activateWindow()
+    editor.setFocus()
+    settle(qapp)
+    qapp.clipboard().setText("something copied earlier")
     controller = tray.action_controller
     answers: list[str] = []
     controller.answered.connect(answers.append)
-    summarize = next(a for a in tray.actions if a.id == "summarize")
-    from PySide6.QtCore import QPoint
-
     controller.popup.move_near(QPoint(380, 260))
-    tray.run_action(summarize, from_hotkey=False)
-    controller.popup.move_near(QPoint(380, 260))
+    tray.run_action("summarize")  # what the hotkey runs: copies the selection first
     wait_until(qapp, lambda: bool(answers), 300, "the summary")
     controller.answered.disconnect(answers.append)
+    controller.popup.move_near(QPoint(380, 260))
     settle(qapp)
     controller.popup.grab().save(str(out / name))
     controller.popup.hide()
+    editor.hide()
 
 
 def shoot_chat(qapp, tray, out: Path, name: str) -> None:
@@ -119,6 +132,16 @@ def shoot_menu(qapp, tray, out: Path, name: str) -> None:
     region = QRect(top_left, QPoint(screen.geometry().width() - 1, pos.y() + size.height() + 12))
     shot.copy(region).save(str(out / name))
     menu.hide()
+
+
+def shoot_hotkeys(qapp, tray, out: Path, name: str) -> None:
+    tray.open_settings()
+    dialog = tray.settings_dialog
+    dialog.tabs.setCurrentWidget(dialog.hotkeys_page)
+    dialog.resize(720, 560)
+    settle(qapp, 0.6)
+    dialog.grab().save(str(out / name))
+    dialog.reject()
 
 
 def main() -> int:
@@ -157,6 +180,7 @@ def main() -> int:
         shoot_menu(qapp, tray, args.out, "tray-menu.png")
         shoot_popup(qapp, tray, args.out, "popup.png")
         shoot_chat(qapp, tray, args.out, "chat.png")
+        shoot_hotkeys(qapp, tray, args.out, "settings-hotkeys.png")
         set_language("zh_CN")
         shoot_menu(qapp, tray, args.out, "tray-menu-zh_CN.png")
         tray.shutdown()

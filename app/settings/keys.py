@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from app.errors import QwenTrayError
 
 MODIFIER_ORDER = ("ctrl", "alt", "shift", "super")
+# The keys an application copies and pastes with (app/ui/platform/shortcuts.py says which is which);
+# a setting names one per application, so the list lives with the grammar, not in the UI.
+COPY_STYLES = ("standard", "ctrl_shift", "ctrl_insert", "none")
 _MODIFIER_ALIASES = {
     "ctrl": "ctrl", "control": "ctrl", "ctl": "ctrl",
     "alt": "alt", "option": "alt", "opt": "alt",

@@ -17,10 +17,11 @@ from typing import Any
 
 from app.errors import QwenTrayError
 from app.settings.actions import MODES
-from app.settings.keys import HotkeyError, normalize_hotkey
+from app.settings.keys import COPY_STYLES, HotkeyError, normalize_hotkey
 
 LANGUAGES = ("auto", "en", "zh_CN")
 DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
+CHAT_SEND_KEYS = ("enter", "ctrl_enter")  # what sends a chat message; the other key makes a new line
 
 # A check returns the value to keep (normalized) and the problems of the entries it left out;
 # it raises ValueError (the message says what the value must be) when the value is unusable.
@@ -93,6 +94,13 @@ def mapping(value_check: Check, what: str) -> Check:
     return check
 
 
+def application_styles(value) -> tuple[dict[str, str], list[str]]:
+    """Application name -> copy style; names are matched lowercased, so they are stored that way."""
+    kept, problems = mapping(one_of(COPY_STYLES), "application names to copy keys")(value)
+    named = {name.strip().lower(): style for name, style in kept.items() if name.strip()}
+    return named, problems + [f"{name!r}: an empty application name" for name in kept if not name.strip()]
+
+
 def pref(default: Any, check: Check) -> Any:
     """A preference field: its default and its check."""
     if isinstance(default, (dict, list)):
@@ -116,6 +124,11 @@ class Preferences:
     device: str = pref("auto", one_of(DEVICES))  # "cpu" keeps the GPU free (games, other models)
     # window name -> base64 of saveGeometry()
     geometry: dict[str, str] = pref({}, mapping(text(), "window names to strings"))
+    # Enter sends (Shift+Enter: a new line), or Ctrl+Enter sends (Enter: a new line)
+    chat_send_key: str = pref("enter", one_of(CHAT_SEND_KEYS))
+    # application (lowercased X11 WM_CLASS, Windows window class or program name) -> the keys it
+    # copies and pastes with; wins over the built-in terminal table
+    copy_shortcuts: dict[str, str] = pref({}, application_styles)
 
     def __post_init__(self) -> None:
         for f in fields(self):

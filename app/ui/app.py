@@ -21,7 +21,7 @@ from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.local_api import LocalApi, LocalApiError
-from app.ui.i18n import notice_text, set_language, tr
+from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
@@ -43,6 +43,7 @@ class TrayApp(QObject):
         self.notices: list[str] = []  # everything told to the user this run, oldest first
         self.store = PreferencesStore()
         set_language(language or self.store.prefs.language)
+        install_qt_translation(qapp)
         self.builtin_actions = load_builtin_actions()
         self.user_actions, renamed = with_unique_ids(self.store.settings.actions, self.builtin_actions)
         self.actions = [*self.builtin_actions, *self.user_actions]
@@ -56,8 +57,9 @@ class TrayApp(QObject):
         self.hotkeys.activated.connect(self._on_hotkey)
         self.injector = injector or create_key_injector()
         self.action_controller = ActionController(self.host, lambda: self.store.prefs, self.injector,
-                                                  qapp.clipboard(), parent=self)
+                                                  qapp.clipboard(), lambda: self.actions, parent=self)
         self.action_controller.notify.connect(self.notify)
+        self.action_controller.continueInChat.connect(self.continue_in_chat)
         provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
         self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
         self.chat_window = None
@@ -133,8 +135,6 @@ class TrayApp(QObject):
         return failures
 
     def _binding_label(self, binding_id: str) -> str:
-        from app.ui.i18n import current_language
-
         action = next((a for a in self.actions if a.id == binding_id), None)
         return action.label(current_language()) if action else tr("Open chat")
 
@@ -142,12 +142,15 @@ class TrayApp(QObject):
         if binding_id == OPEN_CHAT_ID:
             self.open_chat()
             return
-        action = next((a for a in self.actions if a.id == binding_id), None)
-        if action is not None:
-            self.run_action(action, from_hotkey=True)
+        self.run_action(binding_id)
 
-    def run_action(self, action: Action, from_hotkey: bool) -> None:
-        self.action_controller.trigger(action, from_hotkey=from_hotkey)
+    def run_action(self, action_id: str, text: str | None = None) -> None:
+        """Run an action on ``text``, or with None on the selection of the focused window."""
+        self.action_controller.run_action(action_id, text)
+
+    def run_on_clipboard(self, action_id: str) -> None:
+        """The tray menu's actions: the menu took the focus, so they work on the clipboard."""
+        self.action_controller.run_on_clipboard(action_id)
 
     # -- windows -------------------------------------------------------------------------------------
     def open_chat(self) -> None:
@@ -160,6 +163,12 @@ class TrayApp(QObject):
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
+        self.chat_window.input.setFocus()
+
+    def continue_in_chat(self, messages: list[dict]) -> None:
+        """A popup's request and answer become a new conversation in the chat window."""
+        self.open_chat()
+        self.chat_window.start_conversation(messages)
 
     def open_settings(self) -> None:
         from app.ui.widgets.settings import SettingsDialog

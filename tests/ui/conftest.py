@@ -22,12 +22,16 @@ def ui_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(autouse=True)
 def english_ui():
-    """UI text in English unless a test switches it."""
-    from app.ui.i18n import set_language
+    """UI text (ours and Qt's own) in English unless a test switches it."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.i18n import install_qt_translation, set_language
 
     set_language("en")
     yield
     set_language("en")
+    if QApplication.instance() is not None:
+        install_qt_translation(QApplication.instance())
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFormLayout
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.settings.document import Settings
@@ -179,42 +181,88 @@ def test_hotkey_press_from_the_os_thread_runs_the_action(qtbot, make_app):
     qtbot.waitUntil(lambda: app.chat_window is not None and app.chat_window.isVisible(), timeout=5000)
 
 
-def test_settings_change_hotkeys_and_add_a_user_action(qtbot, make_app):
+def test_continue_in_chat_opens_the_chat_with_the_selection_and_the_answer(qtbot, make_app):
+    app = make_app(selection="The launch moved to May 4.")
+    _start(qtbot, app)
+    answers = []
+    app.action_controller.answered.connect(answers.append)
+    FakeHotkeys.instances[-1].press("summarize")
+    qtbot.waitUntil(lambda: bool(answers), timeout=5000)
+    app.action_controller.popup.chat_button.click()
+    window = app.chat_window
+    assert window is not None and window.isVisible() and not app.action_controller.popup.isVisible()
+    shown = [m for m in window.conversation.messages if m.role != "system"]
+    assert [m.role for m in shown] == ["user", "assistant"]
+    assert shown[0].content.endswith("The launch moved to May 4.") and shown[1].content == answers[0]
+
+
+def _press(qtbot, field, key, modifiers=Qt.NoModifier):
+    """Set a hotkey field the way a user does: click it and press the combination."""
+    field.edit.setFocus()
+    qtbot.keyClick(field.edit, key, modifiers)
+
+
+def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, make_app):
     app = make_app()
     app.open_settings()
     dialog = app.settings_dialog
-    table = dialog.hotkeys_table
-    row = next(r for r in range(table.rowCount()) if table.item(r, 0).data(256) == "summarize")
-    table.cellWidget(row, 1).setText("s")  # not allowed: no modifier
+    page = dialog.hotkeys_page
+    assert page.fields["summarize"].text() == "Ctrl+Alt+S"
+    assert page.statuses["summarize"].text() == "Registered: works in every application"
+    assert page.statuses["explain"].text() == "Off: no hotkey"
+    _press(qtbot, page.fields["summarize"], Qt.Key_S)  # not allowed: no modifier
+    assert page.fields["summarize"].text() == "S"
+    assert "needs Ctrl, Alt or Super" in page.statuses["summarize"].text()  # said at once
     assert not dialog.apply()
-    assert "needs Ctrl, Alt or Super" in dialog.error.text()
+    assert dialog.error.text().startswith("Summarize: ") and "needs Ctrl, Alt or Super" in dialog.error.text()
     assert not settings_path().exists()  # nothing half-applied
 
-    table.cellWidget(row, 1).setText("ctrl+alt+q")
-    page = dialog.actions_page
-    page.name.setText("Formal tone")
-    page.prompt.setPlainText("Make this formal:\n\n{text}")
-    page.hotkey.setText("ctrl+alt+f")
-    assert page.save_current()
+    _press(qtbot, page.fields["summarize"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
+    assert page.fields["summarize"].text() == "Ctrl+Alt+Q"
+    actions = dialog.actions_page
+    actions.name.setText("Formal tone")
+    actions.prompt.setPlainText("Make this formal:\n\n{text}")
+    _press(qtbot, actions.hotkey, Qt.Key_F, Qt.ControlModifier | Qt.AltModifier)
+    assert actions.save_current()
+    assert "Formal tone" in [page.form.itemAt(r, QFormLayout.LabelRole).widget().text()
+                             for r in range(page.form.rowCount())]
+    assert page.fields["summarize"].text() == "Ctrl+Alt+Q"  # the unsaved edit survived the new row
     assert dialog.apply()
     assert saved().preferences.hotkeys == {"summarize": "Ctrl+Alt+Q"}
     assert [(a.id, a.hotkey) for a in saved().actions] == [("user-formal-tone", "Ctrl+Alt+F")]
     registered = FakeHotkeys.instances[-1].registered
     assert registered["summarize"] == "Ctrl+Alt+Q" and registered["user-formal-tone"] == "Ctrl+Alt+F"
     assert "Formal tone\tCtrl+Alt+F" in _menu_texts(app.tray.menu)
-    status = {table.item(r, 0).data(256): table.item(r, 3).text() for r in range(table.rowCount())}
-    assert status["summarize"] == "registered" and status["explain"] == "off"
+    assert page.statuses["summarize"].text() == "Registered: works in every application"
+    page.fields["explain"].edit.clear()
+    assert page.fields["explain"].text() == ""
 
 
 def test_settings_report_a_hotkey_the_os_refuses(qtbot, make_app):
     app = make_app(taken={"Ctrl+Alt+Q"})
     app.open_settings()
-    table = app.settings_dialog.hotkeys_table
-    row = next(r for r in range(table.rowCount()) if table.item(r, 0).data(256) == "rewrite")
-    table.cellWidget(row, 1).setText("Ctrl+Alt+Q")
+    page = app.settings_dialog.hotkeys_page
+    _press(qtbot, page.fields["rewrite"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
     assert app.settings_dialog.apply()
-    assert "already taken" in table.item(row, 3).text()
+    assert page.statuses["rewrite"].text() == "Not registered: hotkey Ctrl+Alt+Q is already taken by another program"
     assert "rewrite" not in FakeHotkeys.instances[-1].registered
+
+
+def test_settings_copy_keys_per_application_chat_send_key_and_translated_lists(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    dialog = app.settings_dialog
+    dialog.hotkeys_page.add_copy_rule("MyTerm", "ctrl_shift")
+    dialog.chat_send_key.setCurrentIndex(dialog.chat_send_key.findData("ctrl_enter"))
+    labels = [dialog.translate_target.itemText(i) for i in range(dialog.translate_target.count())]
+    assert labels[0] == "自动：中文译成英文，其他语言译成中文" and "日语" in labels  # no raw "auto"
+    dialog.translate_target.setCurrentIndex(dialog.translate_target.findData("Japanese"))
+    assert dialog.apply()
+    prefs = saved().preferences
+    assert prefs.copy_shortcuts == {"myterm": "ctrl_shift"} and prefs.chat_send_key == "ctrl_enter"
+    assert prefs.translate_target == "Japanese"  # the value the prompt needs, not the label
+    dialog.translate_target.setEditText("Swahili")  # any language can still be typed in
+    assert dialog.apply() and saved().preferences.translate_target == "Swahili"
 
 
 def test_local_api_toggle_uses_the_server_seam(qtbot, make_app):
@@ -244,6 +292,7 @@ def test_chinese_ui(qtbot, make_app):
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
 
 def test_a_corrupt_settings_file_does_not_stop_the_app_and_the_user_is_told_where_it_went(qtbot, make_app):

@@ -174,3 +174,13 @@ def test_starter_name_matches_the_converter():
     from app.ui.models import STARTER_NAME
 
     assert STARTER_NAME == STARTER_MODEL_NAME
+
+
+def test_new_preferences_are_validated_with_the_field_named():
+    prefs = Preferences(chat_send_key="ctrl_enter", copy_shortcuts={" MyTerm ": "ctrl_shift"})
+    assert prefs.copy_shortcuts == {"myterm": "ctrl_shift"}  # names are matched lowercased
+    with pytest.raises(PreferencesError, match="'chat_send_key'"):
+        Preferences(chat_send_key="space")
+    with pytest.raises(PreferencesError, match="'copy_shortcuts'.*standard, ctrl_shift, ctrl_insert, none"):
+        Preferences(copy_shortcuts={"xterm": "ctrl+c"})
+    assert Preferences.salvage(prefs.to_dict())[0] == prefs

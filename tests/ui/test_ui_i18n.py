@@ -21,7 +21,7 @@ TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
 # notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
 LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
 TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
-DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "popup", "replace"}  # tr(state), tr(mode)
+DYNAMIC_KEYS = {"empty", "loading", "ready", "error"}  # tr(state)
 
 
 def _ui_strings() -> set[str]:
@@ -70,3 +70,35 @@ def test_auto_language_follows_the_system_locale(locale, expected):
     finally:
         QLocale.setDefault(previous)
     assert resolve_language("zh_CN") == "zh_CN" and resolve_language("en") == "en"
+
+
+def test_qt_own_buttons_and_menus_are_in_chinese(qapp):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.ui.i18n import install_qt_translation, qt_translation_file
+
+    assert qt_translation_file("zh_CN") is not None  # shipped in PySide6-Essentials
+    set_language("zh_CN")
+    try:
+        assert install_qt_translation(qapp)
+        box = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.Apply)
+        texts = {box.button(b).text().replace("&", "") for b in (QDialogButtonBox.Ok, QDialogButtonBox.Cancel,
+                                                                 QDialogButtonBox.Apply)}
+        assert texts == {"确定", "取消", "应用"}
+    finally:
+        set_language("en")
+        install_qt_translation(qapp)  # and back: no translator for English
+    box = QDialogButtonBox(QDialogButtonBox.Cancel)
+    assert box.button(QDialogButtonBox.Cancel).text().replace("&", "") == "Cancel"
+
+
+@pytest.mark.parametrize("argv", [["--language", "zh_CN"], ["tray", "--language", "zh_CN"],
+                                  ["--language", "zh_CN", "tray"]])
+def test_language_option_works_with_and_without_the_tray_command(monkeypatch, argv):
+    from app import cli
+    from app.ui import app as app_module
+
+    seen = []
+    monkeypatch.setattr(app_module, "run_tray", lambda tray_argv: seen.append(tray_argv) or 0)
+    assert cli.main(argv) == 0
+    assert seen == [["--language", "zh_CN"]]

@@ -12,6 +12,7 @@ from app.settings.keys import normalize_hotkey
 from app.settings.models import ModelEntry, check_model_name
 from app.ui.actions import new_action_id
 from app.ui.i18n import tr
+from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 
 
 class ActionsPage(QWidget):
@@ -28,11 +29,10 @@ class ActionsPage(QWidget):
         self.name = QLineEdit()
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText(tr("Prompt; {text} is replaced by the selected text"))
-        self.hotkey = QLineEdit()
-        self.hotkey.setPlaceholderText("Ctrl+Alt+F")
+        self.hotkey = HotkeyField("")  # captured by pressing it
         self.mode = QComboBox()
         for mode in MODES:
-            self.mode.addItem(tr(mode), mode)
+            self.mode.addItem(mode_label(mode), mode)
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
@@ -66,7 +66,7 @@ class ActionsPage(QWidget):
             a = self.actions[row]
             self.name.setText(a.name)
             self.prompt.setPlainText(a.prompt)
-            self.hotkey.setText(a.hotkey)
+            self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
 
     def _new(self) -> None:
@@ -74,7 +74,7 @@ class ActionsPage(QWidget):
         self.list.setCurrentRow(-1)
         self.name.clear()
         self.prompt.setPlainText("{text}")
-        self.hotkey.clear()
+        self.hotkey.set_text("")
         self.error.clear()
 
     def save_current(self) -> bool:
