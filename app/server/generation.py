@@ -83,6 +83,7 @@ class GenerationRun:
 
     def __init__(self, service: ApiService, generation: Any, receive: Receive):
         self.service = service
+        self._finished = False
         self.active = ActiveRequest(generation)
         self.pump = DeltaPump(generation, asyncio.get_running_loop())
         service.begin(self.active)
@@ -102,6 +103,10 @@ class GenerationRun:
         return None if reason == "cancelled" else reason
 
     async def finish(self) -> None:
+        """Cancel (a no-op when it ended), wait until the engine let go, count the request out."""
+        if self._finished:
+            return
+        self._finished = True
         self._watch.cancel()
         self.generation.cancel()  # no-op when finished; frees the slot on every early exit
         await self.pump.settled(SETTLE_TIMEOUT_S)
@@ -143,7 +148,7 @@ async def serve_generation(service: ApiService, request: ApiRequest, engine: Any
     except BaseException:
         await run.finish()
         raise
-    return EventStreamResponse(_events(run, builder, first, request.prompt_param, retry_after_s))
+    return EventStreamResponse(_events(run, builder, first, request.prompt_param, retry_after_s), run.finish)
 
 
 async def _start_off_loop(engine: Any, request: ApiRequest) -> Any:
@@ -233,5 +238,3 @@ async def _events(run: GenerationRun, builder: ResponseBuilder, first: str | Non
             yield encode_event(_shutdown_error(retry_after_s).body())
     except Exception as exc:  # engine failure mid-stream: OpenAI sends an error event
         yield encode_event(from_exception(exc, prompt_param=prompt_param, retry_after_s=retry_after_s).body())
-    finally:
-        await run.finish()
