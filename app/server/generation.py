@@ -141,13 +141,15 @@ async def serve_generation(service: ApiService, request: ApiRequest, engine: Any
         # Wait for the first piece before sending headers: an error or a cancel while queued
         # still gets a proper HTTP status instead of a broken stream.
         first = await run.pump.next()
-        if first is None and run.finish_reason() is None:
-            if run.active.client_gone:
-                return Response(status_code=204)  # nobody reads it
-            raise _shutdown_error(retry_after_s)
+        cancelled = first is None and run.finish_reason() is None
     except BaseException:
         await run.finish()
         raise
+    if cancelled:
+        await run.finish()
+        if run.active.client_gone:
+            return Response(status_code=204)  # nobody reads it
+        raise _shutdown_error(retry_after_s)
     return EventStreamResponse(_events(run, builder, first, request.prompt_param, retry_after_s), run.finish)
 
 
