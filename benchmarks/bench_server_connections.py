@@ -274,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, args.connections + 512)), hard))
     result = {"benchmark": "server_connections", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "commit": args.commit or git_commit(), "machine": machine(),
-              "settings": {k: getattr(args, k) for k in ("connections", "baseline_s", "hold_s", "after_s", "probe_interval",
-                                                         "trickle_interval", "peer_commit", "repeat")},
+              "settings": {k: getattr(args, k) for k in ("connections", "baseline_s", "hold_s", "after_s",
+                                                         "probe_interval", "trickle_interval", "peer_commit",
+                                                         "repeat")},
               "servers": []}
     with tempfile.TemporaryDirectory() as work:
         model = build_tiny_model(Path(work) / "tiny-qwen2")

@@ -106,7 +106,8 @@ def _load_engine(args: argparse.Namespace):
 
     # Given neither --max-batch-size nor --max-context, a small card gets what fits (logged).
     fit = args.max_batch_size is None and args.max_context is None
-    return Engine.load(args.model_path, device=args.device, max_batch_size=DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size,
+    batch = DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size
+    return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
                        max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
                        fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 

@@ -62,8 +62,10 @@ def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: i
 
 
 def max_tokens_too_large(param: str, value: int, limit: int) -> ApiError:
-    return invalid_param(param, f"{param} is too large: {value}. This model supports at most {limit} completion "
-                                f"tokens, whereas you provided {value}.")
+    digits = str(value)
+    shown = digits if len(digits) <= 30 else f"{digits[:30]}... ({len(digits)} digits)"
+    return invalid_param(param, f"{param} is too large: {shown}. This model supports at most {limit} completion "
+                                f"tokens, whereas you provided {shown}.")
 
 
 def model_not_found(model: str) -> ApiError:
