@@ -51,13 +51,13 @@ def unsupported_param(param: str, what: str | None = None) -> ApiError:
     return ApiError(400, f"Unsupported parameter: {detail}.", param=param, code="unsupported_parameter")
 
 
-def context_length_exceeded(limit: int, prompt_tokens: int, completion_tokens: int, prompt_param: str) -> ApiError:
-    """OpenAI's message: the limit is the whole window (prompt + completion), as /health reports it."""
+def context_length_exceeded(limit: int, prompt_tokens: int, prompt_param: str) -> ApiError:
+    """OpenAI's message; the limit is the whole window (prompt + completion), as /health reports it."""
     return ApiError(
         400,
-        f"This model's maximum context length is {limit} tokens. However, you requested "
-        f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the {prompt_param}, {completion_tokens} "
-        f"in the completion). Please reduce the length of the {prompt_param} or completion.",
+        f"This model's maximum context length is {limit} tokens. However, your {prompt_param} resulted in "
+        f"{prompt_tokens} tokens, which leaves no room for the completion. Please reduce the length of the "
+        f"{prompt_param}.",
         param=prompt_param, code="context_length_exceeded")
 
 

@@ -171,9 +171,11 @@ def _cancel_started(future: asyncio.Future) -> None:
 def start_generation(engine: Any, request: ApiRequest):
     """Queue the request in the engine; 400 first when it cannot fit the context window.
 
-    The window (``engine.max_context``, what /health reports) holds prompt + answer: the
-    prompt leaves room for at least one token, and an explicit ``max_tokens`` must fit beside
-    it, as OpenAI refuses it; without one the answer runs to the end of the window.
+    The window (``engine.max_context``, what /health reports) holds prompt + answer. A
+    ``max_tokens`` the window could never hold is refused naming the field, as OpenAI does; a
+    prompt must leave room for one token. Within that, the answer stops where the window
+    ends (finish_reason "length"): clients that always send the same ``max_tokens``
+    (``qwen-tray ask --server`` sends 512) keep working with long prompts.
     """
     window = engine.max_context
     sampling = dict(request.sampling)
@@ -187,10 +189,10 @@ def start_generation(engine: Any, request: ApiRequest):
     else:
         prompt_ids = _checked_token_ids(request.prompt, engine.spec.vocab_size)
     room = window - len(prompt_ids)
-    if room < max(1, asked or 1):
-        raise context_length_exceeded(window, len(prompt_ids), asked or 1, request.prompt_param)
-    if asked is None:
-        sampling["max_tokens"] = min(room, request.default_max_tokens or room)
+    if room < 1:
+        raise context_length_exceeded(window, len(prompt_ids), request.prompt_param)
+    wanted = asked if asked is not None else request.default_max_tokens or room
+    sampling["max_tokens"] = min(room, wanted)  # below 1 stays so: SamplingParams names the field
     params = SamplingParams(**sampling)
     return engine.generate(prompt_ids, params, priority=PRIORITY_BACKGROUND)
 

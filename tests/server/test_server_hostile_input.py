@@ -112,19 +112,25 @@ def test_max_tokens_past_the_window_is_a_400_naming_the_field(server, engine, fi
     assert f"at most {engine.max_context - 1} completion tokens" in response.error["message"]
 
 
-def test_prompt_plus_max_tokens_past_the_window_is_context_length_exceeded(server, engine):
+def test_answer_stops_where_the_window_ends(server, engine):
+    """A max_tokens the window can hold, but not beside this prompt: the answer ends at the window."""
     messages = [{"role": "user", "content": "Hello"}]
-    prompt_tokens = len(engine.tokenizer.encode_chat(messages))
-    asked = engine.max_context - prompt_tokens + 1
+    room = engine.max_context - len(engine.tokenizer.encode_chat(messages))
     response = raw_request(server, "POST", "/v1/chat/completions",
-                           {"model": engine.model_id, "messages": messages, "max_tokens": asked})
+                           {"model": engine.model_id, "messages": messages, "max_tokens": room + 5, "ignore_eos": True})
+    assert response.status == 200
+    assert response.json()["usage"]["completion_tokens"] == room
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_prompt_that_fills_the_window_is_context_length_exceeded(server, engine):
+    ids = [engine.tokenizer.encode("word")[0]] * engine.max_context
+    response = raw_request(server, "POST", "/v1/completions", {"model": engine.model_id, "prompt": ids})
     assert response.status == 400 and response.error["code"] == "context_length_exceeded"
-    assert (f"maximum context length is {engine.max_context} tokens. However, you requested "
-            f"{prompt_tokens + asked} tokens ({prompt_tokens} in the messages, {asked} in the completion)"
-            in response.error["message"])
-    fits = raw_request(server, "POST", "/v1/chat/completions",
-                       {"model": engine.model_id, "messages": messages, "max_tokens": asked - 1, "ignore_eos": True})
-    assert fits.status == 200 and fits.json()["usage"]["completion_tokens"] == asked - 1
+    assert response.error["param"] == "prompt"
+    assert response.error["message"].startswith(
+        f"This model's maximum context length is {engine.max_context} tokens. However, your prompt resulted in "
+        f"{engine.max_context} tokens, which leaves no room for the completion.")
 
 
 def test_completion_default_is_cut_to_the_room_left(server, engine):
