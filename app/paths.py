@@ -1,4 +1,4 @@
-"""Where Qwen Tray keeps its files (platformdirs).
+"""Where Qwen Tray keeps its files (platformdirs), and the one atomic write.
 
 ``QWEN_TRAY_HOME`` (when set) replaces the platformdirs roots: config, data and cache then
 live in ``$QWEN_TRAY_HOME/config``, ``/data`` and ``/cache``. Tests set it so they never
@@ -42,6 +42,11 @@ def cache_dir() -> Path:
 
 def models_dir() -> Path:
     return data_dir() / "models"
+
+
+def resources_dir() -> Path:
+    """Shipped data files (actions.toml, icons): ``app/resources``, in a checkout and a wheel alike."""
+    return Path(__file__).resolve().parent / "resources"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

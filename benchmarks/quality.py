@@ -26,9 +26,9 @@ import torch
 
 from app.engine.evaluate import perplexity
 from app.engine.loading import load_model
+from app.formats.recipe import BUILTIN_RECIPES, Recipe
 from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibration_file
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.formats.recipe import BUILTIN_RECIPES, Recipe
 
 RECIPES: dict[str, Recipe] = {
     "w4": BUILTIN_RECIPES["w4"],

@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from app.kernels import unavailable_reason
+    from app.settings.console import console_store
 
+    store = console_store()  # its notices (a broken settings file and where it went) go to stderr now
+    settings = store.load()
     print(f"qwen-tray {__version__}, Python {platform.python_version()}, {platform.platform(terse=True)}")
     cuda_build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     print(f"PyTorch {torch.__version__} ({cuda_build})")
@@ -41,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     reason = unavailable_reason()
     print("CUDA kernels: available" if reason is None else f"CUDA kernels: unavailable: {reason}")
     print(f"Kernel cache: {_kernel_cache_dir()}")
+    print(f"Settings: {store.path}")
     logging.disable(logging.WARNING)  # the plans' own warnings (a fitted load) would repeat each verdict
     try:
-        _print_models(gpu, reason)
+        _print_models(settings, gpu, reason)
     finally:
         logging.disable(logging.NOTSET)
     return 0
@@ -91,21 +95,21 @@ def _kernel_cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR") or str(Path.home() / ".cupy" / "kernel_cache")
 
 
-def _print_models(gpu, reason: str | None) -> None:
-    from app.settings import load_settings
-
-    settings = load_settings()
+def _print_models(settings, gpu, reason: str | None) -> None:
     if not settings.models:
         print("Models: none registered; run `qwen-tray models add-starter`")
         return
     print(f"Models (the tray's load: {TRAY_SLOTS} requests, fitted to the card):")
-    for name, path in sorted(settings.models.items()):
-        mark = "*" if name == settings.default_model else " "
+    for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
+        mark = "*" if entry.name == settings.default_model else " "
+        if entry.kind != "local":
+            print(f"{mark} {entry.name}: {entry.describe()}")
+            continue
         try:
-            verdict = _model_verdict(Path(path), name, gpu, reason)
+            verdict = _model_verdict(Path(entry.path).expanduser(), entry.name, gpu, reason)
         except QwenTrayError as e:  # a broken folder: say so and go on with the others
             verdict = f"cannot be read: {e}"
-        print(f"{mark} {name}: {verdict}")
+        print(f"{mark} {entry.name}: {verdict}")
 
 
 def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:
@@ -128,9 +132,9 @@ def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:
 def model_weights(path: Path):
     """(spec, weight bytes as the GPU holds them, kind) of a model folder, from its metadata."""
     from app.engine.cuda.memory import spec_to_hf_config
-    from app.formats.spec import ModelSpec
     from app.formats import checkpoint
     from app.formats.recipe import Recipe, hf_tensor_shapes, plan_model
+    from app.formats.spec import ModelSpec
 
     if checkpoint.is_checkpoint(path):
         manifest = checkpoint.read_manifest(path)

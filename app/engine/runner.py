@@ -53,7 +53,7 @@ class RunnerCapabilities:
 class RunnerOptions:
     """How the CUDA runner builds its decode step. Every switch gives bit-equal tokens either
     way; the defaults are the product's, and benchmarks turn one off to see what it gives
-    (benchmarks/ablate_step.py, bench_device_sampling.py)."""
+    (lab/ablate_step.py, python -m benchmarks.bench_device_sampling)."""
 
     fuse_norms: bool = True  # batch-1 RMSNorms inside the GEMV after them, where it pays (cuda/step_norms.py)
     # ... where the fused prologues read at most this much in all (x, norm weight, chunk sums per block)

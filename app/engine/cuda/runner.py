@@ -388,7 +388,7 @@ def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: in
                        use_graphs: bool = True, dequant: bool = True, fit: bool = False,
                        options: RunnerOptions | None = None, ops=None) -> CudaRunner:
     """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests);
-    ``ops``: the step's operations instead of the kernels (benchmarks/ablate_step.py)."""
+    ``ops``: the step's operations instead of the kernels (lab/ablate_step.py)."""
     plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()) + kernel_layout_extra_bytes(weights),
                          num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs, fit=fit)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
 from app.ui.platform.hotkeys_base import HotkeyBackend, UnavailableHotkeys
-from app.ui.platform.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
 
 
 def create_hotkey_backend(on_activate: Callable[[str], None]) -> HotkeyBackend:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from app.ui.platform.keys import Hotkey, HotkeyConflictError
+from app.settings.keys import Hotkey, HotkeyConflictError
 
 
 class HotkeyBackend(ABC):

@@ -1,8 +1,12 @@
-"""Synthetic key presses (copy, paste, undo) into the window the user is working in.
+"""Synthetic key presses (copy, paste, undo) into the window the user is working in, and
+what a copy needs to know about that window and the keyboard.
 
-One small interface, one backend per platform: Windows ``SendInput``, X11 XTest through
-python-xlib, macOS pynput. Before sending Ctrl+C the modifiers of the hotkey the user is
-still holding (Alt, Shift…) are released, or the target would see Ctrl+Alt+C.
+One small interface (:mod:`app.ui.platform.keyinput_base`), one backend per platform:
+Windows ``SendInput``, X11 XTest through python-xlib, macOS pynput (plus Quartz through
+ctypes for the key state). Before a copy the hotkey the user is pressing must be up
+(:meth:`KeyInjector.keys_held`): on X11 a key sent while the hotkey's own key is held goes
+to the program that grabbed the hotkey, not to the focused window. The keys themselves
+follow the focused application (:mod:`app.ui.platform.shortcuts`): terminals never get Ctrl+C.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ def create_key_injector() -> KeyInjector:
     if sys.platform == "darwin":
         try:
             from app.ui.platform.keyinput_mac import MacKeyInjector
+
+            return MacKeyInjector()
         except ImportError as e:
             return NoKeyInjector(f"pynput is not installed ({e})")
-        return MacKeyInjector()
+        except OSError as e:  # Quartz/AppKit could not be loaded through ctypes
+            return NoKeyInjector(str(e))
     if not os.environ.get("DISPLAY"):
         return NoKeyInjector("no X display")
     try:
