@@ -8,6 +8,7 @@ circle still is one); only imports under ``if TYPE_CHECKING:`` are left out (the
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,13 @@ FORBIDDEN = {
                    "app.model_import"),
     "app.quant": ("app.server", "app.ui", "app.commands"),
     "app.server": ("app.ui", "app.quant", "app.commands"),
+    # beside the engine: the CLI, the server and the tray read it; the engine takes settings as arguments
+    "app.settings": ("app.engine", "app.kernels", "app.formats", "app.quant", "app.server", "app.ui",
+                     "app.commands", "app.cli", "app.model_import"),
 }
+# package -> outside packages it must never import: no window system below the UI.
+FORBIDDEN_EXTERNAL = {layer: ("PySide6", "shiboken6") for layer in
+                      ("app.formats", "app.kernels", "app.engine", "app.quant", "app.server", "app.settings")}
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -59,6 +66,31 @@ def _imported_names(node: ast.AST, package: str) -> list[str]:
     return [f"{module}.{alias.name}" for alias in node.names] + [module]
 
 
+def _imports_of(path: Path, package: str) -> list[tuple[ast.AST, list[str]]]:
+    """Each import statement of the file (but those under ``if TYPE_CHECKING:``) with the
+    dotted names it imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skipped = _type_checking_nodes(tree)
+    return [(node, _imported_names(node, package)) for node in ast.walk(tree)
+            if id(node) not in skipped and isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def external_imports(root: Path) -> dict[str, set[str]]:
+    """Module -> the top-level names of the packages outside ``root`` it imports."""
+    modules = module_files(root)
+    inside = root.name
+    found: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tops = {n.split(".")[0] for node, names in _imports_of(path, _package_of(name, path)) if not
+                (isinstance(node, ast.ImportFrom) and node.level) for n in names}
+        found[name] = {t for t in tops if t and t != inside}
+    return found
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the modules of the same tree it imports. ``from pkg import name`` points at
     ``pkg.name`` when that is a module, else at ``pkg``."""
@@ -71,13 +103,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        skipped = _type_checking_nodes(tree)
-        for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
-            names = _imported_names(node, package)
+        for node, names in _imports_of(path, _package_of(name, path)):
             if isinstance(node, ast.ImportFrom):  # the submodule if it is one, else the module itself
                 *members, module = names
                 targets = [m if m in modules else module for m in members]
@@ -129,31 +155,49 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+@functools.cache
+def app_graph() -> dict[str, set[str]]:
+    return import_graph(APP)
+
+
+@functools.cache
+def app_external_imports() -> dict[str, set[str]]:
+    return external_imports(APP)
+
+
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
 def test_app_has_no_import_cycles():
-    cycles = import_cycles(import_graph(APP))
+    cycles = import_cycles(app_graph())
     assert not cycles, "import circles in app/: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_only_downwards(layer):
-    graph = import_graph(APP)
+    graph = app_graph()
     assert any(_within(m, layer) for m in graph), f"{layer}: no such package (update FORBIDDEN)"
     wrong = sorted(f"{module} imports {target}" for module, targets in graph.items() if _within(module, layer)
                    for target in targets for banned in FORBIDDEN[layer] if _within(target, banned))
     assert not wrong, f"{layer} must not import {', '.join(FORBIDDEN[layer])}: " + "; ".join(wrong)
 
 
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN_EXTERNAL))
+def test_layer_imports_no_window_system(layer):
+    wrong = sorted(f"{module} imports {top}" for module, tops in app_external_imports().items()
+                   if _within(module, layer) for top in tops if top in FORBIDDEN_EXTERNAL[layer])
+    assert not wrong, f"{layer} must not import {', '.join(FORBIDDEN_EXTERNAL[layer])}: " + "; ".join(wrong)
+
+
 def test_the_graph_sees_imports_of_every_kind():
     """The checks above are only as good as the graph: known edges of each kind are found."""
-    graph = import_graph(APP)
+    graph = app_graph()
     assert "app.engine.scheduler" in graph["app.engine.engine"]  # from a.b import name
     assert "app.formats.checkpoint" in graph["app.engine.loading"]  # from a import module
     assert "app.kernels.loader" in graph["app.kernels.gemv"]
     assert "app.quant.quantizer" in graph["app.quant.cli"]  # inside a function
+    assert "PySide6" in app_external_imports()["app.ui.app"]  # an outside package
 
 
 def test_cycle_finder_on_a_tree_with_known_circles(tmp_path):
