@@ -44,6 +44,11 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
+def downloads_dir() -> Path:
+    """Model sources being downloaded (app/hub): removed once quantized unless kept."""
+    return data_dir() / "downloads"
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a crash leaves either the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
