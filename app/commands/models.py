@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from app.errors import QwenTrayError
+from app.hub import cli as hub_cli
 from app.model_import import check_model_name, register_model
 from app.settings import load_settings, save_settings
 
@@ -38,6 +39,7 @@ def register(sub) -> None:
     default = msub.add_parser("default", help="choose the default model")
     default.add_argument("name")
     default.set_defaults(func=run_default)
+    hub_cli.register(msub)  # models catalog, models get
 
 
 def run_list(args: argparse.Namespace) -> int:
