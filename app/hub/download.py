@@ -77,7 +77,7 @@ class SnapshotDownload:
         progress = functools.partial(_FileProgress, meter=meter, counted=have)
         try:
             with part.open("ab") as f:
-                http_get(remote.url, f, resume_size=have, headers=dict(self.snapshot.headers),
+                http_get(remote.url, _PartFile(f, meter), resume_size=have, headers=dict(self.snapshot.headers),
                          expected_size=remote.size, displayed_filename=remote.path, tqdm_class=progress)
         except JobCancelled:
             raise
@@ -146,18 +146,40 @@ class SnapshotDownload:
         atomic_write_text(self.folder / STATE_FILE, json.dumps(self._state, indent=1) + "\n")
 
 
+class _PartFile:
+    """The ``.part`` file as http_get writes it: a cancel stops the download right after a chunk
+    is written (http_get counts a chunk before writing it), so nothing received is lost."""
+
+    def __init__(self, f, meter: RateMeter):
+        self._f, self._meter = f, meter
+
+    def write(self, data: bytes) -> int:
+        n = self._f.write(data)
+        self._meter.check_cancel()
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._f.truncate(size)
+
+
 class _FileProgress:
-    """What ``http_get`` takes as its tqdm class: forwards the bytes to the job's meter (and
-    raises JobCancelled there). ``initial`` below what was counted means http_get restarted the
-    file from 0 (the server ignored the Range): the meter gives those bytes back."""
+    """What ``http_get`` takes as its tqdm class: forwards the bytes to the job's meter.
+    ``initial`` below what was counted means http_get restarted the file from 0 (the server
+    ignored the Range): the meter gives those bytes back."""
 
     def __init__(self, *, meter: RateMeter, counted: int, initial: int = 0, **_tqdm_arguments):
         self.meter = meter
         if initial != counted:
-            meter.add(initial - counted)
+            meter.add(initial - counted, check=False)
 
     def update(self, n: int = 1) -> None:
-        self.meter.add(n)
+        self.meter.add(n, check=False)
 
     def close(self) -> None:
         pass

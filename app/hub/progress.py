@@ -58,11 +58,12 @@ class RateMeter:
         if self._cancel is not None and self._cancel.is_set():
             raise JobCancelled("cancelled")
 
-    def add(self, n: int, detail: str | None = None) -> None:
-        self.set(self.done + n, detail)
+    def add(self, n: int, detail: str | None = None, *, check: bool = True) -> None:
+        self.set(self.done + n, detail, check=check)
 
-    def set(self, done: int, detail: str | None = None) -> None:
-        """Record ``done`` units (reported at once); raises JobCancelled when cancel was asked."""
+    def set(self, done: int, detail: str | None = None, *, check: bool = True) -> None:
+        """Record ``done`` units (reported at once); raises JobCancelled when cancel was asked
+        (unless ``check`` is False: the caller checks where stopping loses nothing)."""
         with self._lock:
             self.done = done
             if detail is not None:
@@ -73,7 +74,8 @@ class RateMeter:
                 self._samples.popleft()
             progress = self.snapshot()
         self._report(progress)
-        self.check_cancel()
+        if check:
+            self.check_cancel()
 
     def snapshot(self) -> JobProgress:
         (t0, d0), (t1, d1) = self._samples[0], self._samples[-1]

@@ -76,3 +76,20 @@ def cli_env(home: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}
     env.update(QWEN_TRAY_HOME=str(home), PYTHONPATH=str(REPO_ROOT), HF_HUB_DISABLE_TELEMETRY="1", **extra)
     return env
+
+
+@pytest.fixture
+def run_cli(home, capsys, monkeypatch):
+    """`qwen-tray ARGS` in this process, its home the test's (faster than a fresh interpreter)."""
+    import io
+
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
