@@ -8,6 +8,7 @@ the same as `qwen-tray doctor`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from app.engine.cuda.fit import Fit, Machine, model_fit
@@ -36,5 +37,9 @@ def plan_entry(entry: CatalogEntry, machine: Machine | None = None, recipe: str 
     checkpoint = plan_model(load_recipe(recipe), shapes).total_bytes
     fit = None
     if machine is not None:
-        fit = model_fit(spec, checkpoint, quantized=True, machine=machine, label=entry.model_name(recipe))
+        logging.disable(logging.WARNING)  # the planner's warnings are about a real load, not this what-if
+        try:
+            fit = model_fit(spec, checkpoint, quantized=True, machine=machine, label=entry.model_name(recipe))
+        finally:
+            logging.disable(logging.NOTSET)
     return EntryPlan(entry, recipe, download, checkpoint, fit)

@@ -20,7 +20,8 @@ from app.ui.paths import config_dir
 from app.ui.platform.keys import HotkeyError, normalize_hotkey
 
 LANGUAGES = ("auto", "en", "zh_CN")
-DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
+DEVICES = ("auto", "cpu")
+MODEL_SOURCES = ("hf", "modelscope")  # app/hub/sources.py  # where local models run: the GPU when there is one, or the CPU only
 FILE_NAME = "ui-preferences.json"
 
 
@@ -42,6 +43,8 @@ class Preferences:
     local_api_port: int = 18000
     device: str = "auto"  # one of DEVICES: "cpu" keeps the GPU free (games, other models)
     geometry: dict[str, str] = field(default_factory=dict)  # window name -> base64 of saveGeometry()
+    model_source: str = "hf"  # where Settings -> Models downloads from: one of MODEL_SOURCES
+    hf_mirror: str = ""  # a Hugging Face mirror such as https://hf-mirror.com ("" = HF_ENDPOINT or the hub)
 
     def __post_init__(self) -> None:
         _require(self.language in LANGUAGES, "language", f"must be one of {', '.join(LANGUAGES)}")
@@ -67,6 +70,9 @@ class Preferences:
         _require(isinstance(self.local_api_port, int) and 1024 <= self.local_api_port <= 65535,
                  "local_api_port", "must be 1024..65535")
         _require(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
+        _require(self.model_source in MODEL_SOURCES, "model_source", f"must be one of {', '.join(MODEL_SOURCES)}")
+        _require(isinstance(self.hf_mirror, str) and (not self.hf_mirror or self.hf_mirror.startswith(("http://", "https://"))),
+                 "hf_mirror", "must be empty or a URL starting with http:// or https://")
         _require(isinstance(self.geometry, dict) and all(isinstance(v, str) for v in self.geometry.values()),
                  "geometry", "must map window names to strings")
 
