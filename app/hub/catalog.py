@@ -113,7 +113,8 @@ def _entry(path: Path, index: int, raw: dict) -> CatalogEntry:
         raise CatalogError(f"{where}: must be a table")
     unknown = set(raw) - _FIELDS
     if unknown:
-        raise CatalogError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_FIELDS))})")
+        raise CatalogError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
+                           f"(known: {', '.join(sorted(_FIELDS))})")
     name = _string(raw, "name", where, required=True)
     where = f"{path}: model {name!r}"
     if not is_plain_folder_name(name):

@@ -136,7 +136,8 @@ class ModelScope:
         data = body.get("Data")
         if body.get("Success") is False or not isinstance(data, dict) or not isinstance(data.get("Files"), list):
             message = body.get("Message") or "no file list in its answer"
-            raise HubError(f"{self.endpoint} could not list {ref.repo} ({message}); try again later or use another source")
+            raise HubError(f"{self.endpoint} could not list {ref.repo} ({message}); try again later or use "
+                           "another source")
         return data["Files"]
 
     def _file_url(self, ref: RepoRef, path: str) -> str:

@@ -73,7 +73,8 @@ def qwen_tray(*args: str, env: dict, timeout: float = 300) -> subprocess.Complet
 
 
 def cli_env(home: Path, **extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k.upper() not in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")}
+    proxies = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+    env = {k: v for k, v in os.environ.items() if k.upper() not in proxies}
     env.update(QWEN_TRAY_HOME=str(home), PYTHONPATH=str(REPO_ROOT), HF_HUB_DISABLE_TELEMETRY="1", **extra)
     return env
 

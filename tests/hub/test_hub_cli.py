@@ -30,7 +30,8 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     assert "the tray runs it on the CPU" in got.stdout
     assert (checkpoint / "manifest.json").is_file()
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json"):
         assert filecmp.cmp(source / name, tiny_hub_model / name, shallow=False), name
     assert not list(source.glob("*.part"))
     # Every request went to the endpoint HF_ENDPOINT names, at the commit model_info resolved.

@@ -91,3 +91,12 @@ def test_a_broken_user_catalog_names_the_file_and_field(run_cli, home):
     assert_one_line_error(run_cli("models", "catalog"), str(path), "model 'X'", "w5")
     path.write_text('[[model]]\nname = "X"\nrecipe = "w4"\n')
     assert_one_line_error(run_cli("models", "catalog"), "needs [hf] or [modelscope]")
+
+
+def test_a_repo_modelscope_does_not_have(run_cli, home, hub, tiny_hub_model, monkeypatch):
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "catalog.toml").write_text(catalog_toml(tiny_hub_model, repo="tiny-org/Nope"))
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.url)
+    got = run_cli("models", "get", TINY_NAME, "--source", "modelscope", "--method", "rtn")
+    assert_one_line_error(got, f"tiny-org/Nope (revision master) was not found on {hub.url}")
+    _nothing_registered(home)
