@@ -128,7 +128,10 @@ class TrayApp(QObject):
         self.host.switch_to(entry)
 
     def machine(self) -> Machine:
-        """This machine for the VRAM planner, counting the VRAM the loaded model would give back."""
+        """This machine for the VRAM planner, counting the VRAM the loaded model would give back;
+        no GPU when Settings keep local models on the CPU (nor is CUDA started for the question)."""
+        if self.store.prefs.device == "cpu":
+            return Machine(None, "Settings run local models on the CPU")
         machine = Machine.detect()
         held = self.host.backend.vram_bytes() if self.host.backend is not None else None
         if machine.gpu is not None and held:

@@ -5,6 +5,7 @@ It answers what huggingface_hub and app/hub call, the way the real services do:
 - ``GET /api/models/{repo}/revision/{rev}?blobs=True``: model info with every sibling's size,
   git blob id and (LFS files) sha256; unknown repos get 401 + ``X-Error-Code: RepoNotFound``,
   unknown revisions 404 + ``RevisionNotFound``.
+- ``GET /api/models/{repo}/tree/{rev}``: the file list ``snapshot_download`` reads.
 - ``GET|HEAD /{repo}/resolve/{rev}/{path}``: small files served directly with ``ETag`` (git blob
   id) and ``X-Repo-Commit``; LFS files answered with a 302 to ``/cdn/{sha256}`` carrying
   ``X-Linked-Etag`` / ``X-Linked-Size``, as the hub redirects to its CDN. Gated repos get 401 +
@@ -124,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.state.log.append(entry)
         if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path):
             return self._model_info(m[1], m[2])
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path):
+            return self._tree(m[1], m[2])
         if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             return self._resolve(m[1], m[2], m[3], head)
         if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
@@ -152,6 +155,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"_id": "x", "id": repo, "modelId": repo, "sha": COMMIT, "private": False, "gated": gated,
                     "disabled": False, "siblings": siblings, "tags": [], "downloads": 0, "likes": 0})
 
+    def _tree(self, repo: str, revision: str) -> None:
+        """The file tree (one page: no Link header), as ``snapshot_download`` lists a repo."""
+        files = self.state.repos.get(repo)
+        if files is None:
+            return self._error(401, "RepoNotFound", "Repository not found")
+        if revision not in ("main", COMMIT):
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        entries = []
+        for f in files.values():
+            entry = {"type": "file", "oid": f.git_sha1, "size": len(f.data), "path": f.path}
+            if f.lfs:
+                entry["lfs"] = {"oid": f.sha256, "size": len(f.data), "pointerSize": 134}
+            entries.append(entry)
+        self._json(entries)
+
     def _resolve(self, repo: str, revision: str, path: str, head: bool) -> None:
         files = self.state.repos.get(repo)
         if files is None:
@@ -166,7 +184,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"")
         common = {"X-Repo-Commit": COMMIT}
         if file.lfs:
-            headers = {**common, "Location": f"/cdn/{file.sha256}", "X-Linked-Etag": f'"{file.sha256}"',
+            # Another origin (localhost, not 127.0.0.1), as the hub's CDN is another host: clients
+            # read the file's metadata from this redirect and do not send the token there.
+            cdn = f"http://localhost:{self.server.server_address[1]}/cdn/{file.sha256}"
+            headers = {**common, "Location": cdn, "X-Linked-Etag": f'"{file.sha256}"',
                        "X-Linked-Size": str(len(file.data)), "ETag": f'"{file.git_sha1}"', "Content-Length": "0"}
             self.send_response(302)
             for k, v in headers.items():
@@ -239,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
             state.served[path] = already + len(chunk)
             entry["sent"] += len(chunk)
 
-    def _json(self, data: dict, status: int = 200) -> None:
+    def _json(self, data: dict | list, status: int = 200) -> None:
         body = json.dumps(data).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

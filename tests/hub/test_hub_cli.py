@@ -44,13 +44,14 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     assert answer.stdout.strip()
 
 
-def test_get_again_only_registers_the_finished_checkpoint(hub, home, tiny_catalog):
-    env = cli_env(home, HF_ENDPOINT=hub.url)
-    assert qwen_tray("models", "get", TINY_NAME, "--method", "rtn", env=env).returncode == 0
+def test_get_again_only_registers_the_finished_checkpoint(run_cli, hub, home, tiny_catalog):
+    get = ("models", "get", TINY_NAME, "--method", "rtn", "--endpoint", hub.url)
+    assert run_cli(*get).returncode == 0
     assert not (home / "data" / "downloads" / f"{TINY_NAME}.hf").exists()  # the source is deleted by default
     hub.log.clear()
-    again = qwen_tray("models", "get", TINY_NAME, "--method", "rtn", env=env)
+    again = run_cli(*get)
     assert again.returncode == 0, again.stderr
+    assert f"{TINY_MODEL} (default)" in again.stdout
     assert hub.log == []  # nothing downloaded, nothing quantized: registered again
 
 
@@ -72,3 +73,18 @@ def test_get_from_modelscope(hub, home, tiny_catalog, tiny_hub_model, monkeypatc
     assert hub.requests_for(f"/api/v1/models/{TINY_REPO}/repo/files")
     assert not hub.requests_for("/resolve/")  # nothing from the other source
     assert (source / STATE_FILE).is_file()
+
+
+def test_the_fake_hub_speaks_what_huggingface_hubs_own_download_expects(hub, tmp_path, tiny_hub_model):
+    """The fake answers huggingface_hub's own snapshot_download (HEAD with ETag / X-Repo-Commit /
+    X-Linked-*, the CDN redirect, model info) with the real files: what the tests above rely on."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(TINY_REPO, local_dir=tmp_path / "snap", endpoint=hub.url,
+                               allow_patterns=["*.json", "*.safetensors"])
+    for name in ("config.json", "tokenizer.json", WEIGHTS):
+        assert filecmp.cmp(f"{folder}/{name}", tiny_hub_model / name, shallow=False), name
+    assert hub.requests_for("/resolve/") and any(r["method"] == "HEAD" for r in hub.log)
+
+
+WEIGHTS = "model.safetensors"

@@ -188,8 +188,9 @@ class CatalogPage(QWidget):
             self.error.setText(str(e))
             return False
         mirror = self.store.prefs.hf_mirror if source == "hf" else ""
+        machine = self.jobs.machine()
         job = GetModelJob(entry, source=source, endpoint=mirror or None, keep_source=self.keep_source.isChecked(),
-                          machine=self.jobs.machine())
+                          machine=machine, device=None if machine and machine.gpu else "cpu")
         if not self.jobs.start(job, job.name, activate=self.activate.isChecked()):
             self.error.setText(tr("Another model is being prepared; wait for it or cancel it"))
             return False

@@ -223,8 +223,9 @@ class ModelsPage(QWidget):
 
     def _import_gguf(self, entry: ModelEntry) -> bool:
         """Convert (and quantize) the GGUF as a model job; it is registered when done."""
+        machine = self.jobs.machine()
         job = ImportGgufJob(Path(entry.path), entry.name, recipe=self.recipe.currentData() or None,
-                            machine=self.jobs.machine())
+                            machine=machine, device=None if machine and machine.gpu else "cpu")
         if not self.jobs.start(job, entry.name):
             raise QwenTrayError(tr("Another model is being prepared; wait for it or cancel it"))
         self.error.setText(tr("Importing {name}; it is added when ready", name=entry.name))
