@@ -115,6 +115,8 @@ class CatalogPage(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setStretchLastSection(True)
         self.source = QComboBox()
         self.source.addItem("Hugging Face", "hf")
         self.source.addItem(tr("ModelScope (mainland China)"), "modelscope")
@@ -168,6 +170,8 @@ class CatalogPage(QWidget):
                 item.setToolTip(plan.fit.text if column == FIT_COLUMN and plan.fit else summary)
                 self.table.setItem(row, column, item)
         self.table.resizeColumnsToContents()
+        rows = sum(self.table.rowHeight(r) for r in range(min(len(self.entries), 5)))
+        self.table.setMinimumHeight(self.table.horizontalHeader().height() + rows + 4)  # every entry, up to 5
         if self.entries and self.table.currentRow() < 0:
             self.table.selectRow(0)
 

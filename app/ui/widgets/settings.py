@@ -57,7 +57,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
         self._fill_hotkeys()
-        self.resize(820, 640)
+        self.resize(820, 720)
 
     def _general_page(self) -> QWidget:
         prefs = self.store.prefs
