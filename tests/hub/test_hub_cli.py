@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import filecmp
 
-from conftest import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray
+from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray
 
 from app.hub.download import STATE_FILE
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, TINY_NAME
+from hub_support import TINY_MODEL, TINY_NAME
 from fake_hub import Faults
 
 from app.hub.catalog import find_entry
@@ -37,7 +37,7 @@ def tmpfs(path: Path, size: str):
 
 
 def test_refused_before_downloading_when_it_cannot_fit(run_cli, tmp_path, monkeypatch, hub, tiny_hub_model):
-    from conftest import catalog_toml
+    from hub_support import catalog_toml
 
     with tmpfs(tmp_path / "small", "64m") as small:
         home = small / "home"
@@ -51,7 +51,7 @@ def test_refused_before_downloading_when_it_cannot_fit(run_cli, tmp_path, monkey
 
 
 def test_a_disk_that_fills_up_meanwhile(tmp_path, monkeypatch, hub, tiny_hub_model):
-    from conftest import catalog_toml
+    from hub_support import catalog_toml
 
     hub.faults[WEIGHTS] = Faults(stall_after=25 << 20)
     with tmpfs(tmp_path / "disk", "330m") as disk:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml
+from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml
 from fake_hub import Faults
 
 from app.settings import load_settings

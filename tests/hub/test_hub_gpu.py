@@ -4,7 +4,7 @@ result with the CUDA kernels (run through the device tool: pytest -m gpu tests/h
 from __future__ import annotations
 
 import pytest
-from conftest import catalog_toml
+from hub_support import catalog_toml
 from fake_hub import FakeHub
 
 from app.engine.cuda.fit import GPU, Machine

@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from conftest import REPO_ROOT, TINY_MODEL, TINY_NAME, cli_env, qwen_tray
+from hub_support import REPO_ROOT, TINY_MODEL, TINY_NAME, cli_env, qwen_tray
 from fake_hub import Faults
 
 from app.hub.catalog import find_entry

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, TINY_NAME
+from hub_support import TINY_MODEL, TINY_NAME
 from fake_hub import Faults
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
