@@ -74,7 +74,8 @@ def run_get(args: argparse.Namespace) -> int:
 
 class TqdmReporter:
     """Draws a job's progress on stderr: one tqdm bar per stage (bytes with speed and ETA for the
-    download and the checksums, layers for the quantizer); silent when stderr is not a terminal."""
+    download, whose checksums show on its bar; layers for the quantizer); silent when stderr is not
+    a terminal."""
 
     _UNITS = {DOWNLOADING: "B", VERIFYING: "B", QUANTIZING: "layer"}
 
@@ -91,12 +92,19 @@ class TqdmReporter:
     def __call__(self, progress: JobProgress) -> None:
         from tqdm import tqdm
 
+        if progress.stage == VERIFYING and self.stage == DOWNLOADING:
+            self.bar.set_postfix_str(f"checking {progress.detail}")  # one bar for the whole download
+            return
         if progress.stage != self.stage:
             self._close()
             self.stage = progress.stage
+            if not progress.total and progress.stage not in self._UNITS:
+                return  # a short step (checking, registering): no bar
             unit = self._UNITS.get(progress.stage, progress.unit or "it")
             self.bar = tqdm(desc=progress.stage, total=progress.total or None, unit=unit, unit_scale=unit == "B",
                             unit_divisor=1024, file=sys.stderr, disable=None, initial=progress.done)
+        if self.bar is None:
+            return
         if progress.total and self.bar.total != progress.total:
             self.bar.total = progress.total
         self.bar.n = progress.done
