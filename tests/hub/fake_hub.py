@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LFS_SUFFIXES = (".safetensors", "tokenizer.json")
 CHUNK = 256 * 1024
+GRANTED_TOKEN = "hf_granted"  # the one token a gated repo lets in
 
 
 @dataclass
@@ -174,9 +175,11 @@ class _Handler(BaseHTTPRequestHandler):
         files = self.state.repos.get(repo)
         if files is None:
             return self._error(401, "RepoNotFound", "Repository not found")
-        if repo in self.state.gated and not self.headers.get("Authorization"):
-            return self._error(401, "GatedRepo", f"Access to model {repo} is restricted. You must have access to it "
-                                                 "and be authenticated to access it. Please log in.")
+        authorization = self.headers.get("Authorization")
+        if repo in self.state.gated and authorization != f"Bearer {GRANTED_TOKEN}":
+            # 401 without a token; 403 for a user who has not been granted access (the hub's answers)
+            message = f"Access to model {repo} is restricted. You must have access to it and be authenticated."
+            return self._error(403 if authorization else 401, "GatedRepo", message)
         if revision not in ("main", COMMIT):
             return self._error(404, "RevisionNotFound", "Invalid rev id")
         file = files.get(path)

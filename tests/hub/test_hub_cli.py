@@ -7,7 +7,11 @@ import filecmp
 
 from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray
 
+from app.engine.cuda.fit import Machine
+from app.hub.catalog import find_entry
 from app.hub.download import STATE_FILE
+from app.hub.job import fit_of
+from app.hub.plan import plan_entry
 
 
 def test_catalog_lists_the_shipped_models_with_sizes_and_this_machine(cli, tiny_catalog):
@@ -17,7 +21,8 @@ def test_catalog_lists_the_shipped_models_with_sizes_and_this_machine(cli, tiny_
         assert f"{name}  (recipe {recipe}; download " in out
     # Qwen2.5-3B in bf16 is 6.17 GB on the hub; its w4 checkpoint ~1.6 GB (the recipe planner).
     assert "Qwen2.5-3B-Instruct  (recipe w4; download 6.2 GB, checkpoint 1.6 GB)" in out
-    assert "this machine: on the CPU" in out  # no GPU here: the planner's verdict
+    three_b = plan_entry(find_entry("Qwen2.5-3B-Instruct"), Machine.detect()).fit
+    assert f"this machine: {three_b.text}" in out  # the planner's verdict (here, without a GPU: on the CPU)
     assert "modelscope: qwen/Qwen2.5-7B-Instruct" in out
 
 
@@ -27,7 +32,7 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     assert got.returncode == 0, got.stderr
     checkpoint = home / "data" / "models" / TINY_MODEL
     assert f"{TINY_MODEL} (default): {checkpoint}" in got.stdout
-    assert "the tray runs it on the CPU" in got.stdout
+    assert f"the tray runs it {fit_of(checkpoint, TINY_MODEL, Machine.detect()).text}" in got.stdout
     assert (checkpoint / "manifest.json").is_file()
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",

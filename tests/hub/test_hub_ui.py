@@ -27,7 +27,8 @@ from app.ui.controllers.model_jobs import ModelJobs  # noqa: E402
 from app.ui.i18n import set_language  # noqa: E402
 from app.ui.models import ModelEntry, open_backend, save_local_models  # noqa: E402
 from app.ui.preferences import PreferencesStore, load_preferences  # noqa: E402
-from app.ui.widgets.catalog_page import CatalogPage  # noqa: E402
+from app.hub.job import fit_of  # noqa: E402
+from app.ui.widgets.catalog_page import CatalogPage, fit_label  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 SMALL_GPU = GpuInfo("Small GPU", 512 << 20, 200 << 20, 16, (8, 6))  # less free than the margin: no model fits
@@ -97,7 +98,8 @@ def test_get_a_model_while_the_current_one_keeps_answering(qtbot, make_app, hub,
     with qtbot.waitSignal(app.host.loaded, timeout=300_000):  # done: made active
         pass
     assert app.host.entry.name == TINY_MODEL and _answer(app)
-    assert page.panel.status.text() == f"{TINY_MODEL} is ready (CPU)"
+    fit = fit_of(Path(app.host.entry.path), TINY_MODEL, app.machine())
+    assert page.panel.status.text() == f"{TINY_MODEL} is ready ({fit_label(fit)})"  # here: (CPU)
     assert f"{TINY_MODEL} is ready" in app.notices
     assert TINY_MODEL in load_settings().models
     assert not home_downloads().exists()  # the source is deleted by default
