@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(with no subcommand: start the tray app).")
     parser.add_argument("--version", action="version", version=f"qwen-tray {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    # The tray's own options work without "tray" too: `qwen-tray --language zh_CN`.
+    parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language of the tray app for this run")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from app.commands import ask, doctor, models, tray

@@ -1,4 +1,4 @@
-"""Where Qwen Tray keeps its files (platformdirs).
+"""Where Qwen Tray keeps its files (platformdirs), and the one atomic write.
 
 ``QWEN_TRAY_HOME`` (when set) replaces the platformdirs roots: config, data and cache then
 live in ``$QWEN_TRAY_HOME/config``, ``/data`` and ``/cache``. Tests set it so they never
@@ -47,6 +47,11 @@ def models_dir() -> Path:
 def downloads_dir() -> Path:
     """Model sources being downloaded (app/hub): removed once quantized unless kept."""
     return data_dir() / "downloads"
+
+
+def resources_dir() -> Path:
+    """Shipped data files (actions.toml, icons, catalog.toml): ``app/resources``, in a checkout and a wheel alike."""
+    return Path(__file__).resolve().parent / "resources"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -7,7 +7,7 @@ longer chain of key steps per block) and every ``--split-factors`` multiple of t
 number of splits (more splits: more blocks per SM to hide latency at long contexts, more
 partials to combine). Prints each row's ratio to the defaults and writes JSON.
 
-    python3 benchmarks/bench_attention.py [--chunks 16] [--split-factors 1,2,4] [--commit SHA] \
+    python -m benchmarks.bench_attention [--chunks 16] [--split-factors 1,2,4] [--commit SHA] \
         [--out docs/results/attention_h200.json]
 """
 
@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits  # noqa: E402
-from app.kernels.attention import MAX_SPLITS, MIN_CHUNK  # noqa: E402
-from bench_kernels import MODELS, time_us  # noqa: E402
+from app.kernels import DecodeAttentionWorkspace, decode_attention, default_num_splits
+from app.kernels.attention import MAX_SPLITS, MIN_CHUNK
+from benchmarks.common import KERNEL_SHAPES, require_gpu, time_us
 
 DEV = "cuda"
 CHUNKS = (4, 8, 16, 32, 64, 128)
@@ -34,7 +31,7 @@ CONTEXTS = (128, 520, 1024, 4096, 32768)
 
 def sweep(sms: int, chunks: tuple[int, ...], batches: tuple[int, ...], factors: tuple[int, ...]) -> list[dict]:
     rows = []
-    for model, c in MODELS.items():
+    for model, c in KERNEL_SHAPES.items():
         hq, hkv, d = c["hq"], c["hkv"], c["d"]
         max_ctx = max(CONTEXTS)
         for batch in batches:
@@ -69,6 +66,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--split-factors", default="1", help="multiples of the default split count (must include 1)")
     args = ap.parse_args()
+    require_gpu()
     props = torch.cuda.get_device_properties(0)
     chunks = tuple(int(c) for c in args.chunks.split(","))
     if MIN_CHUNK not in chunks:

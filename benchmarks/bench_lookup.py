@@ -14,7 +14,7 @@
    read back each step), and against the chained one-token loop the scheduler runs without
    guesses (``decode_tokens_launch_next``).
 
-    python3 benchmarks/bench_lookup.py --commit SHA [--out docs/results/lookup_h200.json]
+    python -m benchmarks.bench_lookup --commit SHA [--out docs/results/lookup_h200.json]
 """
 
 from __future__ import annotations
@@ -23,39 +23,24 @@ import argparse
 import datetime as dt
 import gc
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, fresh, prompt_ids, spec_of  # noqa: E402
+from app.engine import Engine, SamplingParams
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import DEV, TASKS, fresh, prompt_ids, require_gpu, spec_of
 
-from app.engine import Engine, SamplingParams  # noqa: E402
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
-
-TEXT = ("The comittee met on Tuesday to discuss the new budjet for the libary. After a long debate, "
-        "the members agreed to spend more money on childrens books and to keep the building open "
-        "until eight oclock on weekdays. The chairman thanked every one for there time and said the "
-        "decision would be anounced in the town newsletter next month.")
-TASKS = {
-    "fix typos": f"Correct the spelling mistakes in the following text. Reply with the corrected text only.\n\n{TEXT}",
-    "repeat": f"Repeat the following text exactly, word for word.\n\n{TEXT}",
-    "summarize": f"Summarize the following text in two sentences.\n\n{TEXT}",
-    "free writing": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-}
 MAX_TOKENS = 200
 STEP_CALLS = 60
 GUESSES = (1, 3, 7)
 
 
-MODES = {  # the tray's actions sample at temperature 0.3 by default (app/ui/preferences.py)
+MODES = {  # the tray's actions sample at temperature 0.3 by default (app/settings/preferences.py)
     "greedy": SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
     "T=0.3": SamplingParams(max_tokens=MAX_TOKENS, temperature=0.3, seed=1),
 }
@@ -149,6 +134,7 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default="docs/results/lookup_h200.json")
     args = ap.parse_args()
+    require_gpu()
     from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
 
     props = torch.cuda.get_device_properties(0)

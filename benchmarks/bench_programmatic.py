@@ -7,7 +7,7 @@ and 8 (host loop and graph-only), our linear layers alone (graphed), the 512-tok
 prefill and the prefill through the decode graph. Prints both modes side by side with the
 ratio and llama.cpp's decode on the same GPU kind (../shared/anchors.md); writes JSON.
 
-    python3 benchmarks/bench_programmatic.py --commit SHA [--out docs/results/programmatic_h200.json]
+    python -m benchmarks.bench_programmatic --commit SHA [--out docs/results/programmatic_h200.json]
 """
 
 from __future__ import annotations
@@ -15,23 +15,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import (  # noqa: E402
-    DEV, LLAMA_CPP, RUNS, TARGETS, decode_tokens_per_s, fresh, linears_only_us, prefill_time, spec_of,
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.kernels import programmatic
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import (
+    DEV, LLAMA_CPP, RUNS, TARGETS, copy_bandwidth_gbps, decode_tokens_per_s, fresh, linears_only_us, prefill_time,
+    require_gpu, spec_of,
 )
-from bench_kernels import copy_bandwidth_gbps  # noqa: E402
-
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
 
 MODES = ("off", "on")
 
@@ -65,6 +60,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/programmatic_h200.json")
     ap.add_argument("--only", choices=[f"{m}-{r}" for m, r in RUNS], action="append")
     args = ap.parse_args()
+    require_gpu()
     props = torch.cuda.get_device_properties(DEV)
     capability = torch.cuda.get_device_capability(DEV)
     reason = programmatic.unsupported_reason(capability)

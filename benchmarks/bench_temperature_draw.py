@@ -3,9 +3,9 @@
 
 A sampled row used to be drawn after the graph replay by app.engine.sampling.sample_rows on the
 device, one row at a time: a softmax, a cumulative sum and a search over Qwen's 152k logits at
-a temperature alone (the tray's default, 0.3; phase 15: 4-6 % of a greedy step), plus a sort
-with top-k / top-p (12-16 %). The peer in the same run is exactly that path (``TorchDraw``
-below, swapped into the runner).
+a temperature alone (the tray's default, 0.3: 4-6 % of a greedy step), plus a sort with top-k /
+top-p (12-16 %; docs/history/kernels/phase-15.md). The peer in the same run is exactly that
+path (``TorchDraw`` below, swapped into the runner).
 
 1. The draw alone: µs per call for 1 / 4 / 8 / 16 rows of Qwen's vocabulary, at temperature
    0.3 and at 0.7 with top-p 0.9 and top-k 50; the GPU's time (calls captured in a CUDA graph)
@@ -14,7 +14,7 @@ below, swapped into the runner).
    512-token prompt, 128 tokens), batch 1 and 4, greedy (the ceiling) and both kinds drawn by
    the kernels and by the peer; median of 3 alternating rounds.
 
-    python3 benchmarks/bench_temperature_draw.py --commit SHA [--out docs/results/temperature_draw_<gpu>.json]
+    python -m benchmarks.bench_temperature_draw --commit SHA [--out docs/results/temperature_draw_<gpu>.json]
 """
 
 from __future__ import annotations
@@ -24,31 +24,26 @@ import datetime as dt
 import gc
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, default_out, fresh, prompt_ids, spec_of  # noqa: E402
-from bench_device_sampling import run  # noqa: E402
-from serve_synthetic import qwen_tokenizer  # noqa: E402
-
-from app.engine import Engine  # noqa: E402
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.engine.sampling import sample_rows  # noqa: E402
-from app.kernels import draw_workspace, filtered_draw, temperature_draw  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.engine import Engine
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.engine.sampling import sample_rows
+from app.kernels import draw_workspace, filtered_draw, temperature_draw
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import (
+    DEV, fresh, prompt_ids, qwen_tokenizer, require_gpu, result_path, run_requests, spec_of,
+)
 
 VOCAB, LD = 151_665, 151_936  # Qwen2.5's tokenizer and its padded lm_head
 ROUNDS = 3
 
 
 class TorchDraw:
-    """The peer: phase 15's draw (sample_rows, one row at a time; top-k / top-p sort the row)."""
+    """The peer: the PyTorch draw of phase 15 (sample_rows, one row at a time; top-k / top-p sort the row)."""
 
     def temperature_draw(self, logits, vocab, params, *, workspace, out):
         return self._rows(logits, vocab, params, out, filtered=False)
@@ -149,16 +144,16 @@ def decode_rows(model: str, recipe: str) -> list[dict]:
         prompts = [prompt_ids(512, i, min(tokenizer.vocab_size, spec.vocab_size)) for i in range(4)]
         for batch in (1, 4):
             batch_prompts = prompts[:batch]
-            run(engine, batch_prompts, dict(temperature=0), True)  # warm
+            run_requests(engine, batch_prompts, dict(temperature=0), True)  # warm
             for kind, (t, p, k) in DRAW_KINDS.items():
                 mode = dict(temperature=t, top_p=p, top_k=int(k))
                 rates = {"greedy": [], "kernel": [], "torch": []}
                 for i in range(ROUNDS):
                     order = ("kernel", "torch") if i % 2 == 0 else ("torch", "kernel")
-                    rates["greedy"].append(run(engine, batch_prompts, dict(temperature=0), True)[0])
+                    rates["greedy"].append(run_requests(engine, batch_prompts, dict(temperature=0), True)[0])
                     for who in order:
                         runner.draw._ops = kernel_ops if who == "kernel" else TorchDraw()
-                        rates[who].append(run(engine, batch_prompts, mode, True)[0])
+                        rates[who].append(run_requests(engine, batch_prompts, mode, True)[0])
                 runner.draw._ops = kernel_ops
                 row = dict(model=label, batch=batch, kind=kind, rounds=rates,
                            **{f"{w}_tokens_per_s": statistics.median(v) for w, v in rates.items()})
@@ -181,13 +176,14 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--models", default="3B,7B")
     args = ap.parse_args()
+    require_gpu()
     props = torch.cuda.get_device_properties(0)
     result = dict(gpu=props.name, date=dt.date.today().isoformat(), commit=args.commit, torch=torch.__version__,
                   vocab=VOCAB, ld=LD, draw_alone=draw_alone(), decode=[])
     for model, recipe in (("3B", "w4"), ("7B", "mixed")):
         if model in args.models.split(","):
             result["decode"] += decode_rows(model, recipe)
-    out = Path(args.out or default_out(props.name, False).replace("decode_", "temperature_draw_"))
+    out = Path(args.out or result_path("temperature_draw", props.name))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print("wrote", out)

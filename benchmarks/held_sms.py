@@ -21,9 +21,12 @@ from __future__ import annotations
 import statistics
 import time
 
-import cupy
 import numpy as np
 import torch
+
+from benchmarks.common import require_cupy
+
+cupy = require_cupy()
 
 GA10X_SHARED_BYTES = 100 << 10  # shared memory per SM of an RTX 30-series GPU
 

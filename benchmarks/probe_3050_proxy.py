@@ -16,9 +16,9 @@ that, the card's DRAM, not the kernels, bounds its speed. What it cannot show: t
 efficiency and latency, its 2 MB L2 (the H200's 60 MB L2 stays shared by all SMs), its 48-warp
 limit per SM, and GA10x tensor cores' half rate with fp32 accumulation. ``--sweep`` also times
 GEMVs (``--sweep-roles``: the MLP and head ones unless told) in thirteen configs each on the
-trimmed SMs (docs/KERNELS.md phase 19).
+trimmed SMs (docs/history/kernels/phase-19.md).
 
-    python3 benchmarks/probe_3050_proxy.py --commit SHA [--sweep [--sweep-roles qkv,o]] [--out docs/results/proxy_3050_h200.json]
+    python -m benchmarks.probe_3050_proxy --commit SHA [--sweep [--sweep-roles qkv,o]] [--out docs/results/proxy_3050_h200.json]
 """
 
 from __future__ import annotations
@@ -27,28 +27,25 @@ import os
 
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # nothing may load lazily while SMs are held
 
-import argparse  # noqa: E402
-import datetime as dt  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
 
-import cupy  # noqa: E402
-import torch  # noqa: E402
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_decode import DEV, PROMPT, fresh, int4_peer_step, peer_inputs, prompt_ids, spec_of  # noqa: E402
-from bench_kernels import capture, gemv_cases, gemv_fn, n_copies, rand_weights, vars_of  # noqa: E402
-from bench_kernels import weight_bytes  # noqa: E402
-from held_sms import HeldSMs, HoldHung, replay_us  # noqa: E402
+from app.engine.cuda.runner import runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.kernels import emulate
+from app.kernels.gemv import GemvConfig, default_gemv_config
+from app.quant.recipe import BUILTIN_RECIPES
+from benchmarks.common import (
+    DEV, PROMPT, capture, fresh, gemv_cases, gemv_fn, int4_peer_step, n_copies, peer_inputs, prompt_ids, rand_weights,
+    require_cupy, require_gpu, spec_of, vars_of, weight_bytes,
+)
+from benchmarks.held_sms import HeldSMs, HoldHung, replay_us
 
-from app.engine.cuda.runner import runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.kernels import emulate  # noqa: E402
-from app.kernels.gemv import GemvConfig, default_gemv_config  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+cupy = require_cupy()
 
 SMS_3050 = 16
 DRAM_3050_GBPS = 192.0
@@ -187,6 +184,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also every GEMV config of the --sweep-roles")
     ap.add_argument("--sweep-roles", default="gate_up,down,lm_head", help="of qkv, o, gate_up, down, lm_head")
     args = ap.parse_args()
+    require_gpu()
     emulate.build_as_ptx("86")
     emulate.plan_for_sm_count(SMS_3050)
     holds = dict(free=HeldSMs(free=SMS_3050), ga10x=HeldSMs(free=SMS_3050, ga10x=True))

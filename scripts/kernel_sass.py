@@ -5,7 +5,7 @@ Uses NVRTC (libnvrtc from pip `nvidia-cuda-nvrtc-cu12`) for the exact source the
 compiles, then `ptxas -v` (pip `nvidia-cuda-nvcc-cu12`) and optionally `cuobjdump -sass`
 (pip `nvidia-cuda-cuobjdump`). A development tool: none of it is needed at run time.
 
-    python3 scripts/kernel_sass.py gemv.cu "gemv_kernel<4, 2, true, 1, 1>" --arch 86 [--sass] \
+    python -m scripts.kernel_sass gemv.cu "gemv_kernel<4, 2, true, 1, 1>" --arch 86 [--sass] \
         --nvrtc /tmp/nv/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 --ptxas /tmp/nv/nvidia/cuda_nvcc/bin/ptxas
 """
 
@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.kernels.loader import COMPILE_OPTIONS, kernel_source  # noqa: E402
+from app.kernels.loader import COMPILE_OPTIONS, kernel_source
 
 
 def nvrtc_ptx(lib: ctypes.CDLL, filename: str, names: list[str], arch: int,

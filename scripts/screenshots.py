@@ -1,12 +1,13 @@
-"""Screenshots of the tray menu, the answer popup and the chat window, for docs/images/.
+"""Screenshots of the tray menu, the answer popup, the chat window and Settings → Hotkeys, for docs/images/.
 
 Runs the real app with a real model under Xvfb (started here when DISPLAY is not set, with
 trayer as the system tray):
 
-    python scripts/screenshots.py                       # the starter model (converted on first use)
-    python scripts/screenshots.py --model PATH --out docs/images
+    python -m scripts.screenshots                       # the starter model (converted on first use)
+    python -m scripts.screenshots --model PATH --out docs/images
 
-Needs: xvfb, trayer (apt), PySide6; a CJK font (fonts-wqy-microhei) for the Chinese shots.
+Needs: xvfb, trayer (apt), PySide6, python-xlib (the popup's text is copied with real keys);
+a CJK font (fonts-noto-cjk or fonts-wqy-microhei) for the Chinese shots.
 Uses a temporary QWEN_TRAY_HOME unless --home is given, so the user's settings stay untouched.
 """
 
@@ -22,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 TEXT = ("The quarterly planning meeting has moved from Tuesday to Friday at 3 pm because the "
         "design review ran late. Alice will send the updated slides by Thursday noon, and Bob "
@@ -70,21 +70,33 @@ def settle(qapp, seconds: float = 0.4) -> None:
 
 
 def shoot_popup(qapp, tray, out: Path, name: str) -> None:
-    qapp.clipboard().setText(TEXT)
+    """A real hotkey action: the text is selected in an editor and copied with real keys (XTest)."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QPlainTextEdit
+
+    editor = QPlainTextEdit()
+    editor.setWindowTitle("editor")
+    editor.setPlainText(TEXT)
+    editor.selectAll()
+    editor.resize(420, 200)
+    editor.move(40, 60)
+    editor.show()
+    editor.activateWindow()
+    editor.setFocus()
+    settle(qapp)
+    qapp.clipboard().setText("something copied earlier")
     controller = tray.action_controller
     answers: list[str] = []
     controller.answered.connect(answers.append)
-    summarize = next(a for a in tray.actions if a.id == "summarize")
-    from PySide6.QtCore import QPoint
-
     controller.popup.move_near(QPoint(380, 260))
-    tray.run_action(summarize, from_hotkey=False)
-    controller.popup.move_near(QPoint(380, 260))
+    tray.run_action("summarize")  # what the hotkey runs: copies the selection first
     wait_until(qapp, lambda: bool(answers), 300, "the summary")
     controller.answered.disconnect(answers.append)
+    controller.popup.move_near(QPoint(380, 260))
     settle(qapp)
     controller.popup.grab().save(str(out / name))
     controller.popup.hide()
+    editor.hide()
 
 
 def shoot_chat(qapp, tray, out: Path, name: str) -> None:
@@ -122,6 +134,16 @@ def shoot_menu(qapp, tray, out: Path, name: str) -> None:
     menu.hide()
 
 
+def shoot_hotkeys(qapp, tray, out: Path, name: str) -> None:
+    tray.open_settings()
+    dialog = tray.settings_dialog
+    dialog.tabs.setCurrentWidget(dialog.hotkeys_page)
+    dialog.resize(720, 560)
+    settle(qapp, 0.6)
+    dialog.grab().save(str(out / name))
+    dialog.reject()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a model folder (default: the starter model)")
@@ -137,12 +159,14 @@ def main() -> int:
     try:
         from PySide6.QtWidgets import QApplication
 
+        from app.settings.preferences import Preferences
+        from app.settings.store import SettingsStore
         from app.ui.app import TrayApp
         from app.ui.i18n import set_language
         from app.ui.models import ModelEntry
-        from app.ui.preferences import Preferences, save_preferences
 
-        save_preferences(Preferences(max_tokens=args.max_tokens, temperature=0.0, language="en"))
+        with SettingsStore().edit() as settings:
+            settings.preferences = Preferences(max_tokens=args.max_tokens, temperature=0.0, language="en")
         qapp = QApplication(sys.argv[:1])
         qapp.setQuitOnLastWindowClosed(False)
         tray = TrayApp()
@@ -156,6 +180,7 @@ def main() -> int:
         shoot_menu(qapp, tray, args.out, "tray-menu.png")
         shoot_popup(qapp, tray, args.out, "popup.png")
         shoot_chat(qapp, tray, args.out, "chat.png")
+        shoot_hotkeys(qapp, tray, args.out, "settings-hotkeys.png")
         set_language("zh_CN")
         shoot_menu(qapp, tray, args.out, "tray-menu-zh_CN.png")
         tray.shutdown()

@@ -3,12 +3,7 @@ never overwrites the H200's published numbers."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from bench_decode import default_out  # noqa: E402
+from benchmarks.bench_decode import default_out
 
 
 def test_the_h200_keeps_its_file_names():

@@ -119,7 +119,9 @@ def test_corrupt_settings_file_is_backed_up_not_fatal(cli, tmp_path):
     proc = cli("models", "list")
     assert proc.returncode == 0
     assert "no models registered" in proc.stdout
-    assert list(config.glob("settings.json.corrupt-*")), "the broken file must be kept"
+    backups = list(config.glob("settings.corrupt-*.json"))
+    assert [b.read_text() for b in backups] == ["{ this is not json"], "the broken file must be kept"
+    assert str(backups[0]) in proc.stderr and "Traceback" not in proc.stderr  # the user is told where
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["ask", "--help"], ["models", "--help"]])

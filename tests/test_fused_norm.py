@@ -1,4 +1,4 @@
-"""The RMSNorm fused into the GEMVs at batch 1 (docs/KERNELS.md phase 10): the chunk order of
+"""The RMSNorm fused into the GEMVs at batch 1 (docs/KERNELS.md § Fused norms): the chunk order of
 the sum of squares (CPU), the norm kernel and the GEMVs bit-equal to it (GPU), and a decode
 step with and without the fusion (CPU wiring, GPU bits)."""
 

@@ -1,4 +1,4 @@
-"""RoPE + KV write fused into the decode attention's split kernel (docs/KERNELS.md phase 12):
+"""RoPE + KV write fused into the decode attention's split kernel (docs/KERNELS.md § Fused RoPE and KV write):
 the kernel bit-equal to rope_kv_write followed by decode_attention (GPU), and the decode step
 and the graph prefill with and without the fusion (CPU wiring, GPU bits)."""
 

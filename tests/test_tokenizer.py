@@ -91,12 +91,13 @@ def test_streaming_never_emits_broken_characters(qwen_tok, text):
     assert "".join(pieces) == text
 
 
-def test_truncated_character_at_the_end_is_flushed_not_lost(qwen_tok):
-    ids = qwen_tok.encode("好🎉")
-    partial = ids[:-1] if qwen_tok.decode(ids[:-1]).endswith("\ufffd") else ids
+def test_a_half_character_at_the_end_is_dropped_not_shown_as_a_replacement_character(qwen_tok):
+    ids = qwen_tok.encode("好龘")
+    assert qwen_tok.decode(ids[:-1]).endswith("\ufffd"), "the last character must span tokens"
     detok = IncrementalDetokenizer(qwen_tok)
-    text = "".join(detok.add(i) for i in partial) + detok.flush()
-    assert text == qwen_tok.decode(partial)
+    pieces = [detok.add(i) for i in ids[:-1]]
+    assert pieces[-1] == ""  # the half character is held back while streaming
+    assert "".join(pieces) + detok.flush() == "好"  # and has no text when the answer ends there
 
 
 def test_missing_tokenizer_is_a_clear_error(tmp_path):

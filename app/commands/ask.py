@@ -54,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _ask_local(args, messages, params) -> int:
     from app.engine import Engine
-    from app.settings import load_settings
     from app.progress import load_progress_bar
+    from app.settings.console import console_store
 
-    path = load_settings().resolve_model(args.model)
+    path = console_store().load().resolve_model(args.model)
     with load_progress_bar(f"loading {path.name}") as progress:
         # Without --max-context the context is the default's or, on a small card, what fits.
         engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,

@@ -15,9 +15,8 @@ import platform
 from pathlib import Path
 
 from app import __version__
-from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights as model_weights  # noqa: F401 (doctor's API)
+from app.engine.cuda.fit import FLOAT16_FOLDER, TRAY_SLOTS, folder_weights as model_weights  # noqa: F401 (doctor's API)
 from app.errors import QwenTrayError
-
 
 
 def register(sub) -> None:
@@ -30,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from app.kernels import unavailable_reason
+    from app.settings.console import console_store
 
+    store = console_store()  # its notices (a broken settings file and where it went) go to stderr now
+    settings = store.load()
     print(f"qwen-tray {__version__}, Python {platform.python_version()}, {platform.platform(terse=True)}")
     cuda_build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     print(f"PyTorch {torch.__version__} ({cuda_build})")
@@ -40,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     reason = unavailable_reason()
     print("CUDA kernels: available" if reason is None else f"CUDA kernels: unavailable: {reason}")
     print(f"Kernel cache: {_kernel_cache_dir()}")
+    print(f"Settings: {store.path}")
     logging.disable(logging.WARNING)  # the plans' own warnings (a fitted load) would repeat each verdict
     try:
-        _print_models(gpu, reason)
+        _print_models(settings, gpu, reason)
     finally:
         logging.disable(logging.NOTSET)
     return 0
@@ -90,22 +93,21 @@ def _kernel_cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR") or str(Path.home() / ".cupy" / "kernel_cache")
 
 
-def _print_models(gpu, reason: str | None) -> None:
-    from app.engine.cuda.fit import TRAY_SLOTS
-    from app.settings import load_settings
-
-    settings = load_settings()
+def _print_models(settings, gpu, reason: str | None) -> None:
     if not settings.models:
         print("Models: none registered; run `qwen-tray models add-starter`")
         return
     print(f"Models (the tray's load: {TRAY_SLOTS} requests, fitted to the card):")
-    for name, path in sorted(settings.models.items()):
-        mark = "*" if name == settings.default_model else " "
+    for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
+        mark = "*" if entry.name == settings.default_model else " "
+        if entry.kind != "local":
+            print(f"{mark} {entry.name}: {entry.describe()}")
+            continue
         try:
-            verdict = _model_verdict(Path(path), name, gpu, reason)
+            verdict = _model_verdict(Path(entry.path).expanduser(), entry.name, gpu, reason)
         except QwenTrayError as e:  # a broken folder: say so and go on with the others
             verdict = f"cannot be read: {e}"
-        print(f"{mark} {name}: {verdict}")
+        print(f"{mark} {entry.name}: {verdict}")
 
 
 def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:

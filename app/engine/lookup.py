@@ -59,8 +59,8 @@ class NgramLookup:
 class DraftLength:
     """How many tokens to guess next: up after a guess kept whole, down after one missed.
 
-    A wider step costs more on a GPU that is not purely memory-bound (on an H200 a step of 8
-    rows of the 3B takes ~1.6x one row, docs/KERNELS.md), so a sequence whose guesses keep
+    A wider step costs more on a GPU that is not purely memory-bound (on a big GPU each row adds
+    to every GEMV's latency chain, docs/KERNELS.md § Launch plan), so a sequence whose guesses keep
     missing falls back to short guesses; one that keeps copying climbs to ``maximum``.
     """
 

@@ -71,8 +71,8 @@ def probabilities(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
 def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, a token with probability proportional to ``weights`` [n, V] (>= 0, not all 0)
     for the uniform numbers ``u`` [n]: the first index whose cumulative weight exceeds
-    u x total, so a token of weight 0 is never drawn. (torch.multinomial took 3.2 ms for
-    Qwen's 152k tokens on the CI machine's CPU: benchmarks/bench_sampling.py.)"""
+    u x total, so a token of weight 0 is never drawn. (torch.multinomial costs several times as
+    much for Qwen's 152k tokens on a CPU: lab/bench_sampling.py.)"""
     cdf = weights.cumsum(-1)  # [n, V]
     x = u.to(cdf.dtype)[:, None] * cdf[:, -1:]  # [n, 1]
     return torch.searchsorted(cdf, x, right=True).squeeze(1).clamp_(max=weights.shape[-1] - 1)

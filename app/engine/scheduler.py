@@ -25,16 +25,16 @@ log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
 # Decode steps whose tokens the device takes (argmax, or a draw without penalties) are chained
 # on the device for at most this many sequences (decode_tokens_launch_next).
-# Through the HTTP server (H200, 3B w4, docs/KERNELS.md phases 8-9) chaining gave +17 / +12 / +12 %
-# at 1 / 2 / 4 streams; at 8 streams it measured lower in 4 of 5 paired runs (9 % on average, not
-# significant, not understood), so 8-sequence steps keep the one-step-ahead flow.
+# Through the HTTP server chaining paid at 1, 2 and 4 streams; at 8 streams it measured lower in
+# most paired runs (not significant, not understood: docs/SERVER.md), so 8-sequence steps keep the
+# one-step-ahead flow.
 CHAIN_MAX_SEQUENCES = 4
 # Tokens guessed from the sequence itself per step at most (app.engine.lookup): 7 guesses are
 # a step of 8 rows, one block of mma columns in the GEMVs (rows 9-16 take a second one).
 LOOKUP_MAX_DRAFT = 7
 # Sampled tokens drawn on the device when the runner can (app.engine.sampling.sample_rows), so
 # sampled steps chain like greedy ones; False brings every sampled step's logits to the host
-# (benchmarks/bench_device_sampling.py compares the two in one run).
+# (python -m benchmarks.bench_device_sampling compares the two in one run).
 DRAW_ON_DEVICE = True
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
-from app.model_import import is_plain_folder_name
 from app.paths import config_dir
+from app.settings.models import is_plain_folder_name
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -5,7 +5,7 @@ GPU ops (need :func:`available`): :func:`gemv_w4`, :func:`gemv_w3`, :func:`gate_
 :func:`rope_decode_attention` (the last two in one), :func:`argmax_rows` and
 :func:`temperature_draw` / :func:`filtered_draw` (the decode step's greedy and sampled tokens).
 The references in :mod:`app.kernels.reference` are the CPU path. docs/KERNELS.md explains
-the design and the measurements. Importing this package never needs a GPU.
+the design and why (the measurements behind it: docs/history/). Importing this package never needs a GPU.
 """
 
 from app.kernels.argmax import argmax_rows, argmax_workspace

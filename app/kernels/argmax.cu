@@ -1,9 +1,9 @@
 // Row-wise argmax of fp16 logits [B, V] -> int64 tokens [B], as torch.argmax: the first index
 // of the largest value, a NaN counting as larger than any number (the first NaN wins).
-// Two programmatic launches instead of PyTorch's one reduction (11 µs exposed in an H200 decode
-// step, docs/KERNELS.md phase 17): argmax_part_kernel, grid (slices, B) with the slice count
-// argmax.py's ARGMAX_BLOCKS (<= 32), reduces a slice of a row to (value, index);
-// argmax_final_kernel, one warp per row, reduces the slices.
+// Two programmatic launches instead of PyTorch's one reduction, which sat exposed in the decode
+// step's chain (docs/KERNELS.md § Norm, embedding lookup, argmax): argmax_part_kernel, grid
+// (slices, B) with the slice count argmax.py's ARGMAX_BLOCKS (<= 32), reduces a slice of a row
+// to (value, index); argmax_final_kernel, one warp per row, reduces the slices.
 
 constexpr int ARGMAX_THREADS = 256;  // argmax.py ARGMAX_THREADS
 constexpr int ARGMAX_UNROLL = 8;    // loads in flight per thread

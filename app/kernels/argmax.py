@@ -1,5 +1,5 @@
 """Launcher for the row-wise argmax (argmax.cu): the greedy token of every decode-step row,
-in two programmatic launches (PyTorch's reduction: 11 µs exposed in an H200 step). Same
+in two programmatic launches (PyTorch's reduction sat exposed in the step's chain). Same
 result as ``torch.argmax(logits, dim=-1)``, ties and NaNs included."""
 
 from __future__ import annotations

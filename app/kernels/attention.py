@@ -77,7 +77,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     clamped, a length of 0 or a slot out of range gives zeros). ``workspace`` (required for graph capture) fixes
     the number of splits; without it one is allocated for this call. ``min_chunk``: positions per
     split at least (benchmarks sweep it; results depend on it). seq_lens and slots are read
-    before the programmatic wait (docs/KERNELS.md phase 12): the kernel launched just before
+    before the programmatic wait (docs/KERNELS.md § Fused RoPE and KV write): the kernel launched just before
     must not write them (a copy or a PyTorch op may).
     """
     loader.require()

@@ -136,7 +136,7 @@ __device__ __forceinline__ void pdl_wait() {
 
 // A row's sum of squares in one fixed order, shared by the RMSNorm kernel and the GEMVs that
 // produce (residual epilogue) and consume (staged x) it, so a norm fused into a GEMV is
-// bit-equal to the norm kernel (docs/KERNELS.md phase 10). Chunk c is elements 16c..16c+15:
+// bit-equal to the norm kernel (docs/KERNELS.md § Fused norms). Chunk c is elements 16c..16c+15:
 // p_e = x[16c+e]^2 + x[16c+e+8]^2 (e = 0..7), chunk = ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
 // The row total over the chunks: lane l of one warp adds chunks l, l+32, ... in that order,
 // then an xor tree over the lanes (16, 8, 4, 2, 1). Explicit _rn operations: no FMA contraction.

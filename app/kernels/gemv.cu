@@ -30,18 +30,17 @@
 //
 // Staged x (STAGE_X, the launcher's choice when M * K fp16 is at most 4 KB: batch 1 of the
 // 3B shapes): each block copies x into shared memory once, right after the wait, and its warps
-// read x from there instead of through L1 beside the streaming weight loads (the 3B gate/up:
-// 12.0 -> 10.6 µs, benchmarks/probe_gemv_path.py). The values are the same: results are
-// bit-identical either way.
+// read x from there instead of through L1 beside the streaming weight loads (docs/KERNELS.md
+// § GEMV). The values are the same: results are bit-identical either way.
 //
-// Fused RMSNorm (batch 1, staged x; docs/KERNELS.md phase 10): a residual GEMV (o, down) can
+// Fused RMSNorm (batch 1, staged x; docs/KERNELS.md § Fused norms): a residual GEMV (o, down) can
 // leave the chunk sums of squares of the rows it writes in sums_out (common.cu's order), and
 // the next GEMV (qkv, gate/up, head) can then take that residual row h itself as x with
 // norm_w / norm_sums: it stages fp16(w * fp16(h * inv)), the norm kernel's exact output, with
 // 1/rms from a few loads and a shuffle tree instead of a norm kernel and its dependent launch.
 //
 // Preloaded weights (PRELOAD, SM90+ with programmatic launches; the gate/up where its grid fits
-// one wave, docs/KERNELS.md phase 16): every group a warp walks is copied into shared memory
+// one wave, docs/KERNELS.md § Preloaded weights): every group a warp walks is copied into shared memory
 // with cp.async before the wait, while the attention block before it runs; bit-identical
 // results for the same split.
 //
@@ -123,7 +122,7 @@ __device__ __forceinline__ void load_frag(Frag<3>& f, const TilePtr<3>& p, int g
     f.b = load_streaming_8(p.b + group * 32);
 }
 
-// Preloaded weights (PRELOAD, docs/KERNELS.md phase 16): before the wait every lane copies
+// Preloaded weights (PRELOAD, docs/KERNELS.md § Preloaded weights): before the wait every lane copies
 // its fragments of all the groups its warp walks into shared memory with cp.async, and reads
 // them back after the wait. Slot s (warp, group index i, tile j) holds what load_frag would
 // have loaded: W4 two 16-byte vectors per lane ([s][2][32] uint4), W3 a 16-byte vector

@@ -14,12 +14,13 @@ size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch 
 Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma columns that
 reuses every dequantized weight fragment: twice the tokens per pass over the weights.
 When x is at most ``STAGE_X_BYTES`` each block first copies it into shared memory (same
-values, bit-identical results; the 3B step at batch 1 -1.7 %, docs/KERNELS.md phase 9).
+values, bit-identical results; its warps then read x apart from the weight streams through L1,
+docs/KERNELS.md § GEMV).
 
 Fused RMSNorm (:func:`fuses_norm`: batch 1, x staged up to ``NORM_STAGE_BYTES``): a residual GEMV given ``sums_out``
 also writes the chunk sums of squares of its output rows; the next GEMV given
 ``norm=FusedNorm(weight, sums, eps)`` takes that output h itself as x and computes on
-RMSNorm(h), bit-equal to running the norm kernel first (docs/KERNELS.md phase 10).
+RMSNorm(h), bit-equal to running the norm kernel first (docs/KERNELS.md § Fused norms).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ RESIDENT_WARPS_PER_SM = 32
 MAX_SPLIT_WAVES = 3
 SOURCE = "gemv.cu"
 # x is staged in shared memory (gemv.cu STAGE_X) when it is at most this many bytes (M * K * 2):
-# batch 1 of the 3B shapes. Set to 0 to turn staging off (benchmarks/ablate_step.py compares).
+# batch 1 of the 3B shapes. Set to 0 to turn staging off (lab/ablate_step.py compares).
 STAGE_X_BYTES = 4096
 NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
 # A fused norm stages its normalized x whatever STAGE_X_BYTES says, up to this size (the 7B's
@@ -58,11 +59,11 @@ NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 v
 NORM_STAGE_BYTES = 8192
 # The decode step fuses a norm only where the fused prologues read at most this much in all
 # (x, norm weight and chunk sums, once per block): fusing into the many-block heads and the 7B
-# gate/up measured slower than the norm kernel (docs/KERNELS.md phase 10).
+# gate/up measured slower than the norm kernel (docs/KERNELS.md § Fused norms).
 NORM_PROLOGUE_BYTES = 8 << 20
 # The gate/up's weights copied into shared memory before the programmatic wait where its grid
 # fits in one wave (app.kernels.gemv_preload, preload_plan). Set to False to turn it off
-# (benchmarks/ablate_step.py).
+# (lab/ablate_step.py).
 PRELOAD_WEIGHTS = True
 
 
@@ -135,21 +136,20 @@ class GemvConfig:
 def default_gemv_config(n_out: int, k: int, gated: bool, sm_count: int) -> GemvConfig:
     """A good split for this shape on a GPU with ``sm_count`` SMs (independent of batch).
 
-    From the H200 sweeps (docs/KERNELS.md, kernels_h200.json): one tile per warp (gated: the
+    From the config sweeps (docs/KERNELS.md § GEMV splits): one tile per warp (gated: the
     gate and up tiles on alternate warps), one group per pipeline stage (fewer registers, more
     warps resident), and as many warps per block splitting K as it takes to keep loads in
     flight: at least 4 when there are at least 4 blocks per SM (the heads, the MLP gate/up),
-    doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps, -10 %)
-    and until the grid has at least 32 warps per SM (the 3B gate/up on an H200: 688 blocks,
-    8 warps instead of 4, -6 %, probe_gemv_path_h200.json), but never doubled for groups past
-    ``MAX_SPLIT_WAVES`` waves of resident warps: on a small GPU (the RTX 3050's 16 SMs) a grid
+    doubled until no warp walks more than 8 groups of 128 (the 7B gate/up: 8 warps) and until
+    the grid has at least 32 warps per SM (the 3B gate/up on a 132-SM GPU: 688 blocks, 8 warps
+    instead of 4), but never doubled for groups past ``MAX_SPLIT_WAVES`` waves of resident
+    warps: on a small GPU (the RTX 3050's 16 SMs) a grid
     of many waves gains nothing from more warps per block, whose warps then wait through the
-    block's reduction and warp 0's epilogue holding their registers (the 3050 proxy's sweep,
-    docs/KERNELS.md phase 19: 3B down 16 -> 8 warps 1.51x, 7B down 16 -> 4 1.59x, 7B gate/up
-    8 -> 4 1.20x);
+    block's reduction and warp 0's epilogue holding their registers (the 3050 proxy's sweep:
+    the 3B down takes 8 warps there, the 7B down and gate/up 4);
     16 when there are fewer than 2 blocks per SM (the small qkv / o / down projections), else
     8; 32 (a 1,024-thread block) when every block has an SM of its own and K has at least 32
-    groups (the 3B down projection on an H200); never more warps than groups of 128 per tile
+    groups (the 3B down projection on a 132-SM GPU); never more warps than groups of 128 per tile
     (gated: an even number, at least 2).
     """
     blocks = -(-n_out // TILE_ROWS)
@@ -219,10 +219,10 @@ def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.devic
     """Whether (and with which split) a GEMV of this shape preloads its weights on ``device``.
 
     Only the gated gate/up GEMV does: it follows the attention block and the o projection,
-    latency-bound kernels that leave DRAM idle while its blocks copy. Measured in the 3B step
-    (H200, docs/KERNELS.md phase 16): the gate/up preloaded -47 µs; the qkv and o preloaded
-    +67 µs (their default splits walk one group per warp; the plan halves their warps), the
-    down projection -5 µs (it follows the gate/up, which keeps DRAM busy).
+    latency-bound kernels that leave DRAM idle while its blocks copy (docs/KERNELS.md
+    § Preloaded weights). Preloading the qkv and o made the step slower (their default splits
+    walk one group per warp, which the register stage already covers, so the plan halves their
+    warps), and the down projection gained nothing (it follows the gate/up, which keeps DRAM busy).
     Decided once per process, shape and device (whether launches are programmatic included),
     so a weight keeps one split, and its bits, for the whole run.
     """

@@ -1,5 +1,5 @@
 """Preloaded GEMV weights: when a GEMV's blocks all fit on the GPU at once, copy each warp's
-weights into shared memory before the programmatic wait (docs/KERNELS.md phase 16).
+weights into shared memory before the programmatic wait (docs/KERNELS.md § Preloaded weights).
 
 With programmatic launches (SM90+) a GEMV's blocks are resident while the kernels before it
 (the attention, the small projections: latency-bound, DRAM idle) still run. A register stage

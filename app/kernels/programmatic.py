@@ -9,10 +9,10 @@ anything the previous kernel writes. Every kernel in ``app/kernels`` does both
 or its first write; the GEMV issues its first weight loads in between), so on a big GPU the
 next kernel's launch, block scheduling and first DRAM round trip overlap the tail of the
 current one. Decode GEMVs there are one wave long and bounded by exactly that latency chain
-(docs/KERNELS.md, phase 4); the GEMV and attention kernels also ask L2 for the data they
-will read while they wait. Measured on the H200 (phase 6): 1.07-1.09x decode alone, 1.2x with
-the prefetches. On SM80/SM86 the two PTX instructions compile to nothing and launches stay
-plain: the default path of the target GPU (RTX 3050, SM86) is unchanged.
+(docs/KERNELS.md § Launch plan); the GEMV and attention kernels also ask L2 for the data they
+will read while they wait, which adds to the gain. On SM80/SM86 the two PTX instructions
+compile to nothing and launches stay plain: the default path of the target GPU (RTX 3050,
+SM86) is unchanged.
 
 CuPy cannot pass launch attributes, so programmatic launches go through the driver's
 ``cuLaunchKernelEx`` with ctypes, with the function handle CuPy compiled. Stream capture

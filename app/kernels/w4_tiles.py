@@ -4,7 +4,7 @@ The checkpoint's ``qweight`` (docs/FORMATS.md) is row-major: a warp of the GEMV,
 16 rows x 128 inputs per step (app/kernels/gemv.cu: lane ``4g + t`` takes rows g and g + 8,
 inputs 32t .. 32t + 31 of the group), touched 16 separate 64-byte pieces per load. On the
 GPU every W4 weight is regrouped, in place, so that each of a warp's two loads per group is
-one contiguous 512-byte span (measured: the 3B gate/up GEMV 11.4 -> 9.9 us, docs/KERNELS.md)::
+one contiguous 512-byte span (fewer distinct cache lines per load; docs/KERNELS.md § Weight layouts)::
 
     a: [N/16 tiles][K/128 groups][2 halves h][32 lanes][4 words]
        lane 4g + t of half h: row 16 tile + 8h + g, the words 16 group + 4t .. + 3 of its

@@ -80,6 +80,9 @@ class QuantizeJob:
             raise ModelLoadError(f"{self.model}: model folder not found")
         if self.out.resolve() == self.model.resolve():
             raise QwenTrayError(f"{self.out}: --out must not be the model folder")
+        file_in_the_way = next((p for p in (self.out, *self.out.parents) if p.exists() and not p.is_dir()), None)
+        if file_in_the_way is not None:
+            raise QwenTrayError(f"{self.out}: --out must be a folder, but {file_in_the_way} is a file")
 
 
 def check_fused_bits(recipe: Recipe, spec: ModelSpec) -> None:

@@ -102,9 +102,9 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl+C/SIGTERM; returns the exit status. User errors raise QwenTrayError."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from app.settings import load_settings
+    from app.settings.console import console_store
 
-    args.model_path = load_settings().resolve_model(args.model)
+    args.model_path = console_store().load().resolve_model(args.model)
     config = config_from_args(args)
     _warn_exposure(config)
     slot = EngineSlot()

@@ -1,82 +1,24 @@
-"""Hotkey actions as data: the built-ins from ``app/resources/actions.toml`` plus the user's own.
-
-User actions live in ``<config>/actions.json`` (JSON because Python 3.10 can read TOML
-with tomli but nothing in the standard library writes it).
+"""Hotkey actions as data: the built-ins from ``app/resources/actions.toml`` plus the user's own
+(kept in the settings file, app/settings/actions.py says what an action is).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from app.errors import QwenTrayError
-from app.ui.i18n import Notice
-from app.ui.jsonfile import CorruptFileError, back_up_corrupt, read_json, write_json_atomic
-from app.ui.paths import config_dir, resources_dir
+from app.paths import resources_dir
+from app.settings.actions import Action, ActionError, action_from_mapping
+from app.settings.notices import Notice
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-MODES = ("popup", "replace")
-LONG_TEXT = ("map_reduce", "chunks")
-OPEN_CHAT_ID = "open_chat"  # the non-action hotkey binding
 DEFAULT_OPEN_CHAT_HOTKEY = "Ctrl+Alt+Space"
-_DEFAULT_COMBINE = "Combine these answers about consecutive parts of one text into one answer.\n\n{text}"
-
-
-class ActionError(QwenTrayError):
-    """An action definition is invalid (names the action and the field)."""
-
-
-@dataclass(frozen=True)
-class Action:
-    id: str
-    name: str
-    prompt: str
-    name_zh: str = ""
-    system: str = ""
-    hotkey: str = ""
-    mode: str = "popup"
-    long_text: str = "map_reduce"
-    combine_prompt: str = _DEFAULT_COMBINE
-    builtin: bool = False
-
-    def __post_init__(self) -> None:
-        where = f"action {self.id or self.name!r}"
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.id):
-            raise ActionError(f"{where}: id must be lowercase letters, digits, '-' or '_'")
-        if self.id == OPEN_CHAT_ID:
-            raise ActionError(f"{where}: id {OPEN_CHAT_ID!r} is reserved")
-        if not self.name.strip():
-            raise ActionError(f"{where}: name is empty")
-        if "{text}" not in self.prompt:
-            raise ActionError(f"{where}: prompt must contain {{text}} where the selected text goes")
-        if self.mode not in MODES:
-            raise ActionError(f"{where}: mode must be one of {', '.join(MODES)}")
-        if self.long_text not in LONG_TEXT:
-            raise ActionError(f"{where}: long_text must be one of {', '.join(LONG_TEXT)}")
-        if "{text}" not in self.combine_prompt:
-            raise ActionError(f"{where}: combine_prompt must contain {{text}}")
-
-    def label(self, language: str) -> str:
-        return self.name_zh if language == "zh_CN" and self.name_zh else self.name
-
-
-def _from_mapping(data: dict, *, builtin: bool, where: str) -> Action:
-    if not isinstance(data, dict):
-        raise ActionError(f"{where}: each action must be a table/object")
-    allowed = {"id", "name", "prompt", "name_zh", "system", "hotkey", "mode", "long_text", "combine_prompt"}
-    unknown = set(data) - allowed
-    if unknown:
-        raise ActionError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    for key in ("id", "name", "prompt"):
-        if not isinstance(data.get(key), str):
-            raise ActionError(f"{where}: field {key!r} is missing or not a string")
-    return Action(**data, builtin=builtin)
+RENAMED = "Your action {name} had the id {id}, which another action already uses; it is now {new_id}"
 
 
 def load_builtin_actions(path: Path | None = None) -> list[Action]:
@@ -84,48 +26,24 @@ def load_builtin_actions(path: Path | None = None) -> list[Action]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ActionError(f"{path}: cannot read the built-in actions ({e})") from e
+        raise ActionError(f"{path}: cannot read the built-in actions ({e})") from None
     tables = data.get("action", [])
-    return [_from_mapping(d, builtin=True, where=f"{path} action #{i + 1}") for i, d in enumerate(tables)]
+    return [action_from_mapping(d, builtin=True, where=f"{path} action #{i + 1}") for i, d in enumerate(tables)]
 
 
-def user_actions_path() -> Path:
-    return config_dir() / "actions.json"
-
-
-def load_user_actions(path: Path | None = None) -> tuple[list[Action], Notice | None]:
-    """The user's actions and a notice when the file was broken (it is then backed up)."""
-    path = path or user_actions_path()
-    try:
-        data = read_json(path)
-        if data is None:
-            return [], None
-        if not isinstance(data, list):
-            raise CorruptFileError(f"{path}: expected a list of actions")
-        return [_from_mapping(d, builtin=False, where=f"{path} item #{i + 1}") for i, d in enumerate(data)], None
-    except (CorruptFileError, ActionError) as e:
-        backup = back_up_corrupt(path)
-        return [], Notice("Your actions file was unreadable and has been moved to {backup} ({error})",
-                          {"backup": str(backup), "error": str(e)})
-
-
-def save_user_actions(actions: list[Action], path: Path | None = None) -> None:
-    rows = []
-    for a in actions:
-        row = asdict(a)
-        del row["builtin"]
-        rows.append(row)
-    write_json_atomic(path or user_actions_path(), rows)
-
-
-def all_actions(user: list[Action], builtin: list[Action] | None = None) -> list[Action]:
-    """Built-ins first; a user action with a built-in's id is refused (ids must stay unique)."""
-    builtin = load_builtin_actions() if builtin is None else builtin
-    ids = {a.id for a in builtin}
-    clashes = [a.id for a in user if a.id in ids]
-    if clashes:
-        raise ActionError(f"user action id(s) {', '.join(clashes)} clash with built-in actions")
-    return [*builtin, *user]
+def with_unique_ids(user: list[Action], builtin: list[Action]) -> tuple[list[Action], list[Notice]]:
+    """The user's actions, each whose id a built-in (or an earlier one of the user's) already has
+    renamed to a free id, with a notice for each: ids must stay unique, and a clash never stops the tray."""
+    taken = {a.id for a in builtin}
+    unique, notices = [], []
+    for action in user:
+        if action.id in taken:
+            new_id = new_action_id(action.name, taken)
+            notices.append(Notice(RENAMED, {"name": action.name, "id": action.id, "new_id": new_id}))
+            action = Action(**{**action.to_dict(), "id": new_id})
+        taken.add(action.id)
+        unique.append(action)
+    return unique, notices
 
 
 def new_action_id(name: str, taken: set[str]) -> str:

@@ -17,18 +17,19 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
 from app.hub.job import GotModel
-from app.ui.actions import (DEFAULT_OPEN_CHAT_HOTKEY, OPEN_CHAT_ID, Action, all_actions, load_builtin_actions,
-                            load_user_actions, save_user_actions)
+from app.settings.actions import OPEN_CHAT_ID, Action
+from app.settings.jsonfile import SettingsFileError
+from app.settings.notices import Notice
+from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
-from app.ui.i18n import Notice, set_language, tr
-from app.ui.models import ModelEntry, configured_models, default_model_name, open_backend, save_local_models
+from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
+from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
-from app.ui.platform.keys import normalize_hotkey
-from app.ui.preferences import PreferencesStore
+from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.widgets.icons import app_icon
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,10 @@ class TrayApp(QObject):
         self.notices: list[str] = []  # everything told to the user this run, oldest first
         self.store = PreferencesStore()
         set_language(language or self.store.prefs.language)
+        install_qt_translation(qapp)
         self.builtin_actions = load_builtin_actions()
-        self.user_actions, actions_notice = load_user_actions()
-        self.actions = all_actions(self.user_actions, self.builtin_actions)
+        self.user_actions, renamed = with_unique_ids(self.store.settings.actions, self.builtin_actions)
+        self.actions = [*self.builtin_actions, *self.user_actions]
         # A local model loads on the device the preferences name when its load starts.
         self.host = EngineHost(lambda entry, progress=None: opener(entry, progress=progress,
                                                                    device=self.store.prefs.device), parent=self)
@@ -59,8 +61,9 @@ class TrayApp(QObject):
         self.hotkeys.activated.connect(self._on_hotkey)
         self.injector = injector or create_key_injector()
         self.action_controller = ActionController(self.host, lambda: self.store.prefs, self.injector,
-                                                  qapp.clipboard(), parent=self)
+                                                  qapp.clipboard(), lambda: self.actions, parent=self)
         self.action_controller.notify.connect(self.notify)
+        self.action_controller.continueInChat.connect(self.continue_in_chat)
         self.model_jobs = ModelJobs(machine=self.machine, parent=self)  # downloads, GGUF imports
         self.model_jobs.finished.connect(self._model_ready)
         self.model_jobs.failed.connect(lambda message: self.notify(tr("Could not get the model: {message}",
@@ -75,16 +78,14 @@ class TrayApp(QObject):
 
             self.tray = TrayIcon(self)
             self.tray.show()
-        from app.settings import load_settings
-
-        for notice in (self.store.notice, actions_notice, load_settings().notice):
-            if notice is not None:
-                self.notify(notice)
+        self.store.on_notice(self.notify)  # what was wrong with the settings file, and where it went
+        for notice in renamed:
+            self.notify(notice)
         self.apply_hotkeys()
 
     # -- notices ---------------------------------------------------------------------------------
     def notify(self, message: str | Notice) -> None:
-        text = message.text() if isinstance(message, Notice) else message
+        text = notice_text(message) if isinstance(message, Notice) else message
         log.info("notice: %s", text)
         self.notices.append(text)
         self.notified.emit(text)
@@ -106,12 +107,12 @@ class TrayApp(QObject):
 
     # -- models ------------------------------------------------------------------------------------
     def models(self) -> list[ModelEntry]:
-        return configured_models(self.store.prefs.models)
+        return configured_models(self.store.refresh().models)
 
     def start(self) -> None:
         """Load the active model (or the first configured one) in the background."""
         models = self.models()
-        wanted = default_model_name(self.store.prefs.active_model)
+        wanted = self.store.prefs.active_model or self.store.settings.default_model
         entry = next((m for m in models if m.name == wanted), models[0])
         self.host.switch_to(entry)
         if self.store.prefs.local_api_enabled:
@@ -149,7 +150,7 @@ class TrayApp(QObject):
     # -- hotkeys and actions ---------------------------------------------------------------------
     def effective_hotkeys(self) -> dict[str, str]:
         overrides = self.store.prefs.hotkeys
-        bindings = {a.id: overrides.get(a.id, normalize_hotkey(a.hotkey)) for a in self.actions}
+        bindings = {a.id: overrides.get(a.id, a.hotkey) for a in self.actions}
         bindings[OPEN_CHAT_ID] = overrides.get(OPEN_CHAT_ID, DEFAULT_OPEN_CHAT_HOTKEY)
         return bindings
 
@@ -161,8 +162,6 @@ class TrayApp(QObject):
         return failures
 
     def _binding_label(self, binding_id: str) -> str:
-        from app.ui.i18n import current_language
-
         action = next((a for a in self.actions if a.id == binding_id), None)
         return action.label(current_language()) if action else tr("Open chat")
 
@@ -170,12 +169,15 @@ class TrayApp(QObject):
         if binding_id == OPEN_CHAT_ID:
             self.open_chat()
             return
-        action = next((a for a in self.actions if a.id == binding_id), None)
-        if action is not None:
-            self.run_action(action, from_hotkey=True)
+        self.run_action(binding_id)
 
-    def run_action(self, action: Action, from_hotkey: bool) -> None:
-        self.action_controller.trigger(action, from_hotkey=from_hotkey)
+    def run_action(self, action_id: str, text: str | None = None) -> None:
+        """Run an action on ``text``, or with None on the selection of the focused window."""
+        self.action_controller.run_action(action_id, text)
+
+    def run_on_clipboard(self, action_id: str) -> None:
+        """The tray menu's actions: the menu took the focus, so they work on the clipboard."""
+        self.action_controller.run_on_clipboard(action_id)
 
     # -- windows -------------------------------------------------------------------------------------
     def open_chat(self) -> None:
@@ -188,6 +190,12 @@ class TrayApp(QObject):
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
+        self.chat_window.input.setFocus()
+
+    def continue_in_chat(self, messages: list[dict]) -> None:
+        """A popup's request and answer become a new conversation in the chat window."""
+        self.open_chat()
+        self.chat_window.start_conversation(messages)
 
     def open_settings(self) -> None:
         from app.ui.widgets.settings import SettingsDialog
@@ -205,23 +213,24 @@ class TrayApp(QObject):
         self.settings_dialog.raise_()
 
     def apply_settings(self, changes: dict, user_actions: list[Action]) -> None:
-        """Save what Settings changed and take it into use (raises QwenTrayError naming a bad value)."""
-        actions = all_actions(user_actions, self.builtin_actions)
-        models = changes.pop("models", None)
+        """Take what Settings changed into use and save it (raises QwenTrayError naming a bad value,
+        before anything changed; or saying the change could not be saved, after it took effect)."""
+        user_actions, renamed = with_unique_ids(user_actions, self.builtin_actions)
         device_changed = changes.get("device", self.store.prefs.device) != self.store.prefs.device
-        if models is not None:
-            # Local folders go to the core registry (shared with `qwen-tray models`); endpoints and GGUF
-            # files to ours (a GGUF is registered as a folder once its first load has converted it).
-            changes["models"] = [m for m in models if m.kind in ("remote", "gguf")]
-        self.store.update(**changes)
-        if models is not None:
-            save_local_models([m for m in models if m.kind == "local"])
-        save_user_actions(user_actions)
-        self.user_actions, self.actions = user_actions, actions
+        try:
+            self.store.change(actions=user_actions, **changes)
+            not_saved = None
+        except SettingsFileError as e:
+            not_saved = e
+        self.user_actions, self.actions = user_actions, [*self.builtin_actions, *user_actions]
+        for notice in renamed:
+            self.notify(notice)
         self.apply_hotkeys()
         entry = self.host.entry
         if device_changed and entry is not None and entry.is_local_engine:
             self.host.switch_to(entry)  # load it again where it should run now
+        if not_saved is not None:
+            raise QwenTrayError(tr(NOT_SAVED, error=str(not_saved)))
 
     # -- local API --------------------------------------------------------------------------------------
     def set_local_api(self, enabled: bool) -> None:
@@ -267,7 +276,7 @@ def _log_to_file() -> logging.Handler:
     """The tray runs without a console (pythonw on Windows): keep a log under the data folder."""
     from logging.handlers import RotatingFileHandler
 
-    from app.ui.paths import data_dir
+    from app.paths import data_dir
 
     data_dir().mkdir(parents=True, exist_ok=True)
     handler = RotatingFileHandler(data_dir() / "qwen-tray.log", maxBytes=1_000_000, backupCount=2, encoding="utf-8")

@@ -1,7 +1,8 @@
 """Chat history on disk: one JSON file per conversation under ``<data>/chats/``.
 
 One file each keeps a save small and atomic; a file that does not parse is moved aside
-with a notice and the rest of the history still loads.
+with a notice and the rest of the history still loads (the settings' file policy,
+app/settings/jsonfile.py; a file that cannot be read is left as it is).
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.ui.i18n import Notice
-from app.ui.jsonfile import CorruptFileError, back_up_corrupt, read_json, write_json_atomic
-from app.ui.paths import data_dir
+from app.paths import data_dir
+from app.settings.jsonfile import CORRUPT, MISSING, UNREADABLE, keep_aside, os_reason, read_json, write_json
+from app.settings.notices import Notice
 
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
+
+
+class CorruptFileError(ValueError):
+    """A conversation file that parses but is not a conversation."""
 
 
 @dataclass
@@ -72,7 +77,7 @@ class ChatHistory:
 
     def save(self, conversation: Conversation) -> None:
         if conversation.messages:  # an empty "new chat" is not worth a file
-            write_json_atomic(self._path(conversation.id), asdict(conversation))
+            write_json(self._path(conversation.id), asdict(conversation))
 
     def delete(self, conversation_id: str) -> None:
         self._path(conversation_id).unlink(missing_ok=True)
@@ -85,11 +90,28 @@ class ChatHistory:
         for path in sorted(self.folder.glob("*.json")):
             if ".corrupt-" in path.name:
                 continue
+            read = read_json(path)
+            if read.state == MISSING:
+                continue  # deleted since the listing
+            if read.state == UNREADABLE:
+                notices.append(Notice("A chat history file cannot be read and is left as it is: {file} ({error})",
+                                      {"file": str(path), "error": read.problem}))
+                continue
             try:
-                conversations.append(Conversation.from_dict(read_json(path)))
+                if read.state == CORRUPT:
+                    raise CorruptFileError(read.problem)
+                conversations.append(Conversation.from_dict(read.data))
             except CorruptFileError as e:
-                backup = back_up_corrupt(path)
-                notices.append(Notice("A chat history file was unreadable and has been moved to {backup} ({error})",
-                                      {"backup": str(backup), "error": str(e)}))
+                notices.append(_moved_aside(path, str(e)))
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations, notices
+
+
+def _moved_aside(path: Path, error: str) -> Notice:
+    try:
+        backup = keep_aside(path)
+    except OSError as e:
+        return Notice("A chat history file was unreadable and could not be moved aside: {file} ({error})",
+                      {"file": str(path), "error": f"{error}; {os_reason(e)}"})
+    return Notice("A chat history file was unreadable and has been moved to {backup} ({error})",
+                  {"backup": str(backup), "error": error})

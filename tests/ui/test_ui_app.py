@@ -1,19 +1,38 @@
 """The tray app offscreen: menu from state, model switching, hotkeys with conflicts, settings,
-local-API seam, language, recovery from a corrupt preferences file."""
+local-API seam, language, recovery from a corrupt or unwritable settings file."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
+from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFormLayout
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
-from app.ui.actions import load_user_actions
+from app.settings.document import Settings
+from app.settings.preferences import Preferences
+from app.settings.store import SettingsStore, settings_path
 from app.ui.app import TrayApp
-from app.settings import load_settings
-from app.ui.models import STARTER_NAME, ModelEntry, save_local_models
-from app.ui.preferences import Preferences, load_preferences, preferences_path
+from app.ui.models import STARTER_NAME, ModelEntry
+from tests import unprivileged
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
+
+
+def saved() -> Settings:
+    """The settings file as the next start (or `qwen-tray models list`) reads it."""
+    return SettingsStore().load()
+
+
+def register(*entries: ModelEntry) -> None:
+    """Register models as `qwen-tray models add` does (the first one becomes the default)."""
+    with SettingsStore().edit() as settings:
+        for entry in entries:
+            settings.add_model(entry)
 
 
 class FakeServer:
@@ -107,7 +126,7 @@ def test_a_model_the_kernels_serve_brings_no_notice(qtbot, make_app):
 
 
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
-    save_local_models([LOCAL_B])  # registered like `qwen-tray models add`: the default model
+    register(LOCAL_B)  # registered like `qwen-tray models add`: the default model
     opener = FakeOpener()
     app = make_app(opener=opener)
     _start(qtbot, app)
@@ -121,7 +140,7 @@ def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
     app.tray.menu.aboutToShow.emit()
     checked = [a.text() for a in _submenu(app.tray.menu, "Model").actions() if a.isChecked()]
     assert checked == [STARTER_NAME]
-    assert load_preferences()[0].active_model == STARTER_NAME  # remembered for the next start
+    assert saved().preferences.active_model == STARTER_NAME  # remembered for the next start
 
 
 def test_settings_move_the_local_model_to_the_cpu_and_back(qtbot, make_app):
@@ -136,7 +155,7 @@ def test_settings_move_the_local_model_to_the_cpu_and_back(qtbot, make_app):
         assert dialog.apply()
     assert opener.devices == ["auto", "cpu"]
     assert opener.log == [("open", STARTER_NAME), ("close", STARTER_NAME), ("open", STARTER_NAME)]
-    assert load_preferences()[0].device == "cpu"  # and the next start loads it there too
+    assert saved().preferences.device == "cpu"  # and the next start loads it there too
     assert dialog.apply()  # nothing changed: no reload
     assert opener.devices == ["auto", "cpu"]
 
@@ -162,43 +181,88 @@ def test_hotkey_press_from_the_os_thread_runs_the_action(qtbot, make_app):
     qtbot.waitUntil(lambda: app.chat_window is not None and app.chat_window.isVisible(), timeout=5000)
 
 
-def test_settings_change_hotkeys_and_add_a_user_action(qtbot, make_app):
+def test_continue_in_chat_opens_the_chat_with_the_selection_and_the_answer(qtbot, make_app):
+    app = make_app(selection="The launch moved to May 4.")
+    _start(qtbot, app)
+    answers = []
+    app.action_controller.answered.connect(answers.append)
+    FakeHotkeys.instances[-1].press("summarize")
+    qtbot.waitUntil(lambda: bool(answers), timeout=5000)
+    app.action_controller.popup.chat_button.click()
+    window = app.chat_window
+    assert window is not None and window.isVisible() and not app.action_controller.popup.isVisible()
+    shown = [m for m in window.conversation.messages if m.role != "system"]
+    assert [m.role for m in shown] == ["user", "assistant"]
+    assert shown[0].content.endswith("The launch moved to May 4.") and shown[1].content == answers[0]
+
+
+def _press(qtbot, field, key, modifiers=Qt.NoModifier):
+    """Set a hotkey field the way a user does: click it and press the combination."""
+    field.edit.setFocus()
+    qtbot.keyClick(field.edit, key, modifiers)
+
+
+def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, make_app):
     app = make_app()
     app.open_settings()
     dialog = app.settings_dialog
-    table = dialog.hotkeys_table
-    row = next(r for r in range(table.rowCount()) if table.item(r, 0).data(256) == "summarize")
-    table.cellWidget(row, 1).setText("s")  # not allowed: no modifier
+    page = dialog.hotkeys_page
+    assert page.fields["summarize"].text() == "Ctrl+Alt+S"
+    assert page.statuses["summarize"].text() == "Registered: works in every application"
+    assert page.statuses["explain"].text() == "Off: no hotkey"
+    _press(qtbot, page.fields["summarize"], Qt.Key_S)  # not allowed: no modifier
+    assert page.fields["summarize"].text() == "S"
+    assert "needs Ctrl, Alt or Super" in page.statuses["summarize"].text()  # said at once
     assert not dialog.apply()
-    assert "needs Ctrl, Alt or Super" in dialog.error.text()
-    assert not preferences_path().exists()  # nothing half-applied
+    assert dialog.error.text().startswith("Summarize: ") and "needs Ctrl, Alt or Super" in dialog.error.text()
+    assert not settings_path().exists()  # nothing half-applied
 
-    table.cellWidget(row, 1).setText("ctrl+alt+q")
-    page = dialog.actions_page
-    page.name.setText("Formal tone")
-    page.prompt.setPlainText("Make this formal:\n\n{text}")
-    page.hotkey.setText("ctrl+alt+f")
-    assert page.save_current()
+    _press(qtbot, page.fields["summarize"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
+    assert page.fields["summarize"].text() == "Ctrl+Alt+Q"
+    actions = dialog.actions_page
+    actions.name.setText("Formal tone")
+    actions.prompt.setPlainText("Make this formal:\n\n{text}")
+    _press(qtbot, actions.hotkey, Qt.Key_F, Qt.ControlModifier | Qt.AltModifier)
+    assert actions.save_current()
+    assert "Formal tone" in [page.form.itemAt(r, QFormLayout.LabelRole).widget().text()
+                             for r in range(page.form.rowCount())]
+    assert page.fields["summarize"].text() == "Ctrl+Alt+Q"  # the unsaved edit survived the new row
     assert dialog.apply()
-    assert load_preferences()[0].hotkeys == {"summarize": "Ctrl+Alt+Q"}
-    saved, _ = load_user_actions()
-    assert [(a.id, a.hotkey) for a in saved] == [("user-formal-tone", "Ctrl+Alt+F")]
+    assert saved().preferences.hotkeys == {"summarize": "Ctrl+Alt+Q"}
+    assert [(a.id, a.hotkey) for a in saved().actions] == [("user-formal-tone", "Ctrl+Alt+F")]
     registered = FakeHotkeys.instances[-1].registered
     assert registered["summarize"] == "Ctrl+Alt+Q" and registered["user-formal-tone"] == "Ctrl+Alt+F"
     assert "Formal tone\tCtrl+Alt+F" in _menu_texts(app.tray.menu)
-    status = {table.item(r, 0).data(256): table.item(r, 3).text() for r in range(table.rowCount())}
-    assert status["summarize"] == "registered" and status["explain"] == "off"
+    assert page.statuses["summarize"].text() == "Registered: works in every application"
+    page.fields["explain"].edit.clear()
+    assert page.fields["explain"].text() == ""
 
 
 def test_settings_report_a_hotkey_the_os_refuses(qtbot, make_app):
     app = make_app(taken={"Ctrl+Alt+Q"})
     app.open_settings()
-    table = app.settings_dialog.hotkeys_table
-    row = next(r for r in range(table.rowCount()) if table.item(r, 0).data(256) == "rewrite")
-    table.cellWidget(row, 1).setText("Ctrl+Alt+Q")
+    page = app.settings_dialog.hotkeys_page
+    _press(qtbot, page.fields["rewrite"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
     assert app.settings_dialog.apply()
-    assert "already taken" in table.item(row, 3).text()
+    assert page.statuses["rewrite"].text() == "Not registered: hotkey Ctrl+Alt+Q is already taken by another program"
     assert "rewrite" not in FakeHotkeys.instances[-1].registered
+
+
+def test_settings_copy_keys_per_application_chat_send_key_and_translated_lists(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    dialog = app.settings_dialog
+    dialog.hotkeys_page.add_copy_rule("MyTerm", "ctrl_shift")
+    dialog.chat_send_key.setCurrentIndex(dialog.chat_send_key.findData("ctrl_enter"))
+    labels = [dialog.translate_target.itemText(i) for i in range(dialog.translate_target.count())]
+    assert labels[0] == "自动：中文译成英文，其他语言译成中文" and "日语" in labels  # no raw "auto"
+    dialog.translate_target.setCurrentIndex(dialog.translate_target.findData("Japanese"))
+    assert dialog.apply()
+    prefs = saved().preferences
+    assert prefs.copy_shortcuts == {"myterm": "ctrl_shift"} and prefs.chat_send_key == "ctrl_enter"
+    assert prefs.translate_target == "Japanese"  # the value the prompt needs, not the label
+    dialog.translate_target.setEditText("Swahili")  # any language can still be typed in
+    assert dialog.apply() and saved().preferences.translate_target == "Swahili"
 
 
 def test_local_api_toggle_uses_the_server_seam(qtbot, make_app):
@@ -217,9 +281,9 @@ def test_local_api_toggle_uses_the_server_seam(qtbot, make_app):
     app.tray.menu.aboutToShow.emit()
     api = _submenu(app.tray.menu, "Local API")
     assert api.actions()[0].isChecked() and api.actions()[1].text() == "http://127.0.0.1:18000/v1"
-    assert load_preferences()[0].local_api_enabled
+    assert saved().preferences.local_api_enabled
     api.actions()[0].trigger()
-    assert server.stopped == 1 and not load_preferences()[0].local_api_enabled
+    assert server.stopped == 1 and not saved().preferences.local_api_enabled
 
 
 def test_chinese_ui(qtbot, make_app):
@@ -228,17 +292,85 @@ def test_chinese_ui(qtbot, make_app):
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
 
-def test_corrupt_preferences_do_not_stop_the_app(qtbot, make_app):
-    path = preferences_path()
+def test_a_corrupt_settings_file_does_not_stop_the_app_and_the_user_is_told_where_it_went(qtbot, make_app):
+    path = settings_path()
     path.parent.mkdir(parents=True)
-    path.write_text('{"hotkeys": ', encoding="utf-8")
+    path.write_text('{"version": 2, "preferences": {"hotkeys": ', encoding="utf-8")
     app = make_app()
-    assert any("reset to defaults" in n for n in app.notices)
+    backups = list(path.parent.glob("settings.corrupt-*.json"))
+    assert len(backups) == 1 and backups[0].read_text(encoding="utf-8").startswith('{"version": 2')
+    assert [n for n in app.notices if str(backups[0]) in n and "not valid JSON" in n], app.notices
     assert app.store.prefs == Preferences()
     _start(qtbot, app)
     assert app.host.state == "ready"
+
+
+def test_a_bad_value_costs_only_that_value(qtbot, make_app):
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('{"version": 2, "preferences": {"max_tokens": 0, "language": "en", "device": "cpu"},'
+                    ' "actions": [{"id": "summarize", "name": "My summary", "prompt": "Short: {text}",'
+                    ' "hotkey": "Ctrl+Alt+M"}]}', encoding="utf-8")
+    app = make_app()
+    assert app.store.prefs == Preferences(language="en", device="cpu")
+    assert [n for n in app.notices if "max_tokens" in n and "16..8192" in n]
+    # A user action with a built-in's id gets a free one (and a word); the tray starts all the same.
+    assert [(a.id, a.name) for a in app.user_actions] == [("user-my-summary", "My summary")]
+    assert any("My summary" in n and "user-my-summary" in n for n in app.notices)
+    assert FakeHotkeys.instances[-1].registered["user-my-summary"] == "Ctrl+Alt+M"
+    assert FakeHotkeys.instances[-1].registered["summarize"] == "Ctrl+Alt+S"
+
+
+def test_settings_that_cannot_be_saved_still_apply_and_say_why(qtbot, make_app, ui_home):
+    ui_home.mkdir()
+    (ui_home / "config").write_text("a file where the config folder should be", encoding="utf-8")
+    app = make_app()
+    _start(qtbot, app)
+    app.open_settings()
+    dialog = app.settings_dialog
+    dialog.max_tokens.setValue(64)
+    assert not dialog.apply()
+    error = dialog.error.text()
+    assert "Settings not saved" in error and str(ui_home / "config") in error and "until Qwen Tray quits" in error
+    assert app.store.prefs.max_tokens == 64  # in use for this run
+    app.switch_model(app.models()[0])  # a change made from the menu: told once, never a traceback
+    app.switch_model(app.models()[0])
+    assert len([n for n in app.notices if "Settings not saved" in n]) == 1
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file permissions")
+def test_the_tray_starts_on_an_unreadable_settings_file_in_a_read_only_folder(tmp_path):
+    """As a user without root's override (tests/unprivileged.py): the tray reads nothing, says
+    why, keeps the file, and a change it cannot save is told in one sentence."""
+    config = tmp_path / "config"
+    config.mkdir()
+    settings = config / "settings.json"
+    settings.write_text('{"version": 2, "preferences": {"max_tokens": 64}}', encoding="utf-8")
+    script = "\n".join([
+        "import sys", f"sys.path.insert(0, {str(Path(__file__).parent)!r})",
+        "from PySide6.QtWidgets import QApplication", "from ui_fakes import FakeHotkeys, FakeOpener",
+        "from app.ui.app import TrayApp", "qapp = QApplication([])",
+        "app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys, with_tray_icon=False, language='en')",
+        "app.switch_model(app.models()[0])", "print(app.store.prefs.max_tokens)", "print(*app.notices, sep='\\n')",
+        "app.shutdown()"])
+    env = {**os.environ, "QWEN_TRAY_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
+    env.pop("DISPLAY", None)
+    settings.chmod(0)
+    config.chmod(0o555)
+    try:
+        proc = unprivileged.run([sys.executable, "-c", script], env=env, timeout=300)
+    finally:
+        config.chmod(0o755)
+        settings.chmod(0o600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    max_tokens, *notices = proc.stdout.splitlines()
+    assert max_tokens == "512"  # the defaults, for this run
+    assert f"{settings} cannot be read (Permission denied)" in notices[0]
+    assert [n for n in notices if n.startswith("Settings not saved: cannot save") and "fix its permissions" in n]
+    assert settings.read_text() == '{"version": 2, "preferences": {"max_tokens": 64}}'
 
 
 def test_tray_icon_follows_state(qtbot, make_app):
@@ -250,7 +382,7 @@ def test_tray_icon_follows_state(qtbot, make_app):
     assert _menu_texts(app.tray.menu)[0].startswith("Error: ")
 
 
-def test_settings_add_models_local_to_the_core_registry_remote_to_preferences(qtbot, make_app, tmp_path):
+def test_settings_add_local_and_remote_models_to_the_one_registry(qtbot, make_app, tmp_path):
     app = make_app()
     app.open_settings()
     page = app.settings_dialog.models_page
@@ -266,10 +398,10 @@ def test_settings_add_models_local_to_the_core_registry_remote_to_preferences(qt
     page.model.setText("qwen-plus")
     assert page.add_from_form()
     assert app.settings_dialog.apply()
-    settings = load_settings()
-    assert settings.models == {"Qwen2.5-7B mixed": str(tmp_path / "qwen7b-mixed")}  # `qwen-tray models list` sees it
+    settings = saved()  # one registry: `qwen-tray models list` sees both
+    assert [(m.name, m.kind) for m in settings.models] == [("Qwen2.5-7B mixed", "local"), ("DashScope", "remote")]
+    assert settings.model("Qwen2.5-7B mixed").path == str(tmp_path / "qwen7b-mixed")
     assert settings.default_model == "Qwen2.5-7B mixed"
-    assert [m.name for m in load_preferences()[0].models] == ["DashScope"]
     app.tray.menu.aboutToShow.emit()
     names = [a.text() for a in _submenu(app.tray.menu, "Model").actions()]
     assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]
@@ -282,7 +414,7 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     from app.ui import app as app_module
 
     monkeypatch.delenv("DISPLAY", raising=False)  # never grab the developer's real keys
-    save_local_models([ModelEntry("missing", path=str(tmp_path / "no-such-model"))])
+    register(ModelEntry("missing", path=str(tmp_path / "no-such-model")))
     started = []
     real_init = app_module.TrayApp.__init__
 

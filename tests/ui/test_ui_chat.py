@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from ui_fakes import FakeBackend, FakeOpener
 
@@ -12,7 +13,8 @@ from app.engine.request import PRIORITY_NORMAL
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.history import ChatHistory
 from app.ui.models import ModelEntry
-from app.ui.preferences import PreferencesStore, load_preferences
+from app.settings.store import SettingsStore
+from app.ui.preferences import PreferencesStore
 from app.ui.widgets.chat import ChatWindow, fit_to_context
 
 
@@ -132,7 +134,52 @@ def test_window_geometry_is_remembered(qtbot, host):
     window.resize(700, 500)
     window.show()
     window.close()
-    assert "chat" in load_preferences()[0].geometry
+    assert "chat" in SettingsStore().load().preferences.geometry
     again = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(again)
     assert (again.width(), again.height()) == (700, 500)
+
+
+def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot, host):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitUntil(window.input.hasFocus, timeout=5000)  # type at once
+    qtbot.keyClicks(window.input, "first line")
+    qtbot.keyClick(window.input, Qt.Key_Return, Qt.ShiftModifier)
+    qtbot.keyClicks(window.input, "second line")
+    assert window.input.toPlainText() == "first line\nsecond line" and host.backend.requests == []
+    qtbot.keyClick(window.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=5000)
+    assert window.conversation.messages[0].content == "first line\nsecond line"
+    assert window.input.toPlainText() == ""
+    assert "Enter to send" in window.input.placeholderText()
+
+
+def test_the_ctrl_enter_setting_sends_with_ctrl_enter_only(qtbot, host):
+    store = PreferencesStore()
+    store.update(chat_send_key="ctrl_enter")
+    window = ChatWindow(host, store)
+    qtbot.addWidget(window)
+    qtbot.keyClicks(window.input, "one")
+    qtbot.keyClick(window.input, Qt.Key_Return)
+    qtbot.keyClicks(window.input, "two")
+    assert window.input.toPlainText() == "one\ntwo" and host.backend.requests == []
+    qtbot.keyClick(window.input, Qt.Key_Return, Qt.ControlModifier)
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=5000)
+    assert window.conversation.messages[0].content == "one\ntwo"
+    assert "Ctrl+Enter to send" in window.input.placeholderText()
+
+
+def test_a_popup_answer_continues_as_a_new_conversation(qtbot, host):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.start_conversation([{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Summarize:\n\nThe selected text."},
+                               {"role": "assistant", "content": "A summary."}])
+    assert [w.role for w in window.message_widgets()] == ["user", "assistant"]  # the system prompt is not shown
+    assert window.list.count() == 1 and window.list.item(0).text() == "Summarize:"
+    _send(qtbot, window, "Shorter, please.")
+    messages = host.backend.requests[-1][0]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[1]["content"].endswith("The selected text.") and messages[2]["content"] == "A summary."

@@ -6,13 +6,16 @@ import json
 
 import pytest
 
-from app.ui.actions import (Action, ActionError, all_actions, build_messages, load_builtin_actions,
-                            load_user_actions, new_action_id, save_user_actions, target_language_for)
+from app.paths import data_dir
+from app.settings.actions import Action, ActionError
+from app.settings.keys import HotkeyError, normalize_hotkey, parse_hotkey
+from app.settings.models import ModelEntry, ModelEntryError
+from app.settings.preferences import Preferences, PreferencesError
+from app.settings.store import SettingsStore, settings_path
+from app.ui.actions import build_messages, load_builtin_actions, new_action_id, target_language_for, with_unique_ids
 from app.ui.history import ChatHistory, Conversation
-from app.ui.models import ModelEntry, ModelEntryError
-from app.ui.paths import config_dir, data_dir
-from app.ui.platform.keys import HotkeyError, normalize_hotkey, parse_hotkey
-from app.ui.preferences import Preferences, PreferencesError, load_preferences, preferences_path, save_preferences
+from app.ui.i18n import notice_text
+from app.ui.preferences import PreferencesStore
 
 
 # -- hotkeys ------------------------------------------------------------------------------
@@ -34,33 +37,28 @@ def test_bad_hotkeys_are_refused_with_the_reason(bad, fragment):
         parse_hotkey(bad)
 
 
-# -- preferences --------------------------------------------------------------------------
+# -- preferences (the settings file itself: tests/test_settings.py) -------------------------
 def test_preferences_round_trip_under_qwen_tray_home(ui_home):
-    prefs = Preferences(language="zh_CN", hotkeys={"summarize": "alt+ctrl+q"}, action_modes={"rewrite": "replace"},
-                        models=[ModelEntry("remote", kind="remote", base_url="http://127.0.0.1:9/v1", model="m")])
-    save_preferences(prefs)
-    assert preferences_path().parent == ui_home / "config"
-    loaded, notice = load_preferences()
-    assert notice is None
-    assert loaded == prefs
-    assert loaded.hotkeys == {"summarize": "Ctrl+Alt+Q"}
-    assert loaded.models[0].base_url == "http://127.0.0.1:9/v1"
+    prefs = Preferences(language="zh_CN", hotkeys={"summarize": "alt+ctrl+q"}, action_modes={"rewrite": "replace"})
+    with SettingsStore().edit() as settings:
+        settings.preferences = prefs
+    assert settings_path().parent == ui_home / "config"
+    store = PreferencesStore()
+    assert store.prefs == prefs and store.prefs.hotkeys == {"summarize": "Ctrl+Alt+Q"}
+    notices = []
+    store.on_notice(notices.append)
+    assert notices == []
 
 
-@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"language": "klingon"}', '{"hotkeys": {"x": "S"}}',
-                                     '{"max_tokens": 0}', '{"models": [{"name": "x", "kind": "remote"}]}'])
-def test_corrupt_preferences_are_backed_up_and_replaced_by_defaults(content):
-    path = preferences_path()
-    path.parent.mkdir(parents=True)
-    path.write_text(content, encoding="utf-8")
-    prefs, notice = load_preferences()
-    assert prefs == Preferences()
-    assert notice is not None and "reset to defaults" in notice.text()
-    backups = list(path.parent.glob("ui-preferences.corrupt-*.json"))
-    assert [b.read_text(encoding="utf-8") for b in backups] == [content]
-    assert not path.exists()  # the next save writes fresh defaults; nothing half-valid is kept
-    save_preferences(prefs)
-    assert load_preferences() == (Preferences(), None)
+def test_the_tray_keeps_what_the_cli_registered_while_it_ran():
+    tray = PreferencesStore()
+    local = ModelEntry("tiny", path="/models/tiny")
+    with SettingsStore().edit() as settings:  # `qwen-tray models add tiny ...` meanwhile
+        settings.add_model(local)
+    tray.update(max_tokens=64)
+    on_disk = SettingsStore().load()
+    assert on_disk.models == [local] and on_disk.default_model == "tiny" and on_disk.preferences.max_tokens == 64
+    assert tray.refresh().models == [local]
 
 
 def test_preferences_validation_names_the_field():
@@ -70,14 +68,9 @@ def test_preferences_validation_names_the_field():
         Preferences(local_api_port=80)
     with pytest.raises(PreferencesError, match="action_modes"):
         Preferences(action_modes={"summarize": "explode"})
-
-
-def test_unknown_preference_keys_from_a_newer_version_are_ignored():
-    path = preferences_path()
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"language": "en", "future_option": 1}), encoding="utf-8")
-    prefs, notice = load_preferences()
-    assert notice is None and prefs.language == "en"
+    with pytest.raises(PreferencesError, match="unknown preference"):
+        PreferencesStore().change(colour="red")
+    assert not settings_path().exists()  # a refused change writes nothing
 
 
 def test_model_entry_validation():
@@ -102,28 +95,40 @@ def test_builtin_actions_ship_the_five_with_distinct_hotkeys():
     assert next(a for a in actions if a.id == "todos").prompt.count("- [ ]") == 1
 
 
-def test_user_actions_round_trip_and_clash_detection():
+def test_user_actions_round_trip_and_a_clashing_id_is_renamed():
     builtin = load_builtin_actions()
     taken = {a.id for a in builtin}
     mine = Action(id=new_action_id("Make it formal!", taken), name="Make it formal!", prompt="Formal: {text}",
                   hotkey="Ctrl+Alt+F", mode="replace")
     assert mine.id == "user-make-it-formal"
-    save_user_actions([mine])
-    loaded, notice = load_user_actions()
-    assert notice is None and loaded == [mine]
-    assert [a.id for a in all_actions(loaded, builtin)][-1] == mine.id
+    with SettingsStore().edit() as settings:
+        settings.actions = [mine]
+    store = SettingsStore()
+    assert store.load().actions == [mine] and store.take_notices() == []
     clash = Action(id="summarize", name="Mine", prompt="{text}")
-    with pytest.raises(ActionError, match="summarize"):
-        all_actions([clash], builtin)
+    unique, notices = with_unique_ids([mine, clash, clash], builtin)
+    assert [a.id for a in unique] == ["user-make-it-formal", "user-mine", "user-mine-2"]
+    assert unique[1] == Action(id="user-mine", name="Mine", prompt="{text}")
+    assert [n.args["new_id"] for n in notices] == ["user-mine", "user-mine-2"]
+    assert notice_text(notices[0]) == "Your action Mine had the id summarize, which another action already uses; " \
+                                      "it is now user-mine"
 
 
-def test_broken_user_actions_file_is_moved_aside():
-    path = config_dir() / "actions.json"
+def test_a_bad_user_action_value_costs_that_value_or_that_action():
+    path = settings_path()
     path.parent.mkdir(parents=True)
-    path.write_text('[{"id": "x", "name": "X", "prompt": "no placeholder"}]', encoding="utf-8")
-    actions, notice = load_user_actions()
-    assert actions == [] and notice is not None and "{text}" in notice.text()
-    assert len(list(path.parent.glob("actions.corrupt-*.json"))) == 1
+    path.write_text(json.dumps({"version": 2, "actions": [
+        {"id": "x", "name": "X", "prompt": "no placeholder"},
+        {"id": "y", "name": "Y", "prompt": "Y: {text}", "mode": "explode", "hotkey": "Ctrl+Nope"},
+        {"id": "z", "name": "Z", "prompt": "Z: {text}"}]}), encoding="utf-8")
+    store = SettingsStore()
+    actions = store.load().actions
+    assert actions == [Action(id="y", name="Y", prompt="Y: {text}"), Action(id="z", name="Z", prompt="Z: {text}")]
+    told = [str(n) for n in store.take_notices()]
+    assert len(told) == 3 and all(str(path) in n for n in told)
+    assert "item #1" in told[0] and "{text}" in told[0] and "left out" in told[0]
+    assert "item #2" in told[1] and "mode must be one of popup, replace" in told[1]
+    assert "item #2" in told[2] and "unknown key 'Nope'" in told[2]
 
 
 def test_action_requires_text_placeholder():
@@ -157,7 +162,11 @@ def test_chat_history_persists_and_survives_a_broken_file():
     assert conversations[0].title == "What is a KV cache?"
     assert conversations[0].messages[1].tokens_per_second == 12.5
     assert conversations[0].as_messages()[0] == {"role": "user", "content": "What is a KV cache?\nplease explain"}
-    assert len(notices) == 1 and "broken.corrupt-1.json" in notices[0].text()
+    assert len(notices) == 1
+    backups = list((data_dir() / "chats").glob("broken.corrupt-*.json"))
+    assert [b.read_text(encoding="utf-8") for b in backups] == ["{"]
+    assert str(backups[0]) in notice_text(notices[0])
+    assert ChatHistory().load_all()[1] == []  # the backup is not read as a conversation
 
 
 def test_starter_name_matches_the_converter():
@@ -165,3 +174,13 @@ def test_starter_name_matches_the_converter():
     from app.ui.models import STARTER_NAME
 
     assert STARTER_NAME == STARTER_MODEL_NAME
+
+
+def test_new_preferences_are_validated_with_the_field_named():
+    prefs = Preferences(chat_send_key="ctrl_enter", copy_shortcuts={" MyTerm ": "ctrl_shift"})
+    assert prefs.copy_shortcuts == {"myterm": "ctrl_shift"}  # names are matched lowercased
+    with pytest.raises(PreferencesError, match="'chat_send_key'"):
+        Preferences(chat_send_key="space")
+    with pytest.raises(PreferencesError, match="'copy_shortcuts'.*standard, ctrl_shift, ctrl_insert, none"):
+        Preferences(copy_shortcuts={"xterm": "ctrl+c"})
+    assert Preferences.salvage(prefs.to_dict())[0] == prefs

@@ -9,21 +9,30 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QLocale
 
+import app.settings
 import app.ui
-from app.ui.i18n import Notice, resolve_language, set_language, tr
+from app.settings.notices import Notice
+from app.ui.i18n import notice_text, resolve_language, set_language, tr
 from app.ui.i18n_zh import ZH_CN
 
-UI_DIR = Path(app.ui.__file__).parent
-# tr("...") / Notice("...") with a literal first argument, in single or double quotes.
+# The tray's text, and the settings' notices it shows (made without Qt, translated when shown).
+TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
+# tr("...") / Notice("...") with a literal first argument, in single or double quotes; and the
+# notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
 LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
-DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "popup", "replace"}  # tr(state), tr(mode)
+TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
+DYNAMIC_KEYS = {"empty", "loading", "ready", "error"}  # tr(state)
 
 
 def _ui_strings() -> set[str]:
     found = set()
-    for path in UI_DIR.rglob("*.py"):
-        for m in LITERAL.finditer(path.read_text(encoding="utf-8")):
+    for path in (p for folder in TEXT_DIRS for p in folder.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for m in LITERAL.finditer(source):
             found.add(m.group(1) if m.group(1) is not None else m.group(2))
+        for m in TEMPLATE_CONSTANT.finditer(source):
+            if f"Notice({m.group(1)}" in source or f"tr({m.group(1)}" in source:
+                found.add("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))))
     return found
 
 
@@ -46,7 +55,7 @@ def test_tr_translates_and_formats():
     set_language("zh_CN")
     assert tr("Open chat") == "打开对话"
     assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 词元/秒"
-    assert Notice("Local API running at {url}", {"url": "http://127.0.0.1:18000"}).text() == \
+    assert notice_text(Notice("Local API running at {url}", {"url": "http://127.0.0.1:18000"})) == \
         "本地 API 已在 http://127.0.0.1:18000 运行"
     set_language("en")
     assert tr("{tps:.1f} tokens/s", tps=12.345) == "12.3 tokens/s"
@@ -61,3 +70,35 @@ def test_auto_language_follows_the_system_locale(locale, expected):
     finally:
         QLocale.setDefault(previous)
     assert resolve_language("zh_CN") == "zh_CN" and resolve_language("en") == "en"
+
+
+def test_qt_own_buttons_and_menus_are_in_chinese(qapp):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.ui.i18n import install_qt_translation, qt_translation_file
+
+    assert qt_translation_file("zh_CN") is not None  # shipped in PySide6-Essentials
+    set_language("zh_CN")
+    try:
+        assert install_qt_translation(qapp)
+        box = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.Apply)
+        texts = {box.button(b).text().replace("&", "") for b in (QDialogButtonBox.Ok, QDialogButtonBox.Cancel,
+                                                                 QDialogButtonBox.Apply)}
+        assert texts == {"确定", "取消", "应用"}
+    finally:
+        set_language("en")
+        install_qt_translation(qapp)  # and back: no translator for English
+    box = QDialogButtonBox(QDialogButtonBox.Cancel)
+    assert box.button(QDialogButtonBox.Cancel).text().replace("&", "") == "Cancel"
+
+
+@pytest.mark.parametrize("argv", [["--language", "zh_CN"], ["tray", "--language", "zh_CN"],
+                                  ["--language", "zh_CN", "tray"]])
+def test_language_option_works_with_and_without_the_tray_command(monkeypatch, argv):
+    from app import cli
+    from app.ui import app as app_module
+
+    seen = []
+    monkeypatch.setattr(app_module, "run_tray", lambda tray_argv: seen.append(tray_argv) or 0)
+    assert cli.main(argv) == 0
+    assert seen == [["--language", "zh_CN"]]

@@ -67,7 +67,7 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     assert version.returncode == 0 and version.stdout.startswith("qwen-tray "), version.stderr
     probe = subprocess.run(
         [str(venv / "bin/python"), "-c",
-         "import app, app.ui.app; from app.ui.paths import resources_dir; print(app.__file__); print(resources_dir())"],
+         "import app, app.ui.app; from app.paths import resources_dir; print(app.__file__); print(resources_dir())"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr[-2000:]
     installed_at, resources = probe.stdout.split()

@@ -13,9 +13,10 @@ from app.engine import Engine, SamplingParams
 from app.engine.request import PRIORITY_INTERACTIVE
 from app.ui.actions import load_builtin_actions
 from app.ui.backend.local import LocalEngineBackend
-from app.ui.models import ModelEntry, save_local_models
+from app.settings.store import SettingsStore
+from app.ui.models import ModelEntry
 from app.ui.pipeline import ActionPipeline, Sink
-from app.ui.preferences import Preferences, save_preferences
+from app.settings.preferences import Preferences
 
 SHORT_CONTEXT = 256
 
@@ -72,8 +73,9 @@ def test_one_engine_serves_chat_and_the_local_api(qtbot, tiny_qwen_dir):
 
     from app.ui.app import TrayApp
 
-    save_local_models([ModelEntry("tiny", path=str(tiny_qwen_dir))])
-    save_preferences(Preferences(temperature=0))  # greedy chat, comparable with the API's answer
+    with SettingsStore().edit() as settings:
+        settings.add_model(ModelEntry("tiny", path=str(tiny_qwen_dir)))
+        settings.preferences = Preferences(temperature=0)  # greedy chat, comparable with the API's answer
     app = TrayApp(hotkey_factory=FakeHotkeys, injector=RecordingInjector(QGuiApplication.clipboard(), None))
     try:
         with qtbot.waitSignal(app.host.loaded, timeout=60000):

@@ -8,9 +8,9 @@ import ctypes
 import pytest
 from PySide6.QtGui import QColor
 
-from app.ui.platform import hotkeys_mac, hotkeys_win, hotkeys_x11, keyinput_win
+from app.ui.platform import hotkeys_mac, hotkeys_win, hotkeys_x11, keyinput_win, shortcuts
 from app.ui.platform.hotkeys import HotkeyManager, UnavailableHotkeys, create_hotkey_backend
-from app.ui.platform.keys import NAMED_KEYS, parse_hotkey
+from app.settings.keys import NAMED_KEYS, parse_hotkey
 
 ALL_KEYS = sorted(set(NAMED_KEYS.values()))
 
@@ -97,3 +97,91 @@ def test_state_icon_badge_colour(qapp, state, colour):
     badge = image.pixelColor(64 - 13, 64 - 13)  # the badge's centre
     assert badge == QColor(colour)
     assert image.pixelColor(8, 32) == QColor("#4f46e5")  # the mark itself
+
+
+# -- copy/paste keys per application -------------------------------------------------------------
+
+@pytest.mark.parametrize("platform, app_ids, style", [
+    ("linux", ("gnome-terminal-server", "gnome-terminal"), "ctrl_shift"),
+    ("linux", ("Konsole", "konsole"), "ctrl_shift"),
+    ("linux", ("xterm", "XTerm"), "ctrl_shift"),
+    ("linux", ("kate", "kate"), "standard"),
+    ("linux", (), "standard"),
+    ("win32", ("cascadia_hosting_window_class", "windowsterminal.exe"), "ctrl_shift"),
+    ("win32", ("ConsoleWindowClass", "cmd.exe"), "ctrl_insert"),
+    ("win32", ("mintty", "mintty.exe"), "ctrl_insert"),
+    ("win32", ("putty", "putty.exe"), "none"),
+    ("win32", ("notepad", "notepad.exe"), "standard"),
+    ("darwin", ("com.apple.terminal",), "standard"),
+])
+def test_terminals_are_recognised_by_window_class_and_program(platform, app_ids, style):
+    assert shortcuts.style_for(app_ids, {}, platform) == style
+
+
+def test_the_users_override_wins_whatever_the_case():
+    assert shortcuts.style_for(("XTerm",), {"xterm": "none"}, "linux") == "none"
+    assert shortcuts.style_for(("Code", "code"), {"code": "ctrl_shift"}, "linux") == "ctrl_shift"
+    assert shortcuts.style_for(("kate",), {"code": "ctrl_shift"}, "linux") == "standard"
+
+
+def test_ctrl_c_and_ctrl_z_never_go_into_a_terminal():
+    for style in ("ctrl_shift", "ctrl_insert", "none"):
+        assert str(shortcuts.chord_for("copy", style, "linux")) != "Ctrl+C"
+        assert shortcuts.chord_for("undo", style, "linux") is None and shortcuts.is_terminal_style(style)
+    assert [str(shortcuts.chord_for(a, "ctrl_shift", "linux")) for a in ("copy", "paste")] == \
+        ["Ctrl+Shift+C", "Ctrl+Shift+V"]
+    assert [str(shortcuts.chord_for(a, "ctrl_insert", "win32")) for a in ("copy", "paste")] == \
+        ["Ctrl+Insert", "Shift+Insert"]
+    assert [str(shortcuts.chord_for(a, "standard", "darwin")) for a in ("copy", "paste", "undo")] == \
+        ["Super+C", "Super+V", "Super+Z"]  # ⌘
+    assert not shortcuts.is_terminal_style("standard")
+
+
+def test_windows_chords_mark_the_navigation_keys_extended():
+    insert_copy = keyinput_win.chord_events(shortcuts.chord_for("copy", "ctrl_insert", "win32"))
+    assert insert_copy == [(0x11, False), (0x2D, False), (0x2D, True), (0x11, True)]
+    events = keyinput_win.key_events(insert_copy)
+    assert [e.u.ki.dwFlags for e in events] == [0, keyinput_win.KEYEVENTF_EXTENDEDKEY,
+                                                keyinput_win.KEYEVENTF_EXTENDEDKEY | keyinput_win.KEYEVENTF_KEYUP,
+                                                keyinput_win.KEYEVENTF_KEYUP]
+    paste = keyinput_win.chord_events(shortcuts.chord_for("paste", "ctrl_shift", "win32"))
+    assert paste == [(0x11, False), (0x10, False), (0x56, False), (0x56, True), (0x10, True), (0x11, True)]
+
+
+class _Library:
+    """Stands in for a ctypes DLL: records each function's declared argument and result types."""
+
+    def __init__(self):
+        self.functions = {}
+
+    def __getattr__(self, name):
+        return self.functions.setdefault(name, type("Function", (), {})())
+
+
+def test_every_windows_function_the_injector_calls_is_declared():
+    user32, kernel32 = _Library(), _Library()
+    keyinput_win._declare(user32, kernel32)
+    used = {"GetForegroundWindow", "SetForegroundWindow", "SendInput", "GetAsyncKeyState",
+            "GetClipboardSequenceNumber", "GetClassNameW", "GetWindowThreadProcessId"}
+    assert set(user32.functions) == used
+    assert set(kernel32.functions) == {"OpenProcess", "QueryFullProcessImageNameW", "CloseHandle"}
+    for function in [*user32.functions.values(), *kernel32.functions.values()]:
+        assert isinstance(function.argtypes, list) and function.restype is not None
+
+
+# -- hotkeys captured by pressing them ----------------------------------------------------------
+
+@pytest.mark.parametrize("platform, qt, ours", [
+    ("linux", "Ctrl+Alt+S", "Ctrl+Alt+S"), ("linux", "Meta+Shift+PgUp", "Super+Shift+PageUp"),
+    ("win32", "Ctrl+Alt+Ins", "Ctrl+Alt+Insert"), ("linux", "Ctrl+Alt+Return", "Ctrl+Alt+Enter"),
+    ("darwin", "Ctrl+Shift+S", "Super+Shift+S"), ("darwin", "Meta+Alt+T", "Ctrl+Alt+T"),
+])
+def test_pressed_combinations_become_hotkeys_and_back(qapp, platform, qt, ours):
+    from PySide6.QtGui import QKeySequence
+
+    from app.ui.widgets.hotkeys_page import hotkey_text, key_sequence
+
+    assert hotkey_text(QKeySequence(qt, QKeySequence.PortableText), platform) == ours
+    assert key_sequence(ours, platform).toString(QKeySequence.PortableText) == \
+        QKeySequence(qt, QKeySequence.PortableText).toString(QKeySequence.PortableText)
+    assert hotkey_text(QKeySequence(), platform) == ""

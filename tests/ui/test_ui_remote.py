@@ -152,10 +152,11 @@ def test_a_remote_model_serves_chat_and_actions_through_the_same_code(qtbot, sse
 
     clipboard = QGuiApplication.clipboard()
     clipboard.setText("Text to summarize remotely.")
-    controller = ActionController(host, Preferences, RecordingInjector(clipboard, None), clipboard)
+    injector = RecordingInjector(clipboard, None)
+    controller = ActionController(host, Preferences, injector, clipboard, load_builtin_actions)
     answers = []
     controller.answered.connect(answers.append)
-    controller.trigger(next(a for a in load_builtin_actions() if a.id == "summarize"), from_hotkey=False)
+    controller.run_on_clipboard("summarize")
     qtbot.waitUntil(lambda: bool(answers), timeout=5000)
     assert answers == ["Hello 世界!"] and controller.popup.answer_text() == "Hello 世界!"
     sent = sse_server.seen[-1][2]["messages"]

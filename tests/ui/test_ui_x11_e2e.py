@@ -1,11 +1,14 @@
-"""End to end under a real X server (Xvfb): a real global hotkey, real Ctrl+C/Ctrl+V through
-XTest, the real clipboard shared between two processes, and the real engine.
+"""End to end under a real X server (Xvfb): a real global hotkey pressed as a person does,
+real copy/paste keys through XTest, the real clipboard shared between processes, the real engine.
 
-The user's editor (ui_x11_target.py) holds selected text and owns the clipboard (plain
-text + HTML). xdotool presses Ctrl+Alt+S; the tray app (ui_x11_driver.py) copies the
-selection, summarizes it with a tiny random Qwen2 model, shows it in the popup; xdotool
-clicks Replace; the editor then holds the answer and the clipboard holds the user's
-original content again, in both formats. Skipped where Xvfb/xdotool/xclip are missing.
+The user's editor (ui_x11_target.py) holds selected text while other text (or an image) is
+on the clipboard. xdotool holds Ctrl+Alt+letter down for 150-300 ms, releases the letter,
+then the modifiers, like a person; the tray app (ui_x11_driver.py) must copy the selection
+(not act on the clipboard), run the action with a tiny random Qwen2 model and show the popup;
+Esc closes it and gives the keyboard back to the editor. Replace pastes the answer over the
+selection and the user's clipboard comes back in every format. A window with a terminal's
+WM_CLASS gets Ctrl+Shift+C and never Ctrl+C; one that copies nothing (xterm) is read from
+the PRIMARY selection and the popup says so. Skipped where Xvfb/xdotool/xclip are missing.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ def xdisplay():
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install xvfb xdotool xclip)")
     read_fd, write_fd = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+    # -noreset: the server would otherwise reset when its last client leaves, refusing the next one meanwhile.
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp",
+                             "-noreset"],
                             pass_fds=(write_fd,), stderr=subprocess.DEVNULL)
     os.close(write_fd)
     with os.fdopen(read_fd) as f:
@@ -48,18 +53,21 @@ def xdisplay():
 
 
 class Child:
-    """A helper process speaking JSON lines on stdout."""
+    """A helper process speaking JSON lines on stdout; ``seen`` keeps every event it sent."""
 
     def __init__(self, args: list[str], env: dict[str, str]):
         self.proc = subprocess.Popen([sys.executable, *args], cwd=HERE, env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.events: queue.Queue = queue.Queue()
+        self.seen: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             if line.startswith("{"):
-                self.events.put(json.loads(line))
+                event = json.loads(line)
+                self.seen.append(event)
+                self.events.put(event)
 
     def wait_for(self, name: str) -> dict:
         while True:
@@ -73,9 +81,18 @@ class Child:
             if event["event"] == name:
                 return event
 
+    def drain(self) -> None:
+        while not self.events.empty():
+            self.events.get_nowait()
+
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def command(self, line: str) -> None:
+        """A target command, answered with "ok" once it is done."""
+        self.send(line)
+        self.wait_for("ok")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -92,57 +109,150 @@ def _run(display: str, *args: str) -> str:
                           text=True, timeout=TIMEOUT).stdout
 
 
-def test_hotkey_summarize_replace_and_clipboard_restored(xdisplay, tmp_path, tiny_qwen_dir):
-    home = tmp_path / "home"
+def press_like_a_person(display: str, letter: str, hold_s: float) -> None:
+    """Ctrl+Alt+letter: modifiers down, the letter held ``hold_s``, the letter up, then the modifiers."""
+    _run(display, "xdotool", "keydown", "ctrl", "alt", letter, "sleep", str(hold_s), "keyup", letter,
+         "sleep", "0.06", "keyup", "alt", "ctrl")
+
+
+@pytest.fixture(scope="module")
+def session(xdisplay, tmp_path_factory, tiny_qwen_dir):
+    """The tray app (real hotkeys, keys, clipboard, engine) and the environment targets run in."""
+    home = tmp_path_factory.mktemp("x11-home")
     (home / "config").mkdir(parents=True)
+    # Short answers: the tests are about the text going in, not about what comes out.
     (home / "config" / "ui-preferences.json").write_text(json.dumps({"max_tokens": 16, "temperature": 0}))
     env = {**os.environ, "DISPLAY": xdisplay, "QT_QPA_PLATFORM": "xcb", "QWEN_TRAY_HOME": str(home),
            "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    target = Child(["ui_x11_target.py"], env)
-    driver = None
+    driver = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir)], env)
     try:
-        wid = target.wait_for("ready")["wid"]
-        _run(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
-        driver = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir)], env)
         ready = driver.wait_for("ready")
         assert ready["hotkeys"]["summarize"] == "Ctrl+Alt+S" and ready["failures"] == {}
-
-        _run(xdisplay, "xdotool", "key", "ctrl+alt+s")
-        answer = driver.wait_for("answer")
-        assert answer["popup_visible"] and answer["text"].strip()
-        assert answer["popup_text"] == answer["text"]
-        assert "tokens/s" in answer["status"]
-
-        x, y = answer["replace"]
-        _run(xdisplay, "xdotool", "mousemove", str(x), str(y), "click", "1")
-        driver.wait_for("pasted")
-        target.send("text")
-        field = target.wait_for("text")["text"]
-        assert field == answer["text"].replace("\r\n", "\n").replace("\r", "\n")  # the selection was replaced
-
-        from ui_x11_target import CLIPBOARD_HTML, CLIPBOARD_TEXT
-
-        assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == CLIPBOARD_TEXT
-        assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "text/html") == CLIPBOARD_HTML
+        yield driver, env
     finally:
-        if driver is not None:
-            driver.stop()
+        driver.stop()
+
+
+@pytest.fixture
+def start_target(session, xdisplay):
+    """start_target(*args) -> (the target process, its window id), focused like the user's window."""
+    driver, env = session
+    targets = []
+
+    def start(*args: str):
+        target = Child(["ui_x11_target.py", *args], env)
+        targets.append(target)
+        wid = target.wait_for("ready")["wid"]
+        _run(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
+        driver.drain()
+        return target, wid
+
+    yield start
+    for target in targets:
         target.stop()
+
+
+def _close_popup_with_escape(display: str, driver: Child, wid: int) -> None:
+    _run(display, "xdotool", "key", "Escape")
+    driver.wait_for("popup_closed")
+    assert int(_run(display, "xdotool", "getwindowfocus").strip()) == wid  # the keyboard is back
+
+
+def test_human_presses_copy_the_selection_every_time_never_the_clipboard(xdisplay, session, start_target):
+    driver, _env = session
+    target, wid = start_target()
+    letters = "stdr" * 3  # summarize, translate, to-dos, rewrite: 12 presses in a row
+    holds = (0.15, 0.2, 0.3, 0.25)
+    misses = []
+    for i, letter in enumerate(letters):
+        selection = f"Selection {i}: the budget review moved to room {100 + i} on Thursday."
+        target.command(f"select {selection}")
+        image = i % 3 == 2
+        target.command("clip-image" if image else f"clip-text stale clipboard text {i}")
+        press_like_a_person(xdisplay, letter, holds[i % len(holds)])
+        captured = driver.wait_for("captured")
+        if (captured["origin"], captured["text"]) != ("selection", selection):
+            misses.append((i, letter, captured))
+        answer = driver.wait_for("answer")
+        assert answer["popup_visible"] and answer["replace_enabled"] == (captured["origin"] == "selection")
+        _close_popup_with_escape(xdisplay, driver, wid)
+        if image:
+            assert "image/png" in _run(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "TARGETS")
+        else:
+            assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == f"stale clipboard text {i}"
+    assert misses == []
+
+
+def test_hotkey_summarize_replace_and_clipboard_restored(xdisplay, session, start_target):
+    driver, _env = session
+    target, _wid = start_target()
+    press_like_a_person(xdisplay, "s", 0.2)
+    assert driver.wait_for("captured")["origin"] == "selection"
+    answer = driver.wait_for("answer")
+    assert answer["popup_visible"] and answer["text"].strip()
+    assert answer["popup_text"] == answer["text"]
+    assert "tokens/s" in answer["status"]
+    assert answer["source"].startswith("Selected text: The quarterly planning meeting")
+
+    x, y = answer["replace"]
+    _run(xdisplay, "xdotool", "mousemove", str(x), str(y), "click", "1")
+    driver.wait_for("pasted")
+    target.send("text")
+    field = target.wait_for("text")["text"]
+    assert field == answer["text"].replace("\r\n", "\n").replace("\r", "\n")  # the selection was replaced
+
+    from ui_x11_target import CLIPBOARD_HTML, CLIPBOARD_TEXT
+
+    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == CLIPBOARD_TEXT
+    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "text/html") == CLIPBOARD_HTML
+
+
+def test_a_terminal_gets_ctrl_shift_c_and_never_ctrl_c(xdisplay, session, start_target):
+    driver, _env = session
+    target, wid = start_target("--wm-class", "gnome-terminal-server,Gnome-terminal", "--copy-keys", "ctrl+shift+c")
+    selection = "ls: cannot access 'report.pdf': No such file or directory"
+    target.command(f"select {selection}")
+    target.command("clip-text stale clipboard text")
+    press_like_a_person(xdisplay, "s", 0.2)
+    captured = driver.wait_for("captured")
+    assert (captured["origin"], captured["text"]) == ("selection", selection)
+    answer = driver.wait_for("answer")
+    assert not answer["replace_enabled"]  # a terminal's output is not replaced (nor typed at its prompt)
+    _close_popup_with_escape(xdisplay, driver, wid)
+    assert [e for e in target.seen if e["event"] == "ctrl_c"] == []
+
+
+def test_a_window_that_copies_nothing_is_read_from_primary_and_said_so(xdisplay, session, start_target):
+    """xterm has no copy keys: what is selected is in the PRIMARY selection."""
+    driver, _env = session
+    target, wid = start_target("--wm-class", "xterm,XTerm", "--copy-keys", "none")
+    selection = "make: *** [Makefile:12: all] Error 2"
+    target.command(f"select {selection}")
+    target.command("clip-text stale clipboard text")
+    press_like_a_person(xdisplay, "s", 0.2)
+    captured = driver.wait_for("captured")
+    assert (captured["origin"], captured["text"]) == ("primary", selection)
+    answer = driver.wait_for("answer")
+    assert answer["source"] == f"From the primary selection (Ctrl+Shift+C copied nothing): {selection}"
+    assert not answer["replace_enabled"]
+    _close_popup_with_escape(xdisplay, driver, wid)
+    assert [e for e in target.seen if e["event"] == "ctrl_c"] == []
+    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
 
 
 def test_x11_hotkey_conflict_is_reported(xdisplay, monkeypatch):
     monkeypatch.setenv("DISPLAY", xdisplay)
     from app.ui.platform.hotkeys_x11 import X11Hotkeys
-    from app.ui.platform.keys import HotkeyConflictError, parse_hotkey
+    from app.settings.keys import HotkeyConflictError, parse_hotkey
 
     first, second = X11Hotkeys(lambda b: None), X11Hotkeys(lambda b: None)
     try:
-        first.register("summarize", parse_hotkey("Ctrl+Alt+S"))
+        first.register("first", parse_hotkey("Ctrl+Alt+J"))
         with pytest.raises(HotkeyConflictError, match="already taken"):
-            second.register("mine", parse_hotkey("Ctrl+Alt+S"))
-        second.register("other", parse_hotkey("Ctrl+Alt+T"))  # the refused grab left nothing half-registered
+            second.register("mine", parse_hotkey("Ctrl+Alt+J"))
+        second.register("other", parse_hotkey("Ctrl+Alt+K"))  # the refused grab left nothing half-registered
         first.unregister_all()
-        second.register("mine", parse_hotkey("Ctrl+Alt+S"))  # free again once released
+        second.register("mine", parse_hotkey("Ctrl+Alt+J"))  # free again once released
     finally:
         first.close()
         second.close()
@@ -151,15 +261,15 @@ def test_x11_hotkey_conflict_is_reported(xdisplay, monkeypatch):
 def test_x11_hotkey_fires_once_per_press(xdisplay, monkeypatch):
     monkeypatch.setenv("DISPLAY", xdisplay)
     from app.ui.platform.hotkeys_x11 import X11Hotkeys
-    from app.ui.platform.keys import parse_hotkey
+    from app.settings.keys import parse_hotkey
 
     fired: queue.Queue = queue.Queue()
     hotkeys = X11Hotkeys(fired.put)
     try:
-        hotkeys.register("translate", parse_hotkey("Ctrl+Alt+T"))
-        _run(xdisplay, "xdotool", "key", "ctrl+alt+t", "ctrl+alt+t")
+        hotkeys.register("translate", parse_hotkey("Ctrl+Alt+L"))
+        _run(xdisplay, "xdotool", "key", "ctrl+alt+l", "ctrl+alt+l")
         # Held long enough for X auto-repeat (a stream of release+press pairs): still one activation.
-        _run(xdisplay, "xdotool", "keydown", "ctrl+alt+t", "sleep", "1.5", "keyup", "ctrl+alt+t")
+        _run(xdisplay, "xdotool", "keydown", "ctrl+alt+l", "sleep", "1.5", "keyup", "ctrl+alt+l")
         assert [fired.get(timeout=TIMEOUT) for _ in range(3)] == ["translate"] * 3
         _run(xdisplay, "xdotool", "key", "ctrl+alt+x")  # not registered: nothing fires
         hotkeys.register("sentinel", parse_hotkey("Ctrl+Alt+Y"))

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from app.engine.params import GenerationResult, SamplingParams, Usage
+from app.ui.platform.keyinput import KeyInjector
 
 
 def words(text: str) -> int:
@@ -83,32 +84,49 @@ class FakeBackend:
         self.log.append(("close", self.name))
 
 
-class RecordingInjector:
-    """A key injector for offscreen tests: 'copy' puts the simulated selection on the clipboard."""
+class RecordingInjector(KeyInjector):
+    """A key injector for offscreen tests, with a simulated target application behind it.
+
+    ``sent`` records "release" and every chord sent ("Ctrl+C", "Ctrl+Shift+V", …). The target
+    copies ``selection`` when it gets one of its ``copy_keys`` (after ignoring the first
+    ``ignore_copies``); ``keys_held`` answers from ``held`` (the user still pressing the hotkey).
+    """
 
     name = "recording"
 
-    def __init__(self, clipboard, selection: str | None):
+    def __init__(self, clipboard, selection: str | None, app_ids: tuple[str, ...] = (),
+                 copy_keys: frozenset[str] = frozenset({"Ctrl+C"}), held: list[bool] | None = None,
+                 ignore_copies: int = 0):
         self.clipboard, self.selection = clipboard, selection
+        self._app_ids, self.copy_keys, self.held = app_ids, copy_keys, list(held or [])
+        self.ignore_copies = ignore_copies
         self.sent: list[str] = []
+        self.held_polls = 0  # how often keys_held() was asked
         self.focus_restored: list[object] = []
+
+    def keys_held(self) -> bool:
+        self.held_polls += 1
+        return self.held.pop(0) if self.held else False
 
     def release_modifiers(self) -> None:
         self.sent.append("release")
 
-    def send_shortcut(self, action: str) -> None:
-        self.sent.append(action)
-        if action == "copy" and self.selection is not None:
-            self.clipboard.setText(self.selection)
+    def send_chord(self, chord) -> None:
+        self.sent.append(str(chord))
+        if str(chord) in self.copy_keys and self.selection is not None:
+            if self.ignore_copies:
+                self.ignore_copies -= 1
+            else:
+                self.clipboard.setText(self.selection)
 
     def remember_focus(self):
         return "target-window"
 
+    def app_ids(self, focus) -> tuple[str, ...]:
+        return self._app_ids
+
     def restore_focus(self, token) -> None:
         self.focus_restored.append(token)
-
-    def close(self) -> None:
-        pass
 
 
 class FakeHotkeys:
@@ -125,7 +143,7 @@ class FakeHotkeys:
         FakeHotkeys.instances.append(self)
 
     def register(self, binding_id, hotkey) -> None:
-        from app.ui.platform.keys import HotkeyConflictError
+        from app.settings.keys import HotkeyConflictError
 
         if str(hotkey) in self.taken:
             raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")

@@ -1,7 +1,8 @@
 """The tray app under test in the X11 end-to-end test, with real hotkeys, keys and clipboard.
 
 ``--model PATH`` loads that folder with the real engine; ``--fake`` uses the fake backend.
-Events are JSON lines on stdout: ready, answer (with the Replace button's screen position),
+Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
+came from), answer (with the Replace button's screen position and the popup's state),
 pasted, notice. stdin: "quit".
 """
 
@@ -47,14 +48,17 @@ def main() -> int:
     controller = tray.action_controller
 
     def answered(text: str) -> None:
-        button = controller.popup.replace_button
+        popup = controller.popup
+        button = popup.replace_button
         centre = button.mapToGlobal(QPoint(button.width() // 2, button.height() // 2))
         # The popup only gets text through streamed deltas: equal text means the stream arrived whole.
-        emit(event="answer", text=text, popup_text=controller.popup.answer_text(),
-             popup_visible=controller.popup.isVisible(), replace=[centre.x(), centre.y()],
-             status=controller.popup.status.text())
+        emit(event="answer", text=text, popup_text=popup.answer_text(), popup_visible=popup.isVisible(),
+             replace=[centre.x(), centre.y()], replace_enabled=button.isEnabled(), status=popup.status.text(),
+             source=popup.source.text())
 
     controller.answered.connect(answered)
+    controller.started.connect(lambda captured: emit(event="captured", text=captured.text, origin=captured.origin))
+    controller.popup.closed.connect(lambda _had_focus: emit(event="popup_closed"))
     controller._paster.finished.connect(lambda: emit(event="pasted"))
     tray.host.loaded.connect(lambda: emit(event="ready", model=tray.host.backend.name,
                                           hotkeys=tray.hotkeys.active, failures=tray.hotkeys.failures))

@@ -1,5 +1,6 @@
 """W4/W3 -> fp16 dequantization of weight rows in one CUDA kernel (the GEMM prefill's tiles, and
-the embedding lookup: one launch instead of ~13 PyTorch kernels; docs/KERNELS.md phase 17).
+the embedding lookup: one launch instead of ~13 PyTorch kernels; docs/KERNELS.md § Norm,
+embedding lookup, argmax).
 
 Both read the runtime's tile layouts (app.kernels.w4_tiles / w3_tiles), any row range. W4:
 one thread per packed word, 8 fp16 out (one 16-byte store). W3: one thread per row and 32

@@ -44,10 +44,10 @@ INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
 BUCKETS = (1, 2, 4, 8)
 # RMSNorms fused into the GEMVs at batch 1 where it pays (step_norms.py; bit-equal either way);
-# False runs the norm kernels (benchmarks/ablate_step.py compares; read once per runner and batch size).
+# False runs the norm kernels (lab/ablate_step.py compares; read once per runner and batch size).
 FUSE_NORMS = True
 # RoPE + KV write inside the attention's split kernel (bit-equal either way; False runs rope.cu
-# first: benchmarks/ablate_step.py compares). The fused kernel takes at most ROPE_MAX_ROWS rows.
+# first: lab/ablate_step.py compares). The fused kernel takes at most ROPE_MAX_ROWS rows.
 FUSE_ROPE = True
 ALIGN = 256
 

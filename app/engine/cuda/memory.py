@@ -26,7 +26,7 @@ MIN_MARGIN = 256 * MiB  # kept free under the default budget (display, other app
 MARGIN_FRACTION = 0.05
 # Device memory a built runner takes beside PyTorch's allocator, so outside the budget's cap:
 # CUDA graph executables and the kernel modules CUDA loads (ours, PyTorch's, cuBLAS's for the
-# GEMM prefill). Measured on the H200 (bench_decode's budget runs, docs/KERNELS.md phase 19):
+# GEMM prefill). Measured by bench_decode's budget runs (docs/KERNELS.md § Memory plan):
 # 164 MiB with the graph prefill (7B mixed), 252 MiB with the GEMM prefill (3B w4). A requested
 # budget must leave it free, else loading ends in CUDA's own out-of-memory error; the default
 # budget's margin is at least this much.

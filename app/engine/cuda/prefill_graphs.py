@@ -1,8 +1,8 @@
 """The first prefill chunk of a prompt from CUDA graphs, one per token bucket (16 .. the chunk).
 
 Why: the eager GEMM prefill launches ~35-40 ops per layer from Python (tiles, cuBLAS,
-attention, norms, RoPE), so a short prompt is launch-bound (~20 ms for 85 tokens of the 3B
-on the H200 against ~2-3 ms of GPU work), and in the server each new request's prefill
+attention, norms, RoPE), so a short prompt is launch-bound (the host's launches take several
+times the GPU's work; docs/KERNELS.md § Prefill), and in the server each new request's prefill
 stalls the other streams' decode for that long. Replaying a graph costs one launch.
 
 How: the prompt is padded to its bucket. The graph reads static device inputs that the host

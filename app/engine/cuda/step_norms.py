@@ -6,7 +6,7 @@ of squares the residual GEMV that wrote h left (``sums_out``). Three sites per s
 before each qkv ("input"; not layer 0's, which follows the embedding lookup and gets no sums),
 before each gate/up ("post", fed by the o projection) and before the lm_head ("final", fed by
 the last down projection). Where a site is not fused the norm kernel writes ``normed``. Fused
-and unfused are bit-equal (docs/KERNELS.md phase 10), so the choice is only about speed.
+and unfused are bit-equal (docs/KERNELS.md § Fused norms), so the choice is only about speed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Borrow the clipboard without losing what the user copied.
 
-An action copies the selection through the clipboard and pastes its answer through it;
-both times the user's clipboard (every format: text, HTML, images, files…) is taken
-first and put back afterwards. Everything here runs on the UI thread and never blocks:
-waits are Qt timers and signals.
+An action copies the selection through the clipboard (selection_capture.py) and pastes its
+answer through it; both times the user's clipboard (every format: text, HTML, images,
+files…) is taken first and put back afterwards. Everything here runs on the UI thread and
+never blocks: waits are Qt timers and signals.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from PySide6.QtGui import QClipboard
 
 from app.ui.platform.keyinput import KeyInjector
 
-COPY_TIMEOUT_MS = 800  # how long a target app gets to answer Ctrl+C before we use the clipboard as is
 PASTE_SETTLE_MS = 400  # the target reads the clipboard after Ctrl+V asynchronously; keep ours that long
 
 
@@ -47,60 +46,6 @@ class ClipboardSnapshot:
             clipboard.clear()
 
 
-class SelectionCapture(QObject):
-    """Copy the user's selection: Ctrl+C into the focused window, wait for the clipboard to change.
-
-    Emits ``finished(text, from_selection)``: the copied selection, or, when nothing changed
-    within the timeout (nothing was selected), the text already on the clipboard. The
-    user's clipboard is restored before ``finished`` is emitted.
-    """
-
-    finished = Signal(str, bool)
-
-    def __init__(self, clipboard: QClipboard, injector: KeyInjector, timeout_ms: int = COPY_TIMEOUT_MS,
-                 parent: QObject | None = None):
-        super().__init__(parent)
-        self._clipboard = clipboard
-        self._injector = injector
-        self._timer = QTimer(self, singleShot=True, interval=timeout_ms)
-        self._timer.timeout.connect(self._on_timeout)
-        self.snapshot: ClipboardSnapshot | None = None
-        self.focus_token: object | None = None
-        self._active = False
-        self._changed = False
-
-    def start(self) -> None:
-        self.snapshot = ClipboardSnapshot.take(self._clipboard)
-        self.focus_token = self._injector.remember_focus()
-        self._active = True
-        self._clipboard.dataChanged.connect(self._on_changed)
-        self._timer.start()
-        self._injector.release_modifiers()
-        self._injector.send_shortcut("copy")
-
-    def _on_changed(self) -> None:
-        if not self._active:
-            return
-        self._changed = True
-        mime = self._clipboard.mimeData()
-        text = mime.text() if mime is not None and mime.hasText() else ""
-        if text.strip():
-            self._finish(text, True)
-        # An empty or non-text change (an app that copies nothing): keep waiting for the timeout.
-
-    def _on_timeout(self) -> None:
-        if self._active:
-            self._finish(self.snapshot.text if self.snapshot else "", False)
-
-    def _finish(self, text: str, from_selection: bool) -> None:
-        self._active = False
-        self._timer.stop()
-        self._clipboard.dataChanged.disconnect(self._on_changed)
-        if self._changed and self.snapshot is not None:
-            self.snapshot.restore(self._clipboard)
-        self.finished.emit(text, from_selection)
-
-
 class PasteOperation(QObject):
     """Paste ``text`` into the remembered window through the clipboard, then put the clipboard back.
 
@@ -123,7 +68,8 @@ class PasteOperation(QObject):
     def pending(self) -> bool:
         return self._snapshot is not None
 
-    def paste(self, text: str, focus_token: object | None) -> None:
+    def paste(self, text: str, focus_token: object | None, style: str = "standard") -> None:
+        """``style``: the target's keys (shortcuts.py): Ctrl+V, or Ctrl+Shift+V in a terminal."""
         if self._snapshot is None:
             self._snapshot = ClipboardSnapshot.take(self._clipboard)
         mime = QMimeData()
@@ -131,12 +77,13 @@ class PasteOperation(QObject):
         self._clipboard.setMimeData(mime)
         self._injector.restore_focus(focus_token)
         self._injector.release_modifiers()
-        self._injector.send_shortcut("paste")
+        self._injector.send_shortcut("paste", style)
         self._timer.start()  # restarted by a second paste: the target reads after its own Ctrl+V
 
-    def undo(self, focus_token: object | None) -> None:
+    def undo(self, focus_token: object | None, style: str = "standard") -> bool:
+        """Undo the paste in the target; False where its keys have no undo (never Ctrl+Z in a terminal)."""
         self._injector.restore_focus(focus_token)
-        self._injector.send_shortcut("undo")
+        return self._injector.send_shortcut("undo", style)
 
     def flush(self) -> None:
         """Put the user's clipboard back now (also before a new copy starts)."""

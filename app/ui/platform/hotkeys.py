@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from app.ui.platform.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
+from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
 
 
 class HotkeyBackend(ABC):

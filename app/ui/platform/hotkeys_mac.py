@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from app.ui.platform.hotkeys import HotkeyBackend
-from app.ui.platform.keys import Hotkey
+from app.settings.keys import Hotkey
 
 _MOD_TOKENS = {"ctrl": "<ctrl>", "alt": "<alt>", "shift": "<shift>", "super": "<cmd>"}
 _KEY_TOKENS = {

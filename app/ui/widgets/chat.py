@@ -1,14 +1,16 @@
 """The chat window: conversations on the left, streamed Markdown answers, Stop, tokens/s.
 
-Every conversation is saved after each answer (history.py). When a long conversation no
-longer fits the model's context, the oldest turns are left out of the request (the window
-says so) rather than failing.
+Enter sends and Shift+Enter starts a new line (as in chat apps), or with the preference
+``chat_send_key = "ctrl_enter"`` Ctrl+Enter sends and Enter starts a new line. The input
+has the focus whenever the window opens. Every conversation is saved after each answer
+(history.py). When a long conversation no longer fits the model's context, the oldest
+turns are left out of the request (the window says so) rather than failing.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton,
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
@@ -80,14 +82,14 @@ class ChatWindow(QWidget):
         self.scroll = QScrollArea(widgetResizable=True)
         self.scroll.setWidget(self.messages_box)
         self.input = QPlainTextEdit()
-        self.input.setPlaceholderText(tr("Ask anything… (Ctrl+Enter to send)"))
         self.input.setMaximumHeight(90)
+        self.input.setPlaceholderText(self._placeholder())
+        self.input.installEventFilter(self)
         self.send_button = QPushButton(tr("Send"))
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton(tr("Stop"))
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setEnabled(False)
-        QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self.send)
         self.status = QLabel()
         row = QHBoxLayout()
         row.addWidget(self.status, 1)
@@ -106,6 +108,29 @@ class ChatWindow(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
 
+    def _placeholder(self) -> str:
+        if self.store.prefs.chat_send_key == "ctrl_enter":
+            return tr("Ask anything… (Ctrl+Enter to send, Enter for a new line)")
+        return tr("Ask anything… (Enter to send, Shift+Enter for a new line)")
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt)
+        if watched is self.input and event.type() == QEvent.KeyPress and isinstance(event, QKeyEvent) \
+                and event.key() in (Qt.Key_Return, Qt.Key_Enter):
+            mods = event.modifiers() & ~Qt.KeypadModifier
+            ctrl_sends = self.store.prefs.chat_send_key == "ctrl_enter"
+            if mods == Qt.ControlModifier or (mods == Qt.NoModifier and not ctrl_sends):
+                self.send()
+                return True
+            if mods == Qt.ShiftModifier or mods == Qt.NoModifier:
+                self.input.insertPlainText("\n")  # a new paragraph, not Qt's line separator
+                return True
+        return super().eventFilter(watched, event)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt)
+        super().showEvent(event)
+        self.input.setPlaceholderText(self._placeholder())  # the setting may have changed meanwhile
+        QTimer.singleShot(0, lambda: self.input.setFocus(Qt.ActiveWindowFocusReason))  # once the window is up
+
     # -- conversations ---------------------------------------------------------------------------
     def _refresh_list(self) -> None:
         self.list.clear()
@@ -119,6 +144,16 @@ class ChatWindow(QWidget):
         self.conversation = Conversation()
         self._show_messages()
 
+    def start_conversation(self, messages: list[dict[str, str]]) -> None:
+        """A new conversation that starts with ``messages`` (a popup's request and answer)."""
+        self.stop()
+        self.conversation = Conversation()
+        for m in messages:
+            self.conversation.add(m["role"], m["content"])
+        self._show_messages()
+        self._save()
+        self.input.setFocus(Qt.OtherFocusReason)
+
     def open_conversation(self, conversation_id: str) -> None:
         self.stop()
         self.conversation = next(c for c in self.conversations if c.id == conversation_id)
@@ -129,7 +164,8 @@ class ChatWindow(QWidget):
             widget = self.messages_layout.takeAt(0).widget()
             widget.deleteLater()
         for m in self.conversation.messages:
-            self._add_widget(m.role, m.content, m.tokens_per_second)
+            if m.role != "system":  # an action's instructions to the model: sent, not shown
+                self._add_widget(m.role, m.content, m.tokens_per_second)
 
     def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
         widget = MessageWidget(role, text, tps)

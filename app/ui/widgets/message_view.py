@@ -18,8 +18,7 @@ class MessageWidget(QFrame):
         self.setObjectName("userMessage" if role == "user" else "assistantMessage")
         who = QLabel(tr("You") if role == "user" else tr("Assistant"))
         who.setStyleSheet("font-weight: 600")
-        self.speed = QLabel()
-        self.speed.setStyleSheet("color: palette(mid)")
+        self.speed = QLabel()  # normal text colour: a greyed label is hard to read
         self.copy_button = QPushButton(tr("Copy"))
         self.copy_button.setFlat(True)
         self.copy_button.clicked.connect(self.copy)

@@ -12,11 +12,13 @@ from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
 from app.hub.gguf import ImportGgufJob
 from app.hub.job import GotModel
-from app.ui.actions import MODES, Action, new_action_id
+from app.settings.actions import MODES, Action
+from app.settings.keys import normalize_hotkey
+from app.settings.models import ModelEntry, check_model_name
+from app.ui.actions import new_action_id
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import tr
-from app.ui.models import ModelEntry
-from app.ui.platform.keys import normalize_hotkey
+from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 
 
 class ActionsPage(QWidget):
@@ -33,11 +35,10 @@ class ActionsPage(QWidget):
         self.name = QLineEdit()
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText(tr("Prompt; {text} is replaced by the selected text"))
-        self.hotkey = QLineEdit()
-        self.hotkey.setPlaceholderText("Ctrl+Alt+F")
+        self.hotkey = HotkeyField("")  # captured by pressing it
         self.mode = QComboBox()
         for mode in MODES:
-            self.mode.addItem(tr(mode), mode)
+            self.mode.addItem(mode_label(mode), mode)
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
@@ -71,7 +72,7 @@ class ActionsPage(QWidget):
             a = self.actions[row]
             self.name.setText(a.name)
             self.prompt.setPlainText(a.prompt)
-            self.hotkey.setText(a.hotkey)
+            self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
 
     def _new(self) -> None:
@@ -79,7 +80,7 @@ class ActionsPage(QWidget):
         self.list.setCurrentRow(-1)
         self.name.clear()
         self.prompt.setPlainText("{text}")
-        self.hotkey.clear()
+        self.hotkey.set_text("")
         self.error.clear()
 
     def save_current(self) -> bool:
@@ -202,7 +203,7 @@ class ModelsPage(QWidget):
         try:
             if self.name.text().strip() in names:
                 raise QwenTrayError(tr("a model named {name} already exists", name=self.name.text().strip()))
-            entry = ModelEntry(name=self.name.text().strip(), kind=self.kind.currentData(),
+            entry = ModelEntry(name=check_model_name(self.name.text()), kind=self.kind.currentData(),
                                path=self.path.text().strip(), base_url=self.base_url.text().strip(),
                                api_key=self.api_key.text().strip(), model=self.model.text().strip(),
                                max_context=self.max_context.value())

@@ -79,7 +79,7 @@ class TrayIcon(QSystemTrayIcon):
             label = action.label(current_language())
             item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
             item.setEnabled(app.host.backend is not None)
-            item.triggered.connect(lambda _checked=False, a=action: app.run_action(a, from_hotkey=False))
+            item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
         menu.addSeparator()
         menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
         self._model_menu(menu.addMenu(tr("Model")))

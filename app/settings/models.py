@@ -1,0 +1,99 @@
+"""The model registry's entries: a local folder, a GGUF file, the starter model or a remote endpoint.
+
+One list of :class:`ModelEntry` in the settings file serves ``qwen-tray models``, ``ask``,
+``serve``, ``doctor`` and the tray. A GGUF entry becomes a local one (same name, the converted
+folder) the first time it is loaded; the starter entry is never stored: the tray offers it
+until it is registered as a local folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from app.errors import QwenTrayError
+
+KINDS = ("local", "gguf", "starter", "remote")
+DEFAULT_REMOTE_CONTEXT = 32768
+
+
+class ModelEntryError(QwenTrayError):
+    """A model entry is incomplete or wrong, or its name cannot be used (names the entry)."""
+
+
+def is_plain_folder_name(name: str) -> bool:
+    """A model name that can be a folder of its own under models_dir() (no separators, no . / ..)."""
+    return bool(name.strip()) and not any(c in name for c in "/\\:") and name.strip() not in (".", "..")
+
+
+def check_model_name(name: str) -> str:
+    """A new model's name, stripped; every new entry (CLI or tray) must have a plain one."""
+    if not name.strip():
+        raise ModelEntryError("the model name is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ModelEntryError(f"model name {name!r} contains control characters")
+    if not is_plain_folder_name(name):
+        raise ModelEntryError(f"model name {name!r} must be a plain folder name (no / \\ or :, not . or ..)")
+    return name.strip()
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    kind: str = "local"
+    path: str = ""  # local: HF folder or checkpoint; gguf: a .gguf file (converted once on first load)
+    base_url: str = ""  # remote: e.g. https://api.example.com/v1
+    api_key: str = ""
+    model: str = ""  # remote: the model id the endpoint expects
+    max_context: int = DEFAULT_REMOTE_CONTEXT  # remote: used to decide when to split long text
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int if f.name == "max_context" else str) or isinstance(value, bool):
+                raise ModelEntryError(f"model {self.name!r}: {f.name} must be "
+                                      f"{'an integer' if f.name == 'max_context' else 'a string'}")
+        if not self.name.strip():
+            raise ModelEntryError("model entry: name is empty")
+        if self.kind not in KINDS:
+            raise ModelEntryError(f"model {self.name!r}: kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.kind == "local" and not self.path:
+            raise ModelEntryError(f"model {self.name!r}: path is empty")
+        if self.kind == "gguf":
+            if not self.path.lower().endswith(".gguf"):
+                raise ModelEntryError(f"model {self.name!r}: choose a .gguf file")
+            if not is_plain_folder_name(self.name):
+                raise ModelEntryError(f"model {self.name!r}: the name becomes a folder name: no / \\ or :")
+        if self.kind == "remote":
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ModelEntryError(f"model {self.name!r}: base_url must start with http:// or https://")
+            if not self.model:
+                raise ModelEntryError(f"model {self.name!r}: model (the endpoint's model id) is empty")
+        if self.max_context < 256:
+            raise ModelEntryError(f"model {self.name!r}: max_context must be an integer >= 256")
+
+    def to_dict(self) -> dict:
+        """The entry as the settings file holds it: name, kind and the fields that differ from the default."""
+        data = {"name": self.name, "kind": self.kind}
+        defaults = ModelEntry.__dataclass_fields__
+        data.update({f.name: getattr(self, f.name) for f in fields(self)
+                     if f.name not in data and getattr(self, f.name) != defaults[f.name].default})
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> ModelEntry:
+        if not isinstance(data, dict):
+            raise ModelEntryError("a model entry must be an object")
+        known = {f.name for f in fields(cls)}
+        return cls(**{"name": "", **{k: v for k, v in data.items() if k in known}})
+
+    @property
+    def is_local_engine(self) -> bool:
+        return self.kind in ("local", "gguf", "starter")
+
+    def describe(self) -> str:
+        """Where the entry's model is, for `models list` and `doctor`."""
+        if self.kind == "remote":
+            return f"remote {self.base_url} (model {self.model})"
+        if self.kind == "gguf":
+            return f"GGUF file {self.path} (converted when first loaded)"
+        return self.path
