@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # fake_hub, hub_support
-
-from fake_hub import FakeHub  # noqa: E402
-from hub_support import TINY_REPO, catalog_toml  # noqa: E402
+# fake_hub and hub_support are imported by name: pytest's default "prepend" import mode puts this
+# folder (no __init__.py) first on the import path before it imports this conftest.
+from fake_hub import FakeHub
+from hub_support import TINY_REPO, catalog_toml
 
 
 @pytest.fixture(scope="session")

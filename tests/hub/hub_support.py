@@ -8,10 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.settings.store import SettingsStore
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_REPO = "tiny-org/Tiny-Qwen2"
 TINY_NAME = "Tiny-Qwen2"
 TINY_MODEL = "Tiny-Qwen2-w4"  # the registered name: entry name + recipe
+
+
+def registered_models() -> dict[str, str]:
+    """Name -> path of the registered models, as `qwen-tray models list` reads the settings file."""
+    return {entry.name: entry.path for entry in SettingsStore().load().models}
 
 
 def catalog_toml(tiny_hub_model: Path, name: str = TINY_NAME, repo: str = TINY_REPO, recipe: str = "w4") -> str:

@@ -11,13 +11,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hub_support import TINY_MODEL, TINY_NAME
+from hub_support import TINY_MODEL, TINY_NAME, registered_models
 from fake_hub import Faults
 
 from app.hub.catalog import find_entry
 from app.hub.errors import DiskSpaceError
 from app.hub.job import GetModelJob
-from app.settings import load_settings
 from tests.conftest import assert_one_line_error
 
 WEIGHTS = "model.safetensors"
@@ -47,7 +46,7 @@ def test_refused_before_downloading_when_it_cannot_fit(run_cli, tmp_path, monkey
         got = run_cli("models", "get", TINY_NAME, "--method", "rtn", "--endpoint", hub.url)
         assert_one_line_error(got, f"not enough disk space for {TINY_MODEL}", "MB is free", str(small))
         assert not hub.requests_for("/resolve/") and not hub.requests_for("/cdn/")  # not one byte fetched
-        assert TINY_MODEL not in load_settings().models
+        assert TINY_MODEL not in registered_models()
 
 
 def test_a_disk_that_fills_up_meanwhile(tmp_path, monkeypatch, hub, tiny_hub_model):
@@ -72,7 +71,7 @@ def test_a_disk_that_fills_up_meanwhile(tmp_path, monkeypatch, hub, tiny_hub_mod
         assert "the disk filled up while downloading model.safetensors" in str(errors[0])
         assert "resumes" in str(errors[0])
         assert (job.source_folder / (WEIGHTS + ".part")).stat().st_size > 0  # kept for the next run
-        assert TINY_MODEL not in load_settings().models
+        assert TINY_MODEL not in registered_models()
 
 
 def _run(job, errors) -> None:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import socket
 
 import pytest
-from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml
+from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml, registered_models
 from fake_hub import Faults
 
-from app.settings import load_settings
 from tests.conftest import assert_one_line_error
 
 WEIGHTS = "model.safetensors"
 
 
 def _nothing_registered(home) -> None:
-    assert TINY_MODEL not in load_settings().models
+    assert TINY_MODEL not in registered_models()
     assert not (home / "data" / "models" / TINY_MODEL / "manifest.json").exists()
 
 
@@ -74,7 +73,7 @@ def test_a_corrupt_file_is_deleted_and_fetched_anew(run_cli, home, hub, tiny_cat
     _nothing_registered(home)
     hub.faults.clear()
     assert _get(run_cli, hub.url).returncode == 0
-    assert TINY_MODEL in load_settings().models
+    assert TINY_MODEL in registered_models()
 
 
 @pytest.mark.parametrize("name, fragment", [("Qwen2.5-9B", "no model named 'Qwen2.5-9B' in the catalog")])

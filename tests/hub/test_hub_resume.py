@@ -10,13 +10,12 @@ import sys
 import threading
 
 import pytest
-from hub_support import REPO_ROOT, TINY_MODEL, TINY_NAME, cli_env, qwen_tray
+from hub_support import REPO_ROOT, TINY_MODEL, TINY_NAME, cli_env, qwen_tray, registered_models
 from fake_hub import Faults
 
 from app.hub.catalog import find_entry
 from app.hub.job import GetModelJob
 from app.hub.progress import DOWNLOADING, JobCancelled
-from app.settings import load_settings
 
 WEIGHTS = "model.safetensors"
 STALL_AT = 25 << 20  # bytes of the weights served before the fake hub stalls
@@ -39,7 +38,7 @@ def test_a_killed_download_resumes_to_identical_files(hub, home, tiny_catalog, t
     part = source / (WEIGHTS + ".part")
     kept = part.stat().st_size
     assert 0 < kept <= STALL_AT  # what reached the disk before the kill stays
-    assert not (home / "data" / "models" / TINY_MODEL).exists() and TINY_MODEL not in load_settings().models
+    assert not (home / "data" / "models" / TINY_MODEL).exists() and TINY_MODEL not in registered_models()
 
     served_before = hub.served[WEIGHTS]
     again = qwen_tray("models", "get", TINY_NAME, "--method", "rtn", "--keep-source", env=env)
@@ -48,7 +47,7 @@ def test_a_killed_download_resumes_to_identical_files(hub, home, tiny_catalog, t
     assert [r["range"] for r in resumed] == [f"bytes={kept}-"]
     assert hub.served[WEIGHTS] - served_before == size - kept  # only the rest was sent
     assert filecmp.cmp(source / WEIGHTS, tiny_hub_model / WEIGHTS, shallow=False)
-    assert TINY_MODEL in load_settings().models
+    assert TINY_MODEL in registered_models()
 
 
 def test_a_dropped_connection_is_resumed_within_the_run(hub, home, tiny_catalog, tiny_hub_model):
@@ -77,7 +76,7 @@ def test_cancel_keeps_the_download_and_registers_nothing(hub, home, tiny_catalog
         job.run(report, cancel)
     part = job.source_folder / (WEIGHTS + ".part")
     assert part.stat().st_size >= 10 << 20
-    assert not job.out.exists() and TINY_MODEL not in load_settings().models
+    assert not job.out.exists() and TINY_MODEL not in registered_models()
     downloading = [p for p in seen if p.stage == DOWNLOADING]
     assert downloading[-1].total == sum(p.stat().st_size for p in tiny_hub_model.iterdir() if p.is_file())
     assert any(p.rate for p in downloading) and any(p.eta_s is not None for p in downloading)

@@ -5,30 +5,27 @@ before a model that does not fit the GPU is added."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from hub_support import TINY_MODEL, TINY_NAME
 from fake_hub import Faults
+from hub_support import TINY_MODEL, TINY_NAME, registered_models
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "ui"))  # ui_fakes
-
-from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector  # noqa: E402
-
-from app.engine import SamplingParams  # noqa: E402
-from app.engine.cuda.fit import Machine  # noqa: E402
-from app.engine.cuda.memory import RTX_3050_LAPTOP, GpuInfo  # noqa: E402
-from app.engine.request import PRIORITY_NORMAL  # noqa: E402
-from app.settings import load_settings  # noqa: E402
-from app.ui.controllers.model_jobs import ModelJobs  # noqa: E402
-from app.ui.i18n import set_language  # noqa: E402
-from app.ui.models import ModelEntry, open_backend, save_local_models  # noqa: E402
-from app.ui.preferences import PreferencesStore, load_preferences  # noqa: E402
-from app.hub.job import fit_of  # noqa: E402
-from app.ui.widgets.catalog_page import CatalogPage, fit_label  # noqa: E402
+from app.engine import SamplingParams
+from app.engine.cuda.fit import Machine
+from app.engine.cuda.memory import RTX_3050_LAPTOP, GpuInfo
+from app.engine.request import PRIORITY_NORMAL
+from app.hub.job import fit_of
+from app.settings.models import ModelEntry
+from app.settings.store import SettingsStore
+from app.ui.controllers.model_jobs import ModelJobs
+from app.ui.i18n import set_language
+from app.ui.models import open_backend
+from app.ui.preferences import PreferencesStore
+from app.ui.widgets.catalog_page import CatalogPage, fit_label
+from tests.ui.ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 WEIGHTS = "model.safetensors"
 SMALL_GPU = GpuInfo("Small GPU", 512 << 20, 200 << 20, 16, (8, 6))  # less free than the margin: no model fits
@@ -78,7 +75,8 @@ def test_the_catalog_shows_sizes_and_where_each_model_runs(qtbot, home):
 
 
 def test_get_a_model_while_the_current_one_keeps_answering(qtbot, make_app, hub, tiny_catalog, tiny_qwen_dir):
-    save_local_models([ModelEntry("Before", path=str(tiny_qwen_dir))])
+    with SettingsStore().edit() as settings:
+        settings.add_model(ModelEntry("Before", path=str(tiny_qwen_dir)))
     app = make_app(open_backend)
     with qtbot.waitSignal(app.host.loaded, timeout=120_000):
         app.start()
@@ -89,7 +87,7 @@ def test_get_a_model_while_the_current_one_keeps_answering(qtbot, make_app, hub,
     page.mirror.setText(hub.url)  # the Hugging Face mirror preference
     assert page.activate.isChecked() and not page.keep_source.isChecked()
     qtbot.mouseClick(page.get, Qt.LeftButton)
-    assert load_preferences()[0].hf_mirror == hub.url
+    assert SettingsStore().load().preferences.hf_mirror == hub.url
     qtbot.waitUntil(hub.stalled.is_set, timeout=60_000)
     assert not page.get.isEnabled() and page.panel.cancel.isEnabled()
     assert _answer(app)  # the current model answers meanwhile
@@ -101,10 +99,10 @@ def test_get_a_model_while_the_current_one_keeps_answering(qtbot, make_app, hub,
     fit = fit_of(Path(app.host.entry.path), TINY_MODEL, app.machine())
     assert page.panel.status.text() == f"{TINY_MODEL} is ready ({fit_label(fit)})"  # here: (CPU)
     assert f"{TINY_MODEL} is ready" in app.notices
-    assert TINY_MODEL in load_settings().models
+    assert TINY_MODEL in registered_models()
     assert not home_downloads().exists()  # the source is deleted by default
     assert app.settings_dialog.apply()  # Apply keeps the model the job registered
-    assert TINY_MODEL in load_settings().models
+    assert TINY_MODEL in registered_models()
 
 
 def test_cancel_from_settings_keeps_the_partial_download(qtbot, make_app, hub, tiny_catalog):
@@ -122,7 +120,7 @@ def test_cancel_from_settings_keeps_the_partial_download(qtbot, make_app, hub, t
     qtbot.waitUntil(lambda: page.get.isEnabled(), timeout=10_000)
     assert page.panel.status.text().startswith("Cancelled; what was done is kept")
     assert (home_downloads() / (WEIGHTS + ".part")).stat().st_size > 0
-    assert TINY_MODEL not in load_settings().models
+    assert TINY_MODEL not in registered_models()
 
 
 def home_downloads() -> Path:
@@ -161,9 +159,9 @@ def test_a_gguf_from_settings_is_quantized_into_a_checkpoint(qtbot, make_app, tm
         assert page.add_from_form()
     folder = models_dir() / "Tiny Qwen2"
     assert (folder / "manifest.json").is_file()  # a checkpoint, not a float16 folder
-    assert load_settings().models["Tiny Qwen2"] == str(folder)
+    assert registered_models()["Tiny Qwen2"] == str(folder)
     assert [page.list.item(i).text() for i in range(page.list.count())][-1] == "Tiny Qwen2"
-    assert app.settings_dialog.apply() and "Tiny Qwen2" in load_settings().models
+    assert app.settings_dialog.apply() and "Tiny Qwen2" in registered_models()
 
 
 def test_a_float16_gguf_that_does_not_fit_the_gpu_is_registered_with_a_warning(qtbot, make_app, tmp_path):
@@ -182,7 +180,7 @@ def test_a_float16_gguf_that_does_not_fit_the_gpu_is_registered_with_a_warning(q
     with qtbot.waitSignal(app.model_jobs.finished, timeout=120_000):
         assert page.add_from_form()
     qtbot.waitUntil(lambda: any("Tiny fp16 does not fit this GPU" in n for n in app.notices), timeout=10_000)
-    assert "Tiny fp16" in load_settings().models
+    assert "Tiny fp16" in registered_models()
 
 
 def test_a_float16_folder_that_does_not_fit_the_gpu_needs_a_second_click(qtbot, make_app, tiny_qwen_dir):
@@ -195,7 +193,7 @@ def test_a_float16_folder_that_does_not_fit_the_gpu_needs_a_second_click(qtbot, 
     assert not page.add_from_form()
     assert page.error.text().startswith("Big is not quantized and does not fit this GPU (refused: ")
     assert page.add_from_form()  # said so; the user adds it anyway
-    assert app.settings_dialog.apply() and "Big" in load_settings().models
+    assert app.settings_dialog.apply() and "Big" in registered_models()
 
 
 def test_a_gguf_entry_saved_before_is_still_converted_on_first_load(home, tmp_path):
@@ -210,6 +208,6 @@ def test_a_gguf_entry_saved_before_is_still_converted_on_first_load(home, tmp_pa
                            progress=lambda stage, done, total: stages.append(stage))
     try:
         assert (models_dir() / "Old GGUF" / "config.json").is_file() and "converting GGUF" in stages
-        assert load_settings().models["Old GGUF"] == str(models_dir() / "Old GGUF")
+        assert registered_models()["Old GGUF"] == str(models_dir() / "Old GGUF")
     finally:
         backend.close()
