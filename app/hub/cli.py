@@ -31,6 +31,8 @@ def register(models_sub) -> None:
                      "room, else the CPU)")
     get.add_argument("--keep-source", action="store_true", help="keep the downloaded 16-bit model folder")
     get.add_argument("--default", action="store_true", help="make it the default model")
+    get.add_argument("--replace", action="store_true",
+                     help="point the name at this model even if it is registered to another one")
     get.set_defaults(func=run_get)
 
 
@@ -57,10 +59,11 @@ def run_get(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
     from app.hub.catalog import find_entry
     from app.hub.job import GetModelJob
+    from app.settings.console import console_store
 
     job = GetModelJob(find_entry(args.name), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
-                      device=args.device, machine=Machine.detect())
+                      device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
     with TqdmReporter() as report:
         got = job.run(report)
     default = " (default)" if got.is_default else ""

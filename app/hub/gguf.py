@@ -17,9 +17,11 @@ from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
 from app.hub.job import GotModel, fit_of, quantize_into
 from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Reporter
-from app.model_import import check_model_name, register_model
+from app.model_import import check_free_name, register_model
 from app.paths import models_dir
 from app.quant.resume import JOURNAL
+from app.settings.models import check_model_name
+from app.settings.store import SettingsStore
 
 
 @dataclass
@@ -31,6 +33,8 @@ class ImportGgufJob:
     make_default: bool = False
     device: str | None = None
     machine: Machine | None = None
+    replace: bool = False  # re-point the name when it is registered to another model
+    store: SettingsStore | None = None  # the registry (default: the settings file)
 
     def run(self, report: Reporter, cancel: threading.Event | None = None) -> GotModel:
         from app.engine.gguf_import import convert_gguf_to_hf
@@ -40,6 +44,7 @@ class ImportGgufJob:
         if not gguf.is_file():
             raise QwenTrayError(f"{gguf}: no such GGUF file")
         out = models_dir() / name
+        check_free_name(name, out, replace=self.replace, store=self.store)  # before the conversion
         finished = (out / ("config.json" if self.recipe is None else "manifest.json")).is_file()
         if out.exists() and any(out.iterdir()) and not finished and not (out / JOURNAL).is_file():
             raise QwenTrayError(f"{out}: a model folder of that name exists already; choose another name")
@@ -60,5 +65,5 @@ class ImportGgufJob:
             quantize_into(staging, out, self.recipe, self.method, self.device, report, cancel, name)
             shutil.rmtree(staging, ignore_errors=True)
         report(JobProgress(REGISTERING, detail=name))
-        is_default = register_model(name, out, make_default=self.make_default)
+        is_default = register_model(name, out, make_default=self.make_default, replace=self.replace, store=self.store)
         return GotModel(name, out, is_default, fit=fit_of(out, name, self.machine))

@@ -24,8 +24,9 @@ from app.hub.errors import HubNotFoundError
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
-from app.model_import import register_model
+from app.model_import import check_free_name, register_model
 from app.paths import downloads_dir, models_dir
+from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -101,6 +102,8 @@ class GetModelJob:
     endpoint: str | None = None  # a mirror of the hub, or another ModelScope endpoint
     device: str | None = None  # where to quantize; None: quantize_device()
     machine: Machine | None = None  # for the verdict on where the tray will run it
+    replace: bool = False  # re-point the name when it is registered to another model
+    store: SettingsStore | None = None  # the registry (default: the settings file)
 
     @property
     def name(self) -> str:
@@ -117,11 +120,13 @@ class GetModelJob:
     def run(self, report: Reporter, cancel: threading.Event | None = None) -> GotModel:
         report(JobProgress(CHECKING, detail=self.name))
         recipe = self.recipe or self.entry.recipe
+        check_free_name(self.name, self.out, replace=self.replace, store=self.store)  # before the download
         if not (self.out / "manifest.json").is_file():
             self._fetch(report, cancel)
             quantize_into(self.source_folder, self.out, recipe, self.method, self.device, report, cancel, self.name)
         report(JobProgress(REGISTERING, detail=self.name))
-        is_default = register_model(self.name, self.out, make_default=self.make_default)
+        is_default = register_model(self.name, self.out, make_default=self.make_default, replace=self.replace,
+                                    store=self.store)
         kept = self.source_folder if self.keep_source and self.source_folder.is_dir() else None
         if kept is None:
             shutil.rmtree(self.source_folder, ignore_errors=True)

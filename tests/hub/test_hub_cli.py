@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import filecmp
 
-from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray
+from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray, registered_models
 
 from app.engine.cuda.fit import Machine
 from app.hub.catalog import find_entry
 from app.hub.download import STATE_FILE
 from app.hub.job import fit_of
 from app.hub.plan import plan_entry
+from tests.conftest import assert_one_line_error
 
 
 def test_catalog_lists_the_shipped_models_with_sizes_and_this_machine(cli, tiny_catalog):
@@ -58,6 +59,19 @@ def test_get_again_only_registers_the_finished_checkpoint(run_cli, hub, home, ti
     assert again.returncode == 0, again.stderr
     assert f"{TINY_MODEL} (default)" in again.stdout
     assert hub.log == []  # nothing downloaded, nothing quantized: registered again
+
+
+def test_get_refuses_a_name_registered_to_another_model_before_downloading(run_cli, hub, home, tiny_catalog,
+                                                                         tiny_qwen_dir):
+    assert run_cli("models", "add", TINY_MODEL, str(tiny_qwen_dir)).returncode == 0
+    get = ("models", "get", TINY_NAME, "--method", "rtn", "--endpoint", hub.url)
+    refused = run_cli(*get)
+    assert_one_line_error(refused, f"a model named {TINY_MODEL!r} is already registered", "--replace")
+    assert hub.log == [] and not (home / "data" / "downloads").exists()  # nothing fetched for a refusal
+    assert registered_models()[TINY_MODEL] == str(tiny_qwen_dir)
+    replaced = run_cli(*get, "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert registered_models()[TINY_MODEL] == str(home / "data" / "models" / TINY_MODEL)
 
 
 def test_get_goes_through_the_system_proxy(hub, home, tiny_catalog):
