@@ -1,0 +1,200 @@
+"""Error-compensating quantization (GPTQ / Optimal Brain Quantization) into the W4/W3 formats.
+
+Round-to-nearest and the clipping search quantize every weight on its own. GPTQ quantizes the
+columns (input channels) of W [N, K] one after another and, after each, moves the rounding
+error onto the columns not quantized yet, weighted by how the layer's inputs correlate: it
+minimises the output error ``||X W^T - X Q^T||^2`` over calibration inputs X, whose Hessian
+is ``H = 2 X^T X``. With ``U = chol_upper(H^-1)`` the update after column j is
+
+    err = (w_j - q_j) / U[j, j];    W[:, j+1:] -= err * U[j, j+1:]
+
+done lazily in blocks of 128 columns (one rank-128 update of the rest per block). Rows are
+independent, so W is processed in row chunks with one ``U``: an embedding-sized head never
+needs a full fp32 copy.
+
+The output is exactly the existing format: signed integers per (row, 128-column group) with
+one fp16 scale per group (:mod:`app.quant.w4`, :mod:`app.quant.w3`). Scales are chosen
+either when the pass reaches a group (``dynamic``: from the already-updated weights, by the
+activation-weighted clipping search of :mod:`app.quant.search`), or all up front from the
+original weights (``static``). Act-order (columns in order of decreasing ``H[j, j]``)
+permutes the columns; it is only allowed with static scales, so every column still uses its
+own original group's scale (the "static groups" approach of AutoGPTQ/GPTQModel) and the
+stored layout is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from app.errors import QwenTrayError
+from app.quant import w3, w4
+from app.quant.core import GROUP_SIZE, check_weight, qrange, row_chunks, rtn_scales_fp32, to_fp16_scales
+from app.quant.search import search_scales
+from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor
+
+# Rows per chunk: the fp32 working copy of a chunk stays near this many values (~64 MiB).
+GPTQ_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class GptqSettings:
+    """How GPTQ runs. ``damp``: share of the mean diagonal added to H (keeps H invertible when
+    the calibration has fewer tokens than inputs). ``scales``: "search" (activation-weighted
+    clipping search) or "rtn" per group. ``static``: scales from the original weights before
+    the pass (required by ``act_order``)."""
+
+    damp: float = 0.01
+    scales: str = "search"
+    static: bool = False
+    act_order: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.damp <= 1.0:
+            raise ValueError(f"damp must be in (0, 1], got {self.damp}")
+        if self.scales not in ("search", "rtn"):
+            raise ValueError(f"scales must be 'search' or 'rtn', got {self.scales!r}")
+        if self.act_order and not self.static:
+            raise ValueError("act_order needs static scales: a permuted pass would otherwise mix groups")
+
+
+class HessianProbe:
+    """Accumulates ``X^T X`` (fp32, on ``device``) of a linear's inputs; a forward pre-hook."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.sum: torch.Tensor | None = None
+        self.count = 0
+
+    def __call__(self, module, args) -> None:
+        self.add(args[0])
+
+    def add(self, x: torch.Tensor) -> None:
+        flat = x.reshape(-1, x.shape[-1]).to(self.device, torch.float32)  # [tokens, K]
+        if self.sum is None:
+            self.sum = torch.zeros(flat.shape[1], flat.shape[1], device=self.device)
+        self.sum.addmm_(flat.T, flat)
+        self.count += flat.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        """``2 X^T X / tokens`` [K, K] (the scale does not change the result; it keeps H readable)."""
+        if self.sum is None:
+            raise RuntimeError("HessianProbe saw no inputs")
+        return self.sum * (2.0 / self.count)
+
+
+def inverse_cholesky_upper(hessian: torch.Tensor, damp: float, name: str) -> torch.Tensor:
+    """``chol_upper((H + damp * mean(diag H) * I)^-1)``, computed in place on a copy.
+
+    Inputs never seen in calibration (zero diagonal, e.g. the zero padding to 128 columns) get a
+    diagonal of 1 so H stays invertible; their columns are then plain rounding. One K x K fp32
+    matrix is alive at a time (torch's in-place Cholesky/inverse), so a 18944-wide down_proj
+    needs ~1.4 GiB, not three times that.
+    """
+    h = hessian.to(torch.float32).clone()
+    diag = h.diagonal()
+    dead = diag <= 0
+    diag[dead] = 1.0
+    diag.add_(damp * float(diag.mean()))
+    for attempt in range(4):  # a nearly singular H: add more damping rather than fail
+        _, info = torch.linalg.cholesky_ex(h, out=(h, torch.empty((), dtype=torch.int32, device=h.device)))
+        if int(info) == 0:
+            torch.cholesky_inverse(h, out=h)
+            torch.linalg.cholesky(h, upper=True, out=h)
+            return h
+        h = hessian.to(torch.float32).clone()
+        h.diagonal()[dead] = 1.0
+        h.diagonal().add_(damp * 10.0 ** (attempt + 1) * float(h.diagonal().mean()))
+    raise QwenTrayError(f"{name}: the calibration Hessian is not positive definite even with damping")
+
+
+def gptq_int(w: torch.Tensor, hessian: torch.Tensor, bits: int, *, name: str = "weight",
+             settings: GptqSettings = GptqSettings(), device: torch.device | str | None = None,
+             chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ of W [N, K] -> (q int8 [N, K], fp16 scales [N, K/128]) on ``w``'s device.
+
+    ``hessian`` [K, K] is ``2 X^T X`` of the layer's calibration inputs; ``device`` runs the
+    pass there (e.g. "cuda"), row chunk by row chunk.
+    """
+    n, k = check_weight(w, name)
+    if tuple(hessian.shape) != (k, k):
+        raise QwenTrayError(f"{name}: Hessian must be [{k}, {k}], got {tuple(hessian.shape)}")
+    if not bool(torch.isfinite(hessian).all()):
+        raise QwenTrayError(f"{name}: the calibration Hessian contains NaN or Inf")
+    work = torch.device(device) if device is not None else w.device
+    h = hessian.to(work, torch.float32)
+    importance = h.diagonal().clamp(min=0.0)  # E[x_k^2] * 2: the clipping search's channel weights
+    perm = torch.argsort(importance, descending=True, stable=True) if settings.act_order else None
+    if perm is not None:
+        h = h[perm][:, perm]
+    u = inverse_cholesky_upper(h, settings.damp, name)
+    del h
+    q_out = torch.empty((n, k), dtype=torch.int8, device=w.device)
+    s_out = torch.empty((n, k // GROUP_SIZE), dtype=torch.float16, device=w.device)
+    for rows in row_chunks(n, k, chunk_elements):
+        wf = w[rows].to(work, torch.float32, copy=True)  # the pass updates it in place
+        if not bool(torch.isfinite(wf).all()):
+            raise QwenTrayError(f"{name}: weight contains NaN or Inf")
+        static = _group_scales(wf, bits, importance, settings.scales, name) if settings.static else None
+        q, s = _gptq_rows(wf, u, bits, importance, static, perm, settings.scales, name)
+        q_out[rows], s_out[rows] = q.to(w.device), s.to(w.device)
+    return q_out, s_out
+
+
+def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int, *, name: str = "weight",
+                  settings: GptqSettings = GptqSettings(),
+                  device: torch.device | str | None = None) -> QuantizedTensor:
+    """GPTQ of W [N, K] packed as ``w4`` / ``w3`` (the same tensors ``quantize`` produces)."""
+    if bits not in FORMAT_OF_BITS:
+        raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
+    q, scales = gptq_int(w, hessian, bits, name=name, settings=settings, device=device)
+    if bits == 4:
+        tensors = {"qweight": w4.pack_w4(q), "scales": scales}
+    else:
+        qlow, qhigh = w3.pack_w3(q)
+        tensors = {"qlow": qlow, "qhigh": qhigh, "scales": scales}
+    return QuantizedTensor(FORMAT_OF_BITS[bits], (w.shape[0], w.shape[1]), tensors, name=name)
+
+
+def _group_scales(wf: torch.Tensor, bits: int, importance: torch.Tensor, how: str, name: str) -> torch.Tensor:
+    """fp16 scales [R, G] of weights [R, G*128]: clipping search weighted by ``importance``, or RTN."""
+    if how == "search":
+        return search_scales(wf, bits, name=name, importance=importance)
+    r, k = wf.shape
+    return to_fp16_scales(rtn_scales_fp32(wf.reshape(r, k // GROUP_SIZE, GROUP_SIZE), bits), name)
+
+
+def _gptq_rows(wf: torch.Tensor, u: torch.Tensor, bits: int, importance: torch.Tensor,
+               static: torch.Tensor | None, perm: torch.Tensor | None, how: str,
+               name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The column pass over one row chunk (``wf`` is consumed). Returns q [R, K] int8 and scales [R, G]."""
+    qmin, qmax = qrange(bits)
+    r, k = wf.shape
+    scales = static if static is not None else torch.empty((r, k // GROUP_SIZE), dtype=torch.float16,
+                                                            device=wf.device)
+    # Column j of the (possibly permuted) pass uses the scale of its original group.
+    order = perm if perm is not None else torch.arange(k, device=wf.device)
+    if perm is not None:
+        wf = wf[:, perm]
+    q = torch.empty((r, k), dtype=torch.int8, device=wf.device)
+    for start in range(0, k, GROUP_SIZE):  # blocks of 128 columns; without act-order, one group each
+        stop = start + GROUP_SIZE
+        block = wf[:, start:stop]  # a view: updates land in wf
+        if static is None:  # dynamic: this group's scale from its current (error-updated) weights
+            scales[:, start // GROUP_SIZE] = _group_scales(block, bits, importance[start:stop], how, name)[:, 0]
+        col_scales = scales.float()[:, order[start:stop] // GROUP_SIZE]  # [R, 128]
+        err = torch.empty_like(block)
+        u_block = u[start:stop, start:stop]
+        for j in range(GROUP_SIZE):
+            col, s = block[:, j], col_scales[:, j]
+            qj = torch.round(col / s).clamp_(qmin, qmax)
+            q[:, start + j] = qj.to(torch.int8)
+            e = (col - qj * s) / u_block[j, j]
+            block[:, j:].sub_(e.unsqueeze(1) * u_block[j, j:].unsqueeze(0))
+            err[:, j] = e
+        if stop < k:
+            wf[:, stop:].sub_(err @ u[start:stop, stop:])
+    if perm is not None:
+        q = q[:, torch.argsort(perm)]
+    return q, scales
