@@ -84,77 +84,88 @@ class HessianProbe:
         return self.sum * (2.0 / self.count)
 
 
-def inverse_cholesky_upper(hessian: torch.Tensor, damp: float, name: str) -> torch.Tensor:
-    """``chol_upper((H + damp * mean(diag H) * I)^-1)``, computed in place on a copy.
+def inverse_cholesky_upper(hessian: torch.Tensor, damp: float, name: str, *, overwrite: bool = False) -> torch.Tensor:
+    """``chol_upper((H + damp * mean(diag H) * I)^-1)`` [K, K] fp32.
 
     Inputs never seen in calibration (zero diagonal, e.g. the zero padding to 128 columns) get a
-    diagonal of 1 so H stays invertible; their columns are then plain rounding. One K x K fp32
-    matrix is alive at a time (torch's in-place Cholesky/inverse), so a 18944-wide down_proj
-    needs ~1.4 GiB, not three times that.
+    diagonal of 1 so H stays invertible; their columns are then plain rounding. The Cholesky
+    factor, the inverse and its factor are computed in place, so one K x K fp32 matrix is alive
+    (a 18944-wide down_proj: ~1.4 GiB); ``overwrite=True`` uses ``hessian`` itself as that matrix.
     """
-    h = hessian.to(torch.float32).clone()
+    h = hessian if overwrite and hessian.dtype == torch.float32 else hessian.to(torch.float32).clone()
     diag = h.diagonal()
-    dead = diag <= 0
-    diag[dead] = 1.0
+    diag[diag <= 0] = 1.0
     diag.add_(damp * float(diag.mean()))
-    for attempt in range(4):  # a nearly singular H: add more damping rather than fail
-        _, info = torch.linalg.cholesky_ex(h, out=(h, torch.empty((), dtype=torch.int32, device=h.device)))
-        if int(info) == 0:
-            torch.cholesky_inverse(h, out=h)
-            torch.linalg.cholesky(h, upper=True, out=h)
-            return h
-        h = hessian.to(torch.float32).clone()
-        h.diagonal()[dead] = 1.0
-        h.diagonal().add_(damp * 10.0 ** (attempt + 1) * float(h.diagonal().mean()))
-    raise QwenTrayError(f"{name}: the calibration Hessian is not positive definite even with damping")
+    info = torch.empty((), dtype=torch.int32, device=h.device)
+    torch.linalg.cholesky_ex(h, out=(h, info))
+    if int(info) != 0:
+        raise QwenTrayError(f"{name}: the calibration Hessian is not positive definite even with damping; "
+                            "use a longer calibration text")
+    torch.cholesky_inverse(h, out=h)
+    torch.linalg.cholesky(h, upper=True, out=h)
+    return h
 
 
-def gptq_int(w: torch.Tensor, hessian: torch.Tensor, bits: int, *, name: str = "weight",
-             settings: GptqSettings = GptqSettings(), device: torch.device | str | None = None,
-             chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ of W [N, K] -> (q int8 [N, K], fp16 scales [N, K/128]) on ``w``'s device.
+class GptqSolver:
+    """The factorised Hessian of one input (shared by every weight reading it), ready to quantize.
 
-    ``hessian`` [K, K] is ``2 X^T X`` of the layer's calibration inputs; ``device`` runs the
-    pass there (e.g. "cuda"), row chunk by row chunk.
+    ``hessian`` [K, K] is ``2 X^T X`` of the calibration inputs; ``device`` runs the pass there
+    (e.g. "cuda"). q/k/v (and gate/up) share their input, so one solver serves all of them,
+    and an embedding-sized head is quantized row chunk by row chunk with one factorisation.
     """
-    n, k = check_weight(w, name)
-    if tuple(hessian.shape) != (k, k):
-        raise QwenTrayError(f"{name}: Hessian must be [{k}, {k}], got {tuple(hessian.shape)}")
-    if not bool(torch.isfinite(hessian).all()):
-        raise QwenTrayError(f"{name}: the calibration Hessian contains NaN or Inf")
-    work = torch.device(device) if device is not None else w.device
-    h = hessian.to(work, torch.float32)
-    importance = h.diagonal().clamp(min=0.0)  # E[x_k^2] * 2: the clipping search's channel weights
-    perm = torch.argsort(importance, descending=True, stable=True) if settings.act_order else None
-    if perm is not None:
-        h = h[perm][:, perm]
-    u = inverse_cholesky_upper(h, settings.damp, name)
-    del h
-    q_out = torch.empty((n, k), dtype=torch.int8, device=w.device)
-    s_out = torch.empty((n, k // GROUP_SIZE), dtype=torch.float16, device=w.device)
-    for rows in row_chunks(n, k, chunk_elements):
-        wf = w[rows].to(work, torch.float32, copy=True)  # the pass updates it in place
-        if not bool(torch.isfinite(wf).all()):
-            raise QwenTrayError(f"{name}: weight contains NaN or Inf")
-        static = _group_scales(wf, bits, importance, settings.scales, name) if settings.static else None
-        q, s = _gptq_rows(wf, u, bits, importance, static, perm, settings.scales, name)
-        q_out[rows], s_out[rows] = q.to(w.device), s.to(w.device)
-    return q_out, s_out
+
+    def __init__(self, hessian: torch.Tensor, settings: GptqSettings = GptqSettings(), *,
+                 name: str = "weight", device: torch.device | str | None = None, overwrite: bool = False):
+        if hessian.dim() != 2 or hessian.shape[0] != hessian.shape[1]:
+            raise QwenTrayError(f"{name}: Hessian must be square, got {tuple(hessian.shape)}")
+        if not bool(torch.isfinite(hessian).all()):
+            raise QwenTrayError(f"{name}: the calibration Hessian contains NaN or Inf")
+        self.settings = settings
+        self.device = torch.device(device) if device is not None else hessian.device
+        h = hessian.to(self.device, torch.float32)
+        self.k = h.shape[0]
+        self.importance = h.diagonal().clamp(min=0.0)  # 2 E[x_k^2]: the clipping search's channel weights
+        self.perm = torch.argsort(self.importance, descending=True, stable=True) if settings.act_order else None
+        if self.perm is not None:
+            h = h[self.perm][:, self.perm]  # a copy: the caller's tensor is no longer touched
+        self.u = inverse_cholesky_upper(h, settings.damp, name, overwrite=overwrite or h is not hessian)
+
+    def quantize_int(self, w: torch.Tensor, bits: int, *, name: str = "weight",
+                     chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+        """W [N, K] -> (q int8 [N, K], fp16 scales [N, K/128]) on ``w``'s device; ``w`` is not changed."""
+        n, k = check_weight(w, name)
+        if k != self.k:
+            raise QwenTrayError(f"{name}: weight K={k} does not match the Hessian's {self.k}")
+        q_out = torch.empty((n, k), dtype=torch.int8, device=w.device)
+        s_out = torch.empty((n, k // GROUP_SIZE), dtype=torch.float16, device=w.device)
+        how = self.settings.scales
+        for rows in row_chunks(n, k, chunk_elements):
+            wf = w[rows].to(self.device, torch.float32, copy=True)  # the pass updates it in place
+            if not bool(torch.isfinite(wf).all()):
+                raise QwenTrayError(f"{name}: weight contains NaN or Inf")
+            static = _group_scales(wf, bits, self.importance, how, name) if self.settings.static else None
+            q, s = _gptq_rows(wf, self.u, bits, self.importance, static, self.perm, how, name)
+            q_out[rows], s_out[rows] = q.to(w.device), s.to(w.device)
+        return q_out, s_out
+
+    def quantize(self, w: torch.Tensor, bits: int, *, name: str = "weight") -> QuantizedTensor:
+        """W [N, K] packed as ``w4`` / ``w3`` (the same tensors :func:`app.quant.tensor.quantize` makes)."""
+        if bits not in FORMAT_OF_BITS:
+            raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
+        q, scales = self.quantize_int(w, bits, name=name)
+        if bits == 4:
+            tensors = {"qweight": w4.pack_w4(q), "scales": scales}
+        else:
+            qlow, qhigh = w3.pack_w3(q)
+            tensors = {"qlow": qlow, "qhigh": qhigh, "scales": scales}
+        return QuantizedTensor(FORMAT_OF_BITS[bits], (w.shape[0], w.shape[1]), tensors, name=name)
 
 
 def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int, *, name: str = "weight",
                   settings: GptqSettings = GptqSettings(),
                   device: torch.device | str | None = None) -> QuantizedTensor:
-    """GPTQ of W [N, K] packed as ``w4`` / ``w3`` (the same tensors ``quantize`` produces)."""
-    if bits not in FORMAT_OF_BITS:
-        raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
-    q, scales = gptq_int(w, hessian, bits, name=name, settings=settings, device=device)
-    if bits == 4:
-        tensors = {"qweight": w4.pack_w4(q), "scales": scales}
-    else:
-        qlow, qhigh = w3.pack_w3(q)
-        tensors = {"qlow": qlow, "qhigh": qhigh, "scales": scales}
-    return QuantizedTensor(FORMAT_OF_BITS[bits], (w.shape[0], w.shape[1]), tensors, name=name)
+    """GPTQ of one weight W [N, K] given its inputs' Hessian [K, K] (see :class:`GptqSolver`)."""
+    return GptqSolver(hessian, settings, name=name, device=device).quantize(w, bits, name=name)
 
 
 def _group_scales(wf: torch.Tensor, bits: int, importance: torch.Tensor, how: str, name: str) -> torch.Tensor:
