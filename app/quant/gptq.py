@@ -36,6 +36,8 @@ from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor
 
 # Rows per chunk: the fp32 working copy of a chunk stays near this many values (~64 MiB).
 GPTQ_CHUNK_ELEMENTS = 1 << 24
+# Columns per lazy update of the rest of W (GPTQ's block); independent of the group size.
+BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,15 @@ class GptqSettings:
     scales: str = "search"
     static: bool = False
     act_order: bool = False
+    group_size: int = GROUP_SIZE  # only 128 packs into the formats; 32 is for quality studies
 
     def __post_init__(self) -> None:
         if not 0.0 < self.damp <= 1.0:
             raise ValueError(f"damp must be in (0, 1], got {self.damp}")
         if self.scales not in ("search", "rtn"):
             raise ValueError(f"scales must be 'search' or 'rtn', got {self.scales!r}")
+        if self.group_size not in (32, 64, GROUP_SIZE):
+            raise ValueError(f"group_size must be 32, 64 or {GROUP_SIZE}, got {self.group_size}")
         if self.act_order and not self.static:
             raise ValueError("act_order needs static scales: a permuted pass would otherwise mix groups")
 
@@ -132,19 +137,20 @@ class GptqSolver:
 
     def quantize_int(self, w: torch.Tensor, bits: int, *, name: str = "weight",
                      chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
-        """W [N, K] -> (q int8 [N, K], fp16 scales [N, K/128]) on ``w``'s device; ``w`` is not changed."""
+        """W [N, K] -> (q int8 [N, K], fp16 scales [N, K/group]) on ``w``'s device; ``w`` is not changed."""
         n, k = check_weight(w, name)
+        group = self.settings.group_size
         if k != self.k:
             raise QwenTrayError(f"{name}: weight K={k} does not match the Hessian's {self.k}")
         q_out = torch.empty((n, k), dtype=torch.int8, device=w.device)
-        s_out = torch.empty((n, k // GROUP_SIZE), dtype=torch.float16, device=w.device)
+        s_out = torch.empty((n, k // group), dtype=torch.float16, device=w.device)
         how = self.settings.scales
         for rows in row_chunks(n, k, chunk_elements):
             wf = w[rows].to(self.device, torch.float32, copy=True)  # the pass updates it in place
             if not bool(torch.isfinite(wf).all()):
                 raise QwenTrayError(f"{name}: weight contains NaN or Inf")
-            static = _group_scales(wf, bits, self.importance, how, name) if self.settings.static else None
-            q, s = _gptq_rows(wf, self.u, bits, self.importance, static, self.perm, how, name)
+            static = group_scales(wf, bits, self.importance, how, name, group) if self.settings.static else None
+            q, s = _gptq_rows(wf, self.u, bits, self.importance, static, self.perm, how, name, group)
             q_out[rows], s_out[rows] = q.to(w.device), s.to(w.device)
         return q_out, s_out
 
@@ -152,6 +158,8 @@ class GptqSolver:
         """W [N, K] packed as ``w4`` / ``w3`` (the same tensors :func:`app.quant.tensor.quantize` makes)."""
         if bits not in FORMAT_OF_BITS:
             raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
+        if self.settings.group_size != GROUP_SIZE:
+            raise ValueError(f"the formats store groups of {GROUP_SIZE}; use quantize_int for other group sizes")
         q, scales = self.quantize_int(w, bits, name=name)
         if bits == 4:
             tensors = {"qweight": w4.pack_w4(q), "scales": scales}
@@ -168,40 +176,53 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int, *, name: st
     return GptqSolver(hessian, settings, name=name, device=device).quantize(w, bits, name=name)
 
 
-def _group_scales(wf: torch.Tensor, bits: int, importance: torch.Tensor, how: str, name: str) -> torch.Tensor:
-    """fp16 scales [R, G] of weights [R, G*128]: clipping search weighted by ``importance``, or RTN."""
+def group_scales(wf: torch.Tensor, bits: int, importance: torch.Tensor, how: str, name: str,
+                 group: int = GROUP_SIZE) -> torch.Tensor:
+    """fp16 scales [R, K/group] of weights [R, K]: clipping search weighted by ``importance`` [K], or RTN.
+
+    Groups narrower than 128 (quality studies only: the formats store 128) are zero-padded to
+    128 columns each; padding changes neither the RTN maximum nor, with zero importance, the
+    search's error.
+    """
+    r, k = wf.shape
+    if group != GROUP_SIZE:
+        pad = GROUP_SIZE - group
+        wf = torch.nn.functional.pad(wf.reshape(r, k // group, group), (0, pad)).reshape(r, -1)
+        importance = torch.nn.functional.pad(importance.reshape(k // group, group), (0, pad)).reshape(-1)
     if how == "search":
         return search_scales(wf, bits, name=name, importance=importance)
-    r, k = wf.shape
-    return to_fp16_scales(rtn_scales_fp32(wf.reshape(r, k // GROUP_SIZE, GROUP_SIZE), bits), name)
+    return to_fp16_scales(rtn_scales_fp32(wf.reshape(r, -1, GROUP_SIZE), bits), name)
 
 
 def _gptq_rows(wf: torch.Tensor, u: torch.Tensor, bits: int, importance: torch.Tensor,
-               static: torch.Tensor | None, perm: torch.Tensor | None, how: str,
-               name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The column pass over one row chunk (``wf`` is consumed). Returns q [R, K] int8 and scales [R, G]."""
+               static: torch.Tensor | None, perm: torch.Tensor | None, how: str, name: str,
+               group: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The column pass over one row chunk (``wf`` is consumed). Returns q [R, K] int8 and scales [R, K/group]."""
     qmin, qmax = qrange(bits)
     r, k = wf.shape
-    scales = static if static is not None else torch.empty((r, k // GROUP_SIZE), dtype=torch.float16,
-                                                            device=wf.device)
+    scales = static if static is not None else torch.empty((r, k // group), dtype=torch.float16, device=wf.device)
+    scales32 = scales.float()
     # Column j of the (possibly permuted) pass uses the scale of its original group.
-    order = perm if perm is not None else torch.arange(k, device=wf.device)
+    group_of = (perm if perm is not None else torch.arange(k, device=wf.device)) // group
     if perm is not None:
         wf = wf[:, perm]
     q = torch.empty((r, k), dtype=torch.int8, device=wf.device)
-    for start in range(0, k, GROUP_SIZE):  # blocks of 128 columns; without act-order, one group each
-        stop = start + GROUP_SIZE
+    for start in range(0, k, BLOCK):  # lazy updates: the rest of W is touched once per block
+        stop = min(start + BLOCK, k)
         block = wf[:, start:stop]  # a view: updates land in wf
-        if static is None:  # dynamic: this group's scale from its current (error-updated) weights
-            scales[:, start // GROUP_SIZE] = _group_scales(block, bits, importance[start:stop], how, name)[:, 0]
-        col_scales = scales.float()[:, order[start:stop] // GROUP_SIZE]  # [R, 128]
         err = torch.empty_like(block)
         u_block = u[start:stop, start:stop]
-        for j in range(GROUP_SIZE):
-            col, s = block[:, j], col_scales[:, j]
-            qj = torch.round(col / s).clamp_(qmin, qmax)
-            q[:, start + j] = qj.to(torch.int8)
-            e = (col - qj * s) / u_block[j, j]
+        for j in range(stop - start):
+            col = start + j
+            if static is None and col % group == 0:  # dynamic: the group's scale from its current weights
+                scales[:, col // group] = group_scales(block[:, j:j + group], bits, importance[col:col + group],
+                                                       how, name, group)[:, 0]
+                scales32[:, col // group] = scales[:, col // group].float()
+            s = scales32[:, group_of[col]]
+            w_col = block[:, j]
+            qj = torch.round(w_col / s).clamp_(qmin, qmax)
+            q[:, col] = qj.to(torch.int8)
+            e = (w_col - qj * s) / u_block[j, j]
             block[:, j:].sub_(e.unsqueeze(1) * u_block[j, j:].unsqueeze(0))
             err[:, j] = e
         if stop < k:

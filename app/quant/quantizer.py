@@ -43,7 +43,7 @@ from app.quant.checkpoint import (
 )
 from app.quant.core import row_chunks
 from app.quant.gptq import GptqSettings, GptqSolver
-from app.quant.recipe import Recipe, hf_tensor_shapes
+from app.quant.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor, quantize
 
@@ -261,9 +261,10 @@ class _Run:
         shape = self.shapes[name]
         if not name.endswith(".weight") or len(shape) != 2:
             return 16
-        if self.spec.tie_word_embeddings and name == "model.embed_tokens.weight":
-            return self.job.recipe.bits_for("model.embed_tokens")  # also the head: one table
-        return self.job.recipe.bits_for(name.removesuffix(".weight"))
+        module = name.removesuffix(".weight")
+        if module in TABLES:
+            return self.job.recipe.table_bits(module, self.spec.tie_word_embeddings)
+        return self.job.recipe.bits_for(module)
 
 
 def _store(out: _Quantized, name: str, t: torch.Tensor, file_name: str, bits: int, job: QuantizeJob,
