@@ -35,7 +35,8 @@ from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibratio
 from app.quant.checkpoint import read_manifest
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import load_recipe
+from app.quant import sensitivity
+from app.quant.recipe import BUILTIN_RECIPES, load_recipe
 from benchmarks import quality_control, quality_llamacpp
 from benchmarks.quality_report import write_report
 
@@ -82,6 +83,16 @@ def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None)
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("ours", f"{Path(recipe).stem} {method}", checkpoint_bits(out), ppl, counts, seconds)
+
+
+def sensitive_recipe(source: Path, work: Path) -> Path:
+    """What `qwen-tray recipe sensitive --model S --base mixed` writes, for S."""
+    units = sensitivity.measure(source)
+    recipe, summary = sensitivity.allocate(units, BUILTIN_RECIPES["mixed"], sensitivity.model_shapes(source),
+                                           name="mixed-sensitive")
+    path = work / "mixed-sensitive.json"
+    sensitivity.write_recipe(path, recipe, summary)
+    return path
 
 
 def control(source: Path, method: str, work: Path, tokens: int | None) -> Result:
@@ -133,6 +144,8 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
     if "ours" in families:
         for recipe, method in OURS:
             add(ours(source, recipe, method, work, tokens))
+    if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
+        add(ours(source, str(sensitive_recipe(source, work)), "gptq", work, tokens))
     if "control" in families:
         for method in quality_control.CONTROL_METHODS:
             add(control(source, method, work, tokens))
@@ -162,7 +175,8 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="ours,control,llama.cpp", help="comma list of ours, control, llama.cpp")
+    p.add_argument("--only", default="ours,sensitive,control,llama.cpp",
+                   help="comma list of ours, sensitive, control, llama.cpp")
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.model_import import check_model_name, register_model
+from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 from app.settings import load_settings, save_settings
 
 
@@ -27,8 +28,8 @@ def register(sub) -> None:
     gguf.add_argument("--force", action="store_true", help="convert again even if the folder exists")
     gguf.add_argument("--recipe", metavar="RECIPE", help="quantize straight into a W4/W3 checkpoint (w4, mixed, q4 "
                       "or a recipe file) instead of keeping the fp16 folder")
-    gguf.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
-                      help="quantization method with --recipe (default calibrated)")
+    gguf.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
+                      help=f"quantization method with --recipe (default {DEFAULT_METHOD})")
     gguf.set_defaults(func=run_import_gguf)
     add = msub.add_parser("add", help="register a model folder under a name")
     add.add_argument("name")
