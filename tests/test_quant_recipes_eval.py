@@ -11,6 +11,7 @@ from app.quant.heldout import HELDOUT_FILES, heldout_file
 from app.quant.calibration import default_calibration_file
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.recipe import BUILTIN_RECIPES, TABLES, Recipe, hf_tensor_shapes, load_recipe, plan_model
+from app.quant.sensitivity import stored_shapes
 from tests.conftest import assert_one_line_error
 
 QWEN25_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -59,7 +60,7 @@ def test_sensitivity_recipe_is_reproducible_and_within_budget(tiny_qwen_dir, tmp
     assert first.read_bytes() == second.read_bytes()  # the same measurement, the same recipe
     data = json.loads(first.read_text())
     recipe = load_recipe(first)
-    shapes = hf_tensor_shapes(json.loads((tiny_qwen_dir / "config.json").read_text()))
+    shapes = stored_shapes(hf_tensor_shapes(json.loads((tiny_qwen_dir / "config.json").read_text())))
     assert plan_model(recipe, shapes).total_bytes <= plan_model(BUILTIN_RECIPES["mixed"], shapes).total_bytes
     assert data["provenance"]["budget_bytes"] == plan_model(BUILTIN_RECIPES["mixed"], shapes).total_bytes
     assert recipe.bits_for("lm_head") == 4 and set(data["bits"].values()) <= {3, 4}

@@ -86,10 +86,17 @@ def measure(model: Path, calibration_text: Path | None = None,
     return out
 
 
+def stored_shapes(shapes: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """Shapes as a checkpoint stores them: K of every 2-D weight zero-padded to whole groups."""
+    return [(n, (s[0], padded_k(s[1])) if len(s) == 2 else s) for n, s in shapes]
+
+
 def allocate(units: list[UnitSensitivity], base: Recipe, shapes: list[tuple[str, tuple[int, ...]]],
              budget_bytes: int | None = None, name: str | None = None) -> tuple[Recipe, dict]:
     """Give 4 bits to the units with the most gain per byte within ``budget_bytes`` (default:
     the base recipe's size); return the explicit recipe and a summary for its provenance."""
+    # Sizes as stored: K zero-padded to whole groups (hidden sizes like 576 or 64 are not multiples of 128).
+    shapes = stored_shapes(shapes)
     budget = budget_bytes if budget_bytes is not None else plan_model(base, shapes).total_bytes
     all3 = Recipe("all3", tuple((m, 3) for u in units for m in u.modules) + base.rules, base.default_bits)
     spent = plan_model(all3, shapes).total_bytes
