@@ -50,9 +50,9 @@ from app.engine.cuda.ops import KernelOps  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.memory import GiB, MiB, QWEN25_3B_CONFIG, VramBudgetError, parse_size  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.engine.spec import ModelSpec  # noqa: E402
+from app.formats.spec import ModelSpec  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 DEV = torch.device("cuda")
 QWEN25_7B_CONFIG = dict(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
@@ -279,7 +279,7 @@ def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
     drawn = []
     for name, row in (("temperature", RowSampling(0.7, 1.0, 0, 1, vocab)),
                       ("top-p/top-k", RowSampling(0.7, 0.9, 50, 2, vocab))):
-        if not runner.can_draw(row):
+        if not runner.capabilities.draw_on_device:
             continue
         runner.set_sampling(0, row)
         token = runner.prefill(0, prompt_ids(16, 3, vocab), 0).argmax().item()

@@ -30,7 +30,7 @@ from bench_decode import DEV, LLAMA_CPP, fresh, prefill_time, spec_of  # noqa: E
 from app.engine.cuda import prefill as prefill_mod  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 LENGTHS = (512, 1024, 2048, 4096)

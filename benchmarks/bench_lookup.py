@@ -38,7 +38,7 @@ from bench_decode import DEV, fresh, prompt_ids, spec_of  # noqa: E402
 from app.engine import Engine, SamplingParams  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 TEXT = ("The comittee met on Tuesday to discuss the new budjet for the libary. After a long debate, "
         "the members agreed to spend more money on childrens books and to keep the building open "

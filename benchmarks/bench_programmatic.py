@@ -31,7 +31,7 @@ from bench_kernels import copy_bandwidth_gbps  # noqa: E402
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import programmatic  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 MODES = ("off", "on")
 

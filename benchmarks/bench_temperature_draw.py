@@ -41,7 +41,7 @@ from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.sampling import sample_rows  # noqa: E402
 from app.kernels import draw_workspace, filtered_draw, temperature_draw  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 VOCAB, LD = 151_665, 151_936  # Qwen2.5's tokenizer and its padded lm_head
 ROUNDS = 3

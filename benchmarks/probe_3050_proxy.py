@@ -48,7 +48,7 @@ from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.kernels import emulate  # noqa: E402
 from app.kernels.gemv import GemvConfig, default_gemv_config  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 SMS_3050 = 16
 DRAM_3050_GBPS = 192.0

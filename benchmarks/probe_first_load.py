@@ -45,7 +45,7 @@ def build(model: str, recipe: str) -> dict:
     from app.engine.cuda.runner import runner_for_weights
     from app.engine.cuda.synthetic import synthetic_weights
     from app.kernels import loader
-    from app.quant.recipe import BUILTIN_RECIPES
+    from app.formats.recipe import BUILTIN_RECIPES
     from bench_decode import prompt_ids, spec_of
 
     compiled, original = [], loader._compiled

@@ -31,7 +31,7 @@ from bench_decode import DEV, PROMPT, fresh, prompt_ids, spec_of  # noqa: E402
 
 from app.engine.cuda.runner import runner_for_weights  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 REPLAYS = 3

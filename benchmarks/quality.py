@@ -32,11 +32,11 @@ import torch
 
 from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
 from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibration_file
-from app.quant.checkpoint import read_manifest
+from app.formats.checkpoint import read_manifest
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant import sensitivity
-from app.quant.recipe import BUILTIN_RECIPES, load_recipe
+from app.formats.recipe import BUILTIN_RECIPES, load_recipe
 from benchmarks import quality_control, quality_llamacpp
 from benchmarks.quality_report import write_report
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
+from app.formats.core import qrange
+from app.formats.spec import ModelSpec
 from app.quant import calibration as calib
-from app.quant.core import qrange
 from app.quant.gptq import GptqSettings, GptqSolver, group_scales
 
 CONTROL_METHODS = ("rtn", "calibrated", "gptq")

@@ -38,11 +38,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import serve  # noqa: E402  (benchmarks/serve.py: the measuring code)
 from bench_decode import spec_of  # noqa: E402  (the same model shapes as the decode benchmark)
 
-from app.engine import Engine, ModelSpec, scheduler  # noqa: E402
+from app.engine import Engine, ModelSpec  # noqa: E402
 from app.engine.cuda.runner import CudaRunner, runner_for_weights  # noqa: E402
+from app.engine.runner import RunnerOptions  # noqa: E402
 from app.engine.cuda.synthetic import synthetic_weights  # noqa: E402
 from app.engine.tokenizer import Tokenizer  # noqa: E402
-from app.quant.recipe import BUILTIN_RECIPES  # noqa: E402
+from app.formats.recipe import BUILTIN_RECIPES  # noqa: E402
 from app.server import start_server_in_thread  # noqa: E402
 
 SHAPES = {"qwen2.5-3b": "3B", "qwen2.5-7b": "7B"}  # --model-shape -> bench_decode.MODELS key
@@ -95,11 +96,12 @@ def qwen_tokenizer() -> Tokenizer:
 
 def build_engine(args: argparse.Namespace, label: str, spec: ModelSpec) -> Engine:
     weights = synthetic_weights(spec, BUILTIN_RECIPES[args.recipe], "cpu", seed=1)
+    options = RunnerOptions(draw_on_device=not args.draw_on_host)
     if args.device == "cuda":  # planned, moved into one allocation, decode graphs captured
         runner = runner_for_weights(weights, num_slots=args.max_batch_size, max_context=args.max_context,
-                                    device=torch.device("cuda"), label=f"{label} {args.recipe}")
+                                    device=torch.device("cuda"), label=f"{label} {args.recipe}", options=options)
     else:  # the same runner code with the PyTorch reference ops (what the CPU tests run)
-        runner = CudaRunner(weights, num_slots=args.max_batch_size, max_context=args.max_context)
+        runner = CudaRunner(weights, num_slots=args.max_batch_size, max_context=args.max_context, options=options)
     return Engine.from_runner(runner, spec, qwen_tokenizer(), model_id=f"{label}-synthetic-{args.recipe}")
 
 
@@ -186,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA GPU is visible to PyTorch")
     label, spec = model_spec(args)
-    scheduler.DRAW_ON_DEVICE = not args.draw_on_host
     started = time.perf_counter()
     engine = build_engine(args, label, spec)
     build_s = time.perf_counter() - started
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                   commit=commit_of(args), torch=torch.__version__, device=args.device, model=label,
                   model_shape=None if args.tiny else args.model_shape, recipe=args.recipe, tiny=args.tiny,
                   max_batch_size=args.max_batch_size, max_context=args.max_context, engine_build_s=build_s,
-                  draw_on_device=scheduler.DRAW_ON_DEVICE,
+                  draw_on_device=not args.draw_on_host,
                   memory=memory, speedup_vs_concurrency_1=speedup, target=target,
                   token_counts_ok=not problems, token_count_problems=problems, serve=report)
     out = args.out or serve.RESULTS_DIR / f"serve_synthetic-{label}-{args.recipe}.json"

@@ -114,9 +114,9 @@ SEEDS = (1, 5)  # tiny random models whose greedy output repeats spans of itself
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 5, 17, 99]
 
 
-def engine_on(tiny_qwen_dir, device: str, lookup_draft: int, seed: int, max_context: int = 160):
+def engine_on(tiny_qwen_dir, device: str, lookup_draft: int, seed: int, max_context: int = 160, options=None):
     """An Engine over a CudaRunner on ``device`` (reference ops on the CPU) with a tiny random
-    Qwen2 (W4) and the real tokenizer."""
+    Qwen2 (W4) and the real tokenizer; ``options``: the runner's RunnerOptions."""
     from test_cuda_runtime import random_model, runtime_weights, tiny_spec
 
     from app.engine import Engine
@@ -127,7 +127,7 @@ def engine_on(tiny_qwen_dir, device: str, lookup_draft: int, seed: int, max_cont
     spec = tiny_spec()
     weights = runtime_weights(random_model(spec, seed=seed), "w4").map_tensors(lambda t: t.to(device))
     loaded = LoadedModel(tiny_qwen_dir, "tiny", spec, Tokenizer.from_folder(tiny_qwen_dir), None, torch.float16)
-    return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context), 2, lookup_draft)
+    return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context, options=options), 2, lookup_draft)
 
 
 GREEDY = {"plain": {}, "penalties": dict(repetition_penalty=1.05)}

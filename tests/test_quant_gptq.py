@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from app.errors import QwenTrayError
-from app.quant import w3, w4
-from app.quant.checkpoint import MANIFEST, layer_file
+from app.formats import w3, w4
+from app.formats.checkpoint import MANIFEST, layer_file
+from app.formats.recipe import load_recipe
+from app.formats.tensor import QuantizedTensor
 from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import load_recipe
 from app.quant.resume import JOURNAL
-from app.quant.tensor import QuantizedTensor, quantize
+from app.quant.search import quantize
 
 K, N = 512, 192
 

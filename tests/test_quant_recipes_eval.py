@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from app.quant.heldout import HELDOUT_FILES, heldout_file
+from app.formats.recipe import BUILTIN_RECIPES, TABLES, Recipe, hf_tensor_shapes, load_recipe, plan_model
 from app.quant.calibration import default_calibration_file
+from app.quant.heldout import HELDOUT_FILES, heldout_file
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import BUILTIN_RECIPES, TABLES, Recipe, hf_tensor_shapes, load_recipe, plan_model
 from app.quant.sensitivity import stored_shapes
 from tests.conftest import assert_one_line_error
 

@@ -128,9 +128,9 @@ def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:
 def model_weights(path: Path):
     """(spec, weight bytes as the GPU holds them, kind) of a model folder, from its metadata."""
     from app.engine.cuda.memory import spec_to_hf_config
-    from app.engine.spec import ModelSpec
-    from app.quant import checkpoint
-    from app.quant.recipe import Recipe, hf_tensor_shapes, plan_model
+    from app.formats.spec import ModelSpec
+    from app.formats import checkpoint
+    from app.formats.recipe import Recipe, hf_tensor_shapes, plan_model
 
     if checkpoint.is_checkpoint(path):
         manifest = checkpoint.read_manifest(path)

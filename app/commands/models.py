@@ -76,7 +76,7 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
     from app.paths import models_dir
     from app.quant.cli import quantize_with_progress
     from app.quant.quantizer import QuantizeJob
-    from app.quant.recipe import load_recipe
+    from app.formats.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"

@@ -28,9 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.layers import DecoderLayer, RMSNorm, rope_tables
-from app.engine.spec import ModelSpec
 from app.engine.weights import hf_weight_map
 from app.errors import QwenTrayError
+from app.formats.checkpoint import padded_k
+from app.formats.recipe import Recipe
+from app.formats.spec import ModelSpec
 from app.quant.awq import (
     ActivationStats,
     awq_search,
@@ -39,9 +41,7 @@ from app.quant.awq import (
     scale_weight_columns,
     scaled_importance,
 )
-from app.quant.checkpoint import padded_k
 from app.quant.gptq import HessianProbe
-from app.quant.recipe import Recipe
 
 # GPTQ's Hessian has rank <= tokens: 2048 covers Qwen2.5-3B's hidden size (2048) and most of the 7B's.
 DEFAULT_CALIBRATION_TOKENS = 2048

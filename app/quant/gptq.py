@@ -13,7 +13,7 @@ independent, so W is processed in row chunks with one ``U``: an embedding-sized 
 needs a full fp32 copy.
 
 The output is exactly the existing format: signed integers per (row, 128-column group) with
-one fp16 scale per group (:mod:`app.quant.w4`, :mod:`app.quant.w3`). Scales are chosen
+one fp16 scale per group (:mod:`app.formats.w4`, :mod:`app.formats.w3`). Scales are chosen
 either when the pass reaches a group (``dynamic``: from the already-updated weights, by the
 activation-weighted clipping search of :mod:`app.quant.search`), or all up front from the
 original weights (``static``). Act-order (columns in order of decreasing ``H[j, j]``)
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from app.errors import QwenTrayError
-from app.quant import w3, w4
-from app.quant.core import GROUP_SIZE, check_weight, qrange, row_chunks, rtn_scales_fp32, to_fp16_scales
+from app.formats import w3, w4
+from app.formats.core import GROUP_SIZE, check_weight, qrange, row_chunks, rtn_scales_fp32, to_fp16_scales
+from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.quant.search import search_scales
-from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor
 
 # Rows per chunk: the fp32 working copy of a chunk stays near this many values (~64 MiB).
 GPTQ_CHUNK_ELEMENTS = 1 << 24
@@ -155,7 +155,7 @@ class GptqSolver:
         return q_out, s_out
 
     def quantize(self, w: torch.Tensor, bits: int, *, name: str = "weight") -> QuantizedTensor:
-        """W [N, K] packed as ``w4`` / ``w3`` (the same tensors :func:`app.quant.tensor.quantize` makes)."""
+        """W [N, K] packed as ``w4`` / ``w3`` (the same tensors :func:`app.quant.search.quantize` makes)."""
         if bits not in FORMAT_OF_BITS:
             raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
         if self.settings.group_size != GROUP_SIZE:

@@ -34,7 +34,7 @@ def run_sensitive(args: argparse.Namespace) -> int:
 
     from app.errors import ModelLoadError, QwenTrayError
     from app.quant import sensitivity
-    from app.quant.recipe import load_recipe
+    from app.formats.recipe import load_recipe
 
     if not (args.model / "config.json").is_file():
         raise ModelLoadError(f"{args.model}: not a model folder (no config.json)")

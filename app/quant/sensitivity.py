@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
 from app.engine.weights import TensorSource
 from app.errors import QwenTrayError
+from app.formats.checkpoint import padded_k, write_atomic
+from app.formats.core import grouped, quantize_groups
+from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
+from app.formats.spec import ModelSpec
 from app.quant import calibration as calib
-from app.quant.checkpoint import padded_k, write_atomic
-from app.quant.core import grouped, quantize_groups
-from app.quant.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.quant.search import search_scales
 
 

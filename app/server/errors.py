@@ -18,6 +18,10 @@ INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
 
+class ClientGone(Exception):
+    """Writing to the client failed: it disconnected (or stalled past the socket timeout)."""
+
+
 @dataclass(eq=False)  # eq=False keeps it hashable, as exceptions must be
 class ApiError(Exception):
     """An HTTP error response: status, OpenAI error fields and extra headers."""

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_BACKGROUND
-from app.server.errors import from_exception, invalid_param, unavailable
-from app.server.handler import ClientGone
+from app.server.errors import ClientGone, from_exception, invalid_param, unavailable
 from app.server.protocol import ApiRequest, ResponseBuilder
-from app.server.server import ActiveRequest
 from app.server.sse import DONE
+from app.server.watcher import ActiveRequest
 
 # Longer than any single engine step, even a 7B prefill chunk on a laptop GPU.
 SETTLE_TIMEOUT_S = 30.0

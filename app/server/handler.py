@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from app.server import protocol
-from app.server.errors import ApiError, from_exception, model_not_found, unavailable
+from app.server.errors import ApiError, ClientGone, from_exception, model_not_found, unavailable
 from app.server.security import check_api_key, check_host, check_origin, cors_headers, preflight_headers
 from app.server.sse import LAST_CHUNK, encode_chunk, encode_event
 
@@ -26,10 +26,6 @@ access_log = logging.getLogger("app.server.access")
 
 # Errors of a peer that went away: nothing to answer, just drop the connection.
 CONNECTION_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
-
-
-class ClientGone(Exception):
-    """Writing to the client failed: it disconnected (or stalled past the socket timeout)."""
 
 
 class EventStreamWriter:

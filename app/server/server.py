@@ -25,35 +25,13 @@ from app.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, is_loopb
 from app.server.errors import ApiError, unavailable
 from app.server.handler import CONNECTION_ERRORS, ApiHandler, loading_error
 from app.server.provider import EngineStatus, as_provider
-from app.server.watcher import DisconnectWatcher
+from app.server.watcher import ActiveRequest, DisconnectWatcher
 
 log = logging.getLogger("app.server")
 
 
 class ServerStartError(QwenTrayError):
     """The server cannot listen (port in use, address not available)."""
-
-
-class ActiveRequest:
-    """A generation being served; ``on_client_gone`` runs on the watcher thread."""
-
-    def __init__(self, generation: Any):
-        self.generation = generation
-        self.client_gone = False
-
-    def on_client_gone(self) -> None:
-        self.client_gone = True
-        self.generation.cancel()
-
-    @property
-    def cut_short(self) -> bool:
-        """The client left and its generation was stopped before it finished on its own."""
-        if not (self.client_gone and self.generation.done):
-            return False
-        try:
-            return self.generation.result.finish_reason == "cancelled"
-        except Exception:  # noqa: BLE001 - the generation failed: it was not cut short by us
-            return False
 
 
 class ApiServer(ThreadingHTTPServer):

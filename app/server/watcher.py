@@ -13,6 +13,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("app.server")
 
@@ -123,3 +124,25 @@ class DisconnectWatcher:
         for key in list(self._selector.get_map().values()):
             if key.fileobj is not self._wake_r and getattr(key.fileobj, "fileno", lambda: -1)() < 0:
                 self._unregister(key.fileobj)
+
+
+class ActiveRequest:
+    """A generation being served; ``on_client_gone`` runs on the watcher thread."""
+
+    def __init__(self, generation: Any):
+        self.generation = generation
+        self.client_gone = False
+
+    def on_client_gone(self) -> None:
+        self.client_gone = True
+        self.generation.cancel()
+
+    @property
+    def cut_short(self) -> bool:
+        """The client left and its generation was stopped before it finished on its own."""
+        if not (self.client_gone and self.generation.done):
+            return False
+        try:
+            return self.generation.result.finish_reason == "cancelled"
+        except Exception:  # noqa: BLE001 - the generation failed: it was not cut short by us
+            return False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.ui.platform.hotkeys import HotkeyBackend
+from app.ui.platform.hotkeys_base import HotkeyBackend
 from app.ui.platform.keys import Hotkey
 
 _MOD_TOKENS = {"ctrl": "<ctrl>", "alt": "<alt>", "shift": "<shift>", "super": "<cmd>"}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QAbstractNativeEventFilter, QCoreApplication
 
-from app.ui.platform.hotkeys import HotkeyBackend
+from app.ui.platform.hotkeys_base import HotkeyBackend
 from app.ui.platform.keys import Hotkey, HotkeyConflictError, HotkeyError
 
 WM_HOTKEY = 0x0312

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from Xlib import XK, X, display, error
 
-from app.ui.platform.hotkeys import HotkeyBackend
+from app.ui.platform.hotkeys_base import HotkeyBackend
 from app.ui.platform.keys import Hotkey, HotkeyConflictError, HotkeyError
 
 _MASKS = {"ctrl": X.ControlMask, "alt": X.Mod1Mask, "shift": X.ShiftMask, "super": X.Mod4Mask}

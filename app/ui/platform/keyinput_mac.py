@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pynput.keyboard import Controller, Key
 
-from app.ui.platform.keyinput import KeyInjector
+from app.ui.platform.keyinput_base import KeyInjector
 
 _SHORTCUTS = {"copy": "c", "paste": "v", "undo": "z"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from ctypes import wintypes
 
-from app.ui.platform.keyinput import KeyInjector
+from app.ui.platform.keyinput_base import KeyInjector
 
 INPUT_KEYBOARD, KEYEVENTF_KEYUP = 1, 0x0002
 VK_CONTROL = 0x11

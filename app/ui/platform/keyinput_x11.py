@@ -7,7 +7,7 @@ import os
 from Xlib import XK, X, display
 from Xlib.ext import xtest
 
-from app.ui.platform.keyinput import KeyInjector
+from app.ui.platform.keyinput_base import KeyInjector
 
 _SHORTCUTS = {"copy": "c", "paste": "v", "undo": "z"}
 _MODIFIER_KEYSYMS = ("Control_L", "Control_R", "Alt_L", "Alt_R", "Shift_L", "Shift_R",
