@@ -1,6 +1,7 @@
 """docs/results/quality.md from benchmarks/quality.py's JSON (rerun alone to re-render it).
 
     python -m benchmarks.quality_report docs/results/quality.json
+    python -m benchmarks.quality_report --merge OUT.json PART.json...   # runs of one commit, split by --only
 """
 
 from __future__ import annotations
@@ -86,8 +87,31 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n" + notes
 
 
+def merge(parts: list[dict]) -> dict:
+    """One report from runs of the same commit that split the families (``--only``) between them.
+
+    The dense row is measured by every run; they must agree (same weights, same evaluator).
+    """
+    commits = {p["commit"] for p in parts}
+    if len(commits) != 1:
+        raise SystemExit(f"cannot merge runs of different commits: {sorted(commits)}")
+    dense = [r for p in parts for r in p["results"] if r["family"] == "dense"]
+    if len({json.dumps(r["perplexity"], sort_keys=True) for r in dense}) != 1:
+        raise SystemExit("the runs disagree on the dense model's perplexity")
+    merged = dict(parts[0])
+    merged["llamacpp"] = next((p["llamacpp"] for p in parts if p["llamacpp"]), None)
+    merged["results"] = dense[:1] + [r for p in parts for r in p["results"] if r["family"] != "dense"]
+    merged["merged_from_runs"] = len(parts)
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
-    path = Path((argv or sys.argv[1:])[0])
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args and args[0] == "--merge":
+        out, parts = Path(args[1]), [json.loads(Path(a).read_text(encoding="utf-8")) for a in args[2:]]
+        write_report(merge(parts), out.with_suffix(".md"), out)
+        return 0
+    path = Path(args[0])
     report = json.loads(path.read_text(encoding="utf-8"))
     path.with_suffix(".md").write_text(markdown(report), encoding="utf-8")
     return 0
