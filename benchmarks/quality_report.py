@@ -88,19 +88,19 @@ def markdown(report: dict) -> str:
 
 
 def merge(parts: list[dict]) -> dict:
-    """One report from runs of the same commit that split the families (``--only``) between them.
+    """One report from runs that split the variants between them (``--only``, ``--ours``).
 
-    The dense row is measured by every run; they must agree (same weights, same evaluator).
+    Each run's commit is kept with what it measured. The dense row is measured by every run;
+    they must agree (same weights, same evaluator), else the runs are not comparable.
     """
-    commits = {p["commit"] for p in parts}
-    if len(commits) != 1:
-        raise SystemExit(f"cannot merge runs of different commits: {sorted(commits)}")
     dense = [r for p in parts for r in p["results"] if r["family"] == "dense"]
     if len({json.dumps(r["perplexity"], sort_keys=True) for r in dense}) != 1:
         raise SystemExit("the runs disagree on the dense model's perplexity")
     merged = dict(parts[0])
     merged["llamacpp"] = next((p["llamacpp"] for p in parts if p["llamacpp"]), None)
     merged["results"] = dense[:1] + [r for p in parts for r in p["results"] if r["family"] != "dense"]
+    merged["commit"] = "; ".join(f"{p['commit']} ({', '.join(r['label'] for r in p['results'] if r['family'] != 'dense')})"
+                                 for p in parts)
     merged["merged_from_runs"] = len(parts)
     return merged
 

@@ -136,6 +136,19 @@ def test_gptq_streams_layer_by_layer_and_resumes_to_the_same_checkpoint(tiny_qwe
     assert _digests(resumed) == _digests(full)
 
 
+def test_gptq_on_unpadded_shapes_uses_the_calibration_hessian_in_place(tiny_qwen_kernel_dir, tmp_path):
+    # hidden 256 / intermediate 384: no padding, so the solver factorises the calibration
+    # pass's own (inference-mode) Hessian in place
+    manifest = quantize_model(QuantizeJob(model=tiny_qwen_kernel_dir, out=tmp_path / "ckpt", recipe=load_recipe("w4"),
+                                          method="gptq"))
+    assert manifest.method == "gptq" and {t.format for t in manifest.tensors.values()} >= {"w4"}
+    with torch.inference_mode():
+        probe = HessianProbe()
+        probe.add(_inputs(seed=4, tokens=256))
+        hessian = probe.hessian()
+    assert GptqSolver(hessian, overwrite=True).quantize(torch.randn(8, K), 3).format == "w3"
+
+
 @pytest.mark.gpu
 def test_gptq_on_cuda_matches_cpu(layer):
     w, hessian, fresh = layer

@@ -89,6 +89,7 @@ class HessianProbe:
         return self.sum * (2.0 / self.count)
 
 
+@torch.inference_mode()  # the Hessian may come from the calibration pass, an inference tensor
 def inverse_cholesky_upper(hessian: torch.Tensor, damp: float, name: str, *, overwrite: bool = False) -> torch.Tensor:
     """``chol_upper((H + damp * mean(diag H) * I)^-1)`` [K, K] fp32.
 
@@ -135,6 +136,7 @@ class GptqSolver:
             h = h[self.perm][:, self.perm]  # a copy: the caller's tensor is no longer touched
         self.u = inverse_cholesky_upper(h, settings.damp, name, overwrite=overwrite or h is not hessian)
 
+    @torch.inference_mode()
     def quantize_int(self, w: torch.Tensor, bits: int, *, name: str = "weight",
                      chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
         """W [N, K] -> (q int8 [N, K], fp16 scales [N, K/group]) on ``w``'s device; ``w`` is not changed."""
