@@ -117,7 +117,7 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
 
 
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
-        our_variants: list[tuple[str, str]] | None = None) -> dict:
+        our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None) -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -140,15 +140,16 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         log(f"{result.family:9} {result.label:38} bits {result.bits['overall']:5.2f}  "
             + "  ".join(f"{k} {v:8.3f}" for k, v in result.perplexity.items()))
 
-    ppl, counts = _score(source, tokens)
-    add(Result("dense", "S (fp16)", {"linear": 16.0, "tables": 16.0, "overall": 16.0}, ppl, counts))
+    if "dense" in families:
+        ppl, counts = _score(source, tokens)
+        add(Result("dense", "S (fp16)", {"linear": 16.0, "tables": 16.0, "overall": 16.0}, ppl, counts))
     if "ours" in families:
         for recipe, method in our_variants or OURS:
             add(ours(source, recipe, method, work, tokens))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
         add(ours(source, str(sensitive_recipe(source, work)), "gptq", work, tokens))
     if "control" in families:
-        for method in quality_control.CONTROL_METHODS:
+        for method in control_methods or quality_control.CONTROL_METHODS:
             add(control(source, method, work, tokens))
     if bin_dir is not None:
         imatrix = quality_llamacpp.imatrix(bin_dir, f16, default_calibration_file(), work / "imatrix.gguf", log_file)
@@ -176,19 +177,21 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="ours,sensitive,control,llama.cpp",
-                   help="comma list of ours, sensitive, control, llama.cpp")
+    p.add_argument("--only", default="dense,ours,sensitive,control,llama.cpp",
+                   help="comma list of dense, ours, sensitive, control, llama.cpp (split a long run: "
+                        "python -m benchmarks.quality_report --merge joins the parts)")
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")
     p.add_argument("--ours", help="comma list of RECIPE:METHOD for our checkpoints (default: all of OURS)")
+    p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
     args = p.parse_args(argv)
     our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
         report = run(set(args.only.split(",")), args.tokens, Path(tmp),
                      log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial,
-                     our_variants=our_variants)
+                     our_variants=our_variants, control_methods=args.control.split(",") if args.control else None)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0

@@ -94,9 +94,11 @@ def merge(parts: list[dict]) -> dict:
     they must agree (same weights, same evaluator), else the runs are not comparable.
     """
     dense = [r for p in parts for r in p["results"] if r["family"] == "dense"]
+    if not dense:
+        raise SystemExit("no run measured the dense model")
     if len({json.dumps(r["perplexity"], sort_keys=True) for r in dense}) != 1:
         raise SystemExit("the runs disagree on the dense model's perplexity")
-    merged = dict(parts[0])
+    merged = dict(next(p for p in parts if any(r["family"] == "dense" for r in p["results"])))
     merged["llamacpp"] = next((p["llamacpp"] for p in parts if p["llamacpp"]), None)
     merged["results"] = dense[:1] + [r for p in parts for r in p["results"] if r["family"] != "dense"]
     merged["commit"] = "; ".join(f"{p['commit']} ({', '.join(r['label'] for r in p['results'] if r['family'] != 'dense')})"
