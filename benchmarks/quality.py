@@ -117,7 +117,8 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
 
 
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
-        our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None) -> dict:
+        our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None,
+        llamacpp_keys: list[str] | None = None) -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -153,7 +154,7 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
             add(control(source, method, work, tokens))
     if bin_dir is not None:
         imatrix = quality_llamacpp.imatrix(bin_dir, f16, default_calibration_file(), work / "imatrix.gguf", log_file)
-        for variant in quality_llamacpp.VARIANTS:
+        for variant in [v for v in quality_llamacpp.VARIANTS if not llamacpp_keys or v.key in llamacpp_keys]:
             add(llamacpp(bin_dir, f16, variant, imatrix, work, tokens))
     return _report(results, tokens, bin_dir, skipped)
 
@@ -185,13 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")
     p.add_argument("--ours", help="comma list of RECIPE:METHOD for our checkpoints (default: all of OURS)")
     p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
+    p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
+                   + " (default: all)")
     args = p.parse_args(argv)
     our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
         report = run(set(args.only.split(",")), args.tokens, Path(tmp),
                      log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial,
-                     our_variants=our_variants, control_methods=args.control.split(",") if args.control else None)
+                     our_variants=our_variants, control_methods=args.control.split(",") if args.control else None,
+                     llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0

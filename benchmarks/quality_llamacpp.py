@@ -29,6 +29,11 @@ class Variant:
     imatrix: bool = False
     pure: bool = False  # every tensor the same type (no 8-bit embedding/head, no K-quant mix)
 
+    @property
+    def key(self) -> str:
+        """Short name for --llamacpp: Q4_0, Q4_0+im, Q4_0-pure+im, ..."""
+        return f"{self.qtype}{'-pure' if self.pure else ''}{'+im' if self.imatrix else ''}"
+
 
 VARIANTS = tuple(Variant(f"{q}{' + imatrix' if im else ''}", q, im) for q in ("Q4_0", "Q4_K_M", "Q3_K_S", "Q3_K_M")
                  for im in (False, True)) + (Variant("Q4_0 --pure", "Q4_0", False, True),
