@@ -100,9 +100,13 @@ def merge(parts: list[dict]) -> dict:
         raise SystemExit("the runs disagree on the dense model's perplexity")
     merged = dict(next(p for p in parts if any(r["family"] == "dense" for r in p["results"])))
     merged["llamacpp"] = next((p["llamacpp"] for p in parts if p["llamacpp"]), None)
-    merged["results"] = dense[:1] + [r for p in parts for r in p["results"] if r["family"] != "dense"]
-    merged["commit"] = "; ".join(f"{p['commit']} ({', '.join(r['label'] for r in p['results'] if r['family'] != 'dense')})"
-                                 for p in parts)
+    seen, rest = set(), []
+    for r in (r for p in parts for r in p["results"] if r["family"] != "dense"):
+        if (r["family"], r["label"]) not in seen:  # a variant two parts both measured: the first
+            seen.add((r["family"], r["label"]))
+            rest.append(r)
+    merged["results"] = dense[:1] + rest
+    merged["commit"] = ", ".join(sorted({p["commit"] for p in parts}))
     merged["merged_from_runs"] = len(parts)
     return merged
 
