@@ -140,8 +140,13 @@ class GptqSolver:
     def quantize_int(self, w: torch.Tensor, bits: int, *, name: str = "weight",
                      chunk_elements: int = GPTQ_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
         """W [N, K] -> (q int8 [N, K], fp16 scales [N, K/group]) on ``w``'s device; ``w`` is not changed."""
-        n, k = check_weight(w, name)
         group = self.settings.group_size
+        if group == GROUP_SIZE:
+            n, k = check_weight(w, name)
+        elif w.dim() != 2 or w.shape[1] % group:  # quality studies: narrower groups, K a multiple of them
+            raise QwenTrayError(f"{name}: need a 2-D weight with K a multiple of {group}, got {tuple(w.shape)}")
+        else:
+            n, k = w.shape
         if k != self.k:
             raise QwenTrayError(f"{name}: weight K={k} does not match the Hessian's {self.k}")
         q_out = torch.empty((n, k), dtype=torch.int8, device=w.device)
