@@ -66,7 +66,7 @@ class QuantizeJob:
     recipe: Recipe
     # rtn | search (data-free clipping search) | calibrated (search weighted by calibration
     # activations) | awq (calibrated + AWQ column scaling) | gptq (error-compensating, app/quant/gptq.py)
-    method: str = "gptq"
+    method: str = "calibrated"
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
