@@ -44,6 +44,8 @@ def targets(rows: list[dict]) -> list[str]:
         lines.append(f"- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: {w4:.3f} "
                      f"({_bits(rows, 'w4 gptq'):.2f} bpw) vs {q40:.3f} ({_bits(rows, 'Q4_0 + imatrix'):.2f} bpw): "
                      f"{verdict}")
+    else:
+        lines.append("- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run")
     mixed = min((r for r in rows if r["family"] == "ours" and r["label"].startswith("mixed")),
                 key=lambda r: r["perplexity"]["all"], default=None)
     three = [r for r in rows if r["family"] == "llama.cpp" and r["label"].startswith("Q3")
@@ -55,11 +57,16 @@ def targets(rows: list[dict]) -> list[str]:
         lines.append(f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
                      f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
                      f"{best['bits']['overall']:.2f} bpw): {ours_ppl:.3f} vs {theirs:.3f}: {verdict}")
+    else:
+        lines.append("- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
+                     "not measured in this run")
     rtn, gptq = _ppl(rows, "mixed rtn"), _ppl(rows, "mixed gptq")
     if rtn and gptq and dense and rtn > dense:
         frac = recovered_fraction(dense, rtn, gptq)
         lines.append(f"- 3-bit MLP layers (`mixed`) recover >= 50 % of RTN's gap: gptq removes {frac:.0%} "
                      f"(S {dense:.3f}, rtn {rtn:.3f}, gptq {gptq:.3f}): {'met' if frac >= 0.5 else 'missed'}")
+    else:
+        lines.append("- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run")
     return lines
 
 
