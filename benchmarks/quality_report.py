@@ -93,7 +93,8 @@ def markdown(report: dict) -> str:
         b = r["bits"]
         lines.append(f"| {r['family']} | {r['label']} | {b['linear']:.2f} / {b['tables']:.2f} / {b['overall']:.2f} | "
                      + " | ".join(f"{r['perplexity'][t]:.3f}" for t in texts)
-                     + f" | {r['perplexity']['all']:.3f} | {r['perplexity']['all'] / dense - 1:+.1%} |")
+                     + f" | {r['perplexity']['all']:.3f} | "
+                     + (f"{r['perplexity']['all'] / dense - 1:+.1%} |" if dense else "- |"))
     lines += ["", "## Targets (issue 36)", "", *targets(rows), ""]
     notes = NOTES_FILE.read_text(encoding="utf-8") if NOTES_FILE.is_file() else ""
     return "\n".join(lines) + "\n" + notes
