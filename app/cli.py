@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.register(sub)
     models.register(sub)
     doctor.register(sub)
-    for module in ("app.server.cli", "app.quant.cli", "app.quant.checkpoint_cli"):
+    for module in ("app.server.cli", "app.quant.cli", "app.quant.recipe_cli", "app.quant.checkpoint_cli"):
         _register_optional(sub, module)
     return parser
 

@@ -189,4 +189,4 @@ def test_output_folder_must_be_new_or_an_unfinished_run(model_3b_shaped, tmp_pat
     with pytest.raises(QwenTrayError, match="finished checkpoint"):
         quantize_model(QuantizeJob(model=model_3b_shaped, out=done, recipe=load_recipe("w4")))
     with pytest.raises(QwenTrayError, match="--method"):
-        QuantizeJob(model=model_3b_shaped, out=tmp_path / "x", recipe=load_recipe("w4"), method="gptq")
+        QuantizeJob(model=model_3b_shaped, out=tmp_path / "x", recipe=load_recipe("w4"), method="obq")

@@ -8,11 +8,13 @@ from pathlib import Path
 from app.errors import QwenTrayError
 from app.hub import cli as hub_cli
 from app.model_import import check_free_name, check_model_name, register_model
+from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 from app.settings.console import console_store
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
 
 REPLACE_HELP = "point the name at this model even if it is registered to another one"
+from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
 def register(sub) -> None:
@@ -34,8 +36,8 @@ def register(sub) -> None:
     gguf.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     gguf.add_argument("--recipe", metavar="RECIPE", help="quantize straight into a W4/W3 checkpoint (w4, mixed, q4 "
                       "or a recipe file) instead of keeping the fp16 folder")
-    gguf.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
-                      help="quantization method with --recipe (default calibrated)")
+    gguf.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
+                      help=f"quantization method with --recipe (default {DEFAULT_METHOD})")
     gguf.set_defaults(func=run_import_gguf)
     add = msub.add_parser("add", help="register a model folder under a name")
     add.add_argument("name")

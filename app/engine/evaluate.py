@@ -11,8 +11,8 @@ from app.engine.models.decoder import DecoderModel
 
 
 @torch.inference_mode()
-def perplexity(model: DecoderModel, ids: list[int], window: int = 512) -> float:
-    """exp(mean negative log-likelihood) of ``ids``, scored in independent windows.
+def negative_log_likelihood(model: DecoderModel, ids: list[int], window: int = 512) -> tuple[float, int]:
+    """(summed negative log-likelihood, scored tokens) of ``ids`` in independent windows.
 
     Each window starts with an empty cache, so the score does not depend on what came before
     (standard non-overlapping evaluation); the first token of each window is not scored.
@@ -31,4 +31,10 @@ def perplexity(model: DecoderModel, ids: list[int], window: int = 512) -> float:
         nll = torch.nn.functional.cross_entropy(logits[:-1].float(), tokens[1:], reduction="sum")
         total_nll += nll.item()
         count += len(chunk) - 1
+    return total_nll, count
+
+
+def perplexity(model: DecoderModel, ids: list[int], window: int = 512) -> float:
+    """exp(mean negative log-likelihood) of ``ids``, scored in independent windows."""
+    total_nll, count = negative_log_likelihood(model, ids, window)
     return math.exp(total_nll / count)

@@ -30,6 +30,7 @@ VALID_BITS = (3, 4, 16)
 FP16_BYTES = 2
 
 _ATTN = "model.layers.*.self_attn.{q,k,v,o}_proj"
+TABLES = ("model.embed_tokens", "lm_head")
 _MLP = "model.layers.*.mlp.{gate,up,down}_proj"
 
 
@@ -62,6 +63,21 @@ class Recipe:
                 return bits
         return self.default_bits
 
+    def table_bits(self, module: str, tied: bool) -> int:
+        """Bits of ``model.embed_tokens`` / ``lm_head``: a tied table also serves as the head,
+        so it gets the larger of the two (the head is the most error-sensitive weight)."""
+        bits = self.bits_for(module)
+        if tied and module == "model.embed_tokens":
+            bits = max(bits, self.bits_for("lm_head"))
+        return bits
+
+    def to_data(self, provenance: dict | None = None) -> dict:
+        """The recipe as the JSON/TOML data :func:`load_recipe` reads back (rules in order)."""
+        data = {"name": self.name, "default_bits": self.default_bits, "bits": dict(self.rules)}
+        if provenance:
+            data["provenance"] = provenance
+        return data
+
 
 def _check_bits(bits: object, where: str) -> None:
     if isinstance(bits, bool) or bits not in VALID_BITS:
@@ -72,9 +88,12 @@ BUILTIN_RECIPES: dict[str, Recipe] = {
     # Every linear layer, the embedding and lm_head at 4 bits (Qwen2.5-3B: ~1.5 GiB).
     "w4": Recipe("w4", tuple(_expand(_ATTN, 4) + _expand(_MLP, 4)
                              + [("model.embed_tokens", 4), ("lm_head", 4)])),
-    # Attention and embedding 4-bit, MLP and lm_head 3-bit (Qwen2.5-7B: ~2.93 GiB, ~3.3 bpw).
+    # Attention and lm_head 4-bit, MLP and an untied embedding 3-bit (Qwen2.5-7B: ~2.93 GiB,
+    # ~3.3 bpw). The head's error reaches every logit, an embedding row only its token's input:
+    # swapping their bits costs nothing on the 7B (equal shapes) and helps (docs/results/quality.md).
+    # A tied table is the head too, so it gets the head's bits (Recipe.table_bits).
     "mixed": Recipe("mixed", tuple(_expand(_ATTN, 4) + _expand(_MLP, 3)
-                                   + [("model.embed_tokens", 4), ("lm_head", 3)])),
+                                   + [("model.embed_tokens", 3), ("lm_head", 4)])),
     # Every 2-D weight at 4 bits, whatever its name (catch-all for unknown module names).
     "q4": Recipe("q4", (), default_bits=4),
 }
@@ -126,10 +145,10 @@ def _parse_toml(text: str, path: Path) -> dict:
 
 
 def _recipe_from_data(data: dict, path: Path) -> Recipe:
-    unknown = set(data) - {"name", "base", "default_bits", "bits"}
+    unknown = set(data) - {"name", "base", "default_bits", "bits", "provenance"}
     if unknown:
         raise QwenTrayError(f"{path}: unknown recipe field(s) {', '.join(sorted(unknown))} "
-                            "(known: name, base, default_bits, bits)")
+                            "(known: name, base, default_bits, bits, provenance)")
     table = data.get("bits", {})
     if not isinstance(table, dict):
         raise QwenTrayError(f"{path}: 'bits' must be a table of \"module pattern\" = bits")
@@ -204,11 +223,14 @@ def plan_model(recipe: Recipe, tensors: Iterable[tuple[str, tuple[int, ...]]]) -
     :class:`QwenTrayError` names it (give it 16 bits in the recipe).
     """
     plans = []
+    tensors = list(tensors)
+    tied = not any(name == "lm_head.weight" for name, _ in tensors)
     for name, shape in tensors:
         shape = tuple(int(d) for d in shape)
         bits = 16
         if name.endswith(".weight") and len(shape) == 2:
-            bits = recipe.bits_for(name[: -len(".weight")])
+            module = name[: -len(".weight")]
+            bits = recipe.table_bits(module, tied) if module in TABLES else recipe.bits_for(module)
         if bits == 16:
             nbytes = _numel(shape) * FP16_BYTES
         else:

@@ -1,8 +1,9 @@
-"""Calibration for the ``calibrated`` and ``awq`` methods, layer by layer, while streaming.
+"""Calibration for the ``calibrated``, ``awq`` and ``gptq`` methods, layer by layer, while streaming.
 
-The hidden states of a short calibration text (default: the first 512 tokens of CPython's
-LICENSE.txt) are carried through the float decoder layers one at a time, exactly as the
-quantizer streams them. For each layer we record the per-channel statistics of the inputs
+The hidden states of a calibration text (default: the first 2048 tokens of the mixed English /
+Chinese prose shipped in ``app/resources/text/calibration.txt``; never the held-out texts the
+quality is measured on) are carried through the float decoder layers one at a time, exactly as
+the quantizer streams them. For each layer we record the per-channel statistics of the inputs
 of qkv_proj, o_proj, gate_up_proj and down_proj (and, after the last layer, of the head):
 
 - ``calibrated``: every quantized weight's clipping search weighs its error by E[x^2] of its
@@ -11,6 +12,8 @@ of qkv_proj, o_proj, gate_up_proj and down_proj (and, after the last layer, of t
 - ``awq`` additionally rescales columns (:func:`apply_awq`): q/k/v and gate/up get AWQ
   scales folded into the RMSNorm before them, down_proj's go into up_proj's rows; o_proj is
   not rescaled (its input is v_proj's output, shared by several heads under GQA).
+- ``gptq`` also accumulates each input's Hessian ``2 X^T X`` (:class:`app.quant.gptq.HessianProbe`)
+  on the quantizer's device, for the error-compensating pass of :mod:`app.quant.gptq`.
 
 The hidden states move on through the *float* layer, so the statistics of layer i never
 depend on how earlier layers were quantized, and a resumed run recomputes them exactly.
@@ -18,8 +21,7 @@ depend on how earlier layers were quantized, and a resumed run recomputes them e
 
 from __future__ import annotations
 
-import sys
-import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,8 +41,10 @@ from app.quant.awq import (
     scale_weight_columns,
     scaled_importance,
 )
+from app.quant.gptq import HessianProbe
 
-DEFAULT_CALIBRATION_TOKENS = 512
+# GPTQ's Hessian has rank <= tokens: 2048 covers Qwen2.5-3B's hidden size (2048) and most of the 7B's.
+DEFAULT_CALIBRATION_TOKENS = 2048
 MAX_CALIBRATION_TOKENS = 4096
 # alpha in {0, 0.1, ..., 1}: as good as steps of 0.05 on the starter model (docs/results/quality.md), half the time.
 AWQ_ALPHA_STEPS = 10
@@ -50,12 +54,11 @@ _PROBES = {"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gate_up": "mlp
 
 
 def default_calibration_file() -> Path:
-    """CPython's LICENSE.txt (beside the stdlib on Linux/macOS, in the install root on Windows)."""
-    candidates = [Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt", Path(sys.base_prefix) / "LICENSE.txt"]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise QwenTrayError(f"no calibration text: {candidates[0]} not found; pass --calibration FILE")
+    """The calibration text shipped with the app (mixed English / Chinese prose, CC0)."""
+    path = Path(__file__).resolve().parent.parent / "resources" / "text" / "calibration.txt"
+    if not path.is_file():
+        raise QwenTrayError(f"no calibration text: {path} not found; pass --calibration FILE")
+    return path
 
 
 def calibration_ids(tokenizer, path: Path | None, tokens: int, vocab_size: int) -> list[int]:
@@ -100,6 +103,14 @@ class _StatsProbe:
         return ActivationStats((self.abs_sum / self.count).float(), (self.sq_sum / self.count).float(), name=name)
 
 
+@dataclass
+class LayerCalibration:
+    """What one layer's calibration pass recorded, by probe key (qkv, o, gate_up, down)."""
+
+    stats: dict[str, ActivationStats]
+    hessians: dict[str, torch.Tensor] = field(default_factory=dict)  # only when asked for (gptq)
+
+
 class Calibration:
     """Hidden states [T, hidden] of the calibration tokens at the input of layer ``next_layer``."""
 
@@ -121,21 +132,25 @@ class Calibration:
         return layer
 
     @torch.inference_mode()
-    def run_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> dict[str, ActivationStats]:
-        """Record layer ``index``'s input statistics and move the hidden states past it."""
+    def run_layer(self, index: int, tensors: dict[str, torch.Tensor],
+                  hessian_device: torch.device | str | None = None) -> LayerCalibration:
+        """Record layer ``index``'s input statistics (and Hessians on ``hessian_device`` when
+        given) and move the hidden states past it."""
         if index != self.next_layer:
             raise RuntimeError(f"calibration is at layer {self.next_layer}, not {index}")
         layer = self.float_layer(index, tensors)
         probes = {key: _StatsProbe() for key in _PROBES}
+        hessians = {key: HessianProbe(hessian_device) for key in _PROBES} if hessian_device is not None else {}
         hooks = [layer.get_submodule(path).register_forward_pre_hook(probes[key]) for key, path in _PROBES.items()]
+        hooks += [layer.get_submodule(_PROBES[key]).register_forward_pre_hook(probe) for key, probe in hessians.items()]
         try:
             self.hidden = layer(self.hidden, 0, 0, _OneSequenceCache(), self.rope)
         finally:
             for hook in hooks:
                 hook.remove()
         self.next_layer += 1
-        return {key: probe.stats(f"model.layers.{index}.{_PROBES[key]}") for key, probe in probes.items()}
-
+        return LayerCalibration({key: probe.stats(f"model.layers.{index}.{_PROBES[key]}") for key, probe in probes.items()},
+                                {key: probe.hessian() for key, probe in hessians.items()})
 
     @torch.inference_mode()
     def head_stats(self, norm_weight: torch.Tensor, eps: float) -> ActivationStats:
@@ -146,16 +161,27 @@ class Calibration:
         norm.weight.data.copy_(norm_weight.float())
         return ActivationStats.from_samples(norm(self.hidden), name="lm_head")
 
+    @torch.inference_mode()
+    def head_hessian(self, norm_weight: torch.Tensor, eps: float, device: torch.device | str) -> torch.Tensor:
+        """``2 X^T X`` of the lm_head's input after the last layer (for GPTQ of an untied head)."""
+        if self.next_layer != self.spec.num_layers:
+            raise RuntimeError(f"calibration is at layer {self.next_layer}, not past the last one")
+        norm = RMSNorm(self.spec.hidden_size, eps)
+        norm.weight.data.copy_(norm_weight.float())
+        probe = HessianProbe(device)
+        probe.add(norm(self.hidden))
+        return probe.hessian()
+
 
 # Weights of a layer by the probe that sees their input.
-_INPUTS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+INPUTS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
            "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
 
 
 def activation_importance(index: int, stats: dict[str, ActivationStats], recipe: Recipe) -> dict[str, torch.Tensor]:
     """E[x^2] of each quantized weight's input channels: the search's error weights."""
     p = f"model.layers.{index}"
-    return {f"{p}.{module}.weight": stats[key].mean_sq for key, modules in _INPUTS.items()
+    return {f"{p}.{module}.weight": stats[key].mean_sq for key, modules in INPUTS.items()
             for module in modules if recipe.bits_for(f"{p}.{module}") != 16}
 
 
@@ -176,7 +202,7 @@ def apply_awq(index: int, tensors: dict[str, torch.Tensor], stats: dict[str, Act
         if new_b is not None:
             tensors[up_b] = new_b
     for key, norm in (("qkv", "input_layernorm"), ("gate_up", "post_attention_layernorm")):
-        names = [f"{p}.{module}.weight" for module in _INPUTS[key]]
+        names = [f"{p}.{module}.weight" for module in INPUTS[key]]
         bits = recipe.bits_for(names[0].removesuffix(".weight"))
         if bits != 16:
             s = _scale(tensors, names, stats[key], bits, importance)

@@ -1,4 +1,4 @@
-"""``qwen-tray checkpoint info DIR``: what a quantized checkpoint holds."""
+"""``qwen-tray checkpoint info DIR``: what a quantized checkpoint holds; ``checkpoint eval``: how good it is."""
 
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ def register(sub) -> None:
     info.add_argument("path", type=Path, metavar="DIR")
     info.add_argument("--verify", action="store_true", help="also check every file's sha256")
     info.set_defaults(func=run_info)
+    ev = csub.add_parser(
+        "eval", help="perplexity of a checkpoint (and its source) on the held-out texts shipped with the app",
+        description="Score a checkpoint on the English and Chinese held-out texts shipped with the app (never "
+                    "the calibration text), in non-overlapping windows of 512 tokens; with --source, score the "
+                    "model it was made from the same way. Lower is better.")
+    ev.add_argument("path", type=Path, metavar="CKPT", help="a checkpoint folder (or any model folder)")
+    ev.add_argument("--source", type=Path, metavar="HF_DIR", help="the Hugging Face folder it was quantized from")
+    ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where to run it (default: cuda when available, else cpu)")
+    ev.add_argument("--tokens", type=int, metavar="N", help="score only the first N tokens of each text")
+    ev.set_defaults(func=run_eval)
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -53,4 +64,37 @@ def describe(path: Path, manifest, *, verified: bool = False) -> str:
          "(scales and fp16 tensors included)"),
         f"checksums   {checksums}",
     ]
+    return "\n".join(lines)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from app.errors import ModelLoadError, QwenTrayError
+    from app.quant.heldout import score_folder
+
+    if args.tokens is not None and args.tokens < 2:
+        raise QwenTrayError(f"--tokens must be at least 2, got {args.tokens}")
+    folders = [("checkpoint", args.path)] + ([("source", args.source)] if args.source else [])
+    for label, folder in folders:
+        if not folder.is_dir():
+            raise ModelLoadError(f"{folder}: {label} folder not found")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    scores = [(label, folder, score_folder(folder, device, max_tokens=args.tokens)) for label, folder in folders]
+    print(format_scores(scores))
+    return 0
+
+
+def format_scores(scores) -> str:
+    """One line per model: perplexity per held-out text and overall (and vs the source)."""
+    source = next((s for label, _, s in scores if label == "source"), None)
+    lines = []
+    for label, folder, score in scores:
+        texts = "  ".join(f"{lang} {ppl:.3f} ({score.tokens[lang]} tokens)" for lang, ppl in score.perplexity.items())
+        line = f"{label:10} {folder}: perplexity {score.overall:.3f}  [{texts}]"
+        if source is not None and label != "source":
+            line += f"  {score.overall / source.overall - 1:+.1%} vs source"
+        lines.append(line)
     return "\n".join(lines)

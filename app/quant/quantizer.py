@@ -40,10 +40,11 @@ from app.formats.checkpoint import (
     write_tensor_file,
 )
 from app.formats.core import row_chunks
-from app.formats.recipe import Recipe, hf_tensor_shapes
+from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.quant import calibration as calib
+from app.quant.gptq import GptqSettings, GptqSolver
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.search import quantize
 
@@ -52,6 +53,8 @@ METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 TABLE_CHUNK_ELEMENTS = 1 << 22
 
 Progress = Callable[[str, int, int], None]
+# GPTQ as `--method gptq` runs it (docs/results/quality.md compares the variants).
+GPTQ_SETTINGS = GptqSettings()
 
 
 @dataclass
@@ -62,12 +65,12 @@ class QuantizeJob:
     out: Path
     recipe: Recipe
     # rtn | search (data-free clipping search) | calibrated (search weighted by calibration
-    # activations; the best on the starter model) | awq (calibrated + AWQ column scaling)
+    # activations) | awq (calibrated + AWQ column scaling) | gptq (error-compensating, app/quant/gptq.py)
     method: str = "calibrated"
     adapter: Path | None = None
-    calibration: Path | None = None  # text file for calibrated/awq; default: CPython's LICENSE.txt
+    calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
-    device: str = "cpu"  # where the clipping search runs ("cuda" is ~20x faster)
+    device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
 
     def __post_init__(self) -> None:
         self.model, self.out = Path(self.model), Path(self.out)
@@ -170,14 +173,31 @@ class _Run:
                 _store(out, name, t, layer_file(index), self._bits(name), self.job, None)
             return out
         tensors = self.read(names)
-        stats = self._calibrated(index).run_layer(index, tensors)
+        gptq = self.job.method == "gptq"
+        calibrated = self._calibrated(index).run_layer(index, tensors, self.job.device if gptq else None)
         if self.job.method == "awq":
-            importance = calib.apply_awq(index, tensors, stats, self.job.recipe)
+            importance = calib.apply_awq(index, tensors, calibrated.stats, self.job.recipe)
         else:
-            importance = calib.activation_importance(index, stats, self.job.recipe)
-        for name in names:
+            importance = calib.activation_importance(index, calibrated.stats, self.job.recipe)
+        if gptq:  # one factorised Hessian per input, freed before the next one is built
+            for key, modules in calib.INPUTS.items():
+                solver = None
+                for module in modules:
+                    name = f"model.layers.{index}.{module}.weight"
+                    if self._bits(name) != 16 and solver is None:
+                        solver = self._solver(calibrated.hessians.pop(key), name)
+                    _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, None, solver)
+                del solver
+        for name in list(tensors):
             _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, importance.get(name))
         return out
+
+    def _solver(self, hessian: torch.Tensor, name: str) -> GptqSolver:
+        """GPTQ's factorised Hessian, padded like the weights to whole 128-column groups."""
+        pad = padded_k(hessian.shape[0]) - hessian.shape[0]
+        if pad:
+            hessian = F.pad(hessian, (0, pad, 0, pad))  # padded inputs are zero: dead channels
+        return GptqSolver(hessian, GPTQ_SETTINGS, name=name, device=self.job.device, overwrite=True)
 
     def _calibrated(self, index: int) -> calib.Calibration:
         """The calibration state at layer ``index`` (after a resume: replayed through float layers)."""
@@ -188,7 +208,7 @@ class _Run:
             self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids))
         while self.calibration.next_layer < index:
             i = self.calibration.next_layer
-            self.calibration.run_layer(i, self.read(self.layer_names(i)))
+            self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
         return self.calibration
 
     def _embedding_rows(self, ids: list[int]) -> torch.Tensor:
@@ -206,29 +226,36 @@ class _Run:
         out = _Quantized()
         norm = self.read(["model.norm.weight"])["model.norm.weight"]
         head = "lm_head.weight" if "lm_head.weight" in self.shapes else "model.embed_tokens.weight"
-        head_importance = None
+        head_importance, head_solver = None, None
         if self.job.method in CALIBRATED_METHODS and self._bits(head) != 16:
             calibration = self._calibrated(self.spec.num_layers)
             head_importance = calibration.head_stats(norm, self.spec.rms_norm_eps).mean_sq
+            # GPTQ only for an untied head: error feedback across columns would move the rows a
+            # tied table also serves as embeddings (which no Hessian of the head's input sees).
+            if self.job.method == "gptq" and head == "lm_head.weight":
+                hessian = calibration.head_hessian(norm, self.spec.rms_norm_eps, self.job.device)
+                head_solver = self._solver(hessian, head)
         for name in ("model.embed_tokens.weight", "lm_head.weight"):
             if name in self.shapes:
-                self._store_table(out, name, head_importance if name == head else None)
+                self._store_table(out, name, head_importance if name == head else None,
+                                  head_solver if name == head else None)
         _store(out, "model.norm.weight", norm, EMBEDDINGS_FILE, 16, self.job, None)
         return out
 
-    def _store_table(self, out: _Quantized, name: str, importance: torch.Tensor | None) -> None:
+    def _store_table(self, out: _Quantized, name: str, importance: torch.Tensor | None,
+                     solver: GptqSolver | None = None) -> None:
         shape, module = self.shapes[name], name.removesuffix(".weight")
         bits = self._bits(name)
         if bits == 16 or (self.adapter and module in self.adapter.pairs):
             # kept fp16, or a LoRA on the table (rare): the whole tensor at once
-            _store(out, name, self.read([name])[name], EMBEDDINGS_FILE, bits, self.job, importance)
+            _store(out, name, self.read([name])[name], EMBEDDINGS_FILE, bits, self.job, importance, solver)
             return
         n, k = shape
         fmt = FORMAT_OF_BITS[bits]
         packed = {key: torch.empty(s, dtype=dt) for key, (s, dt) in
                   QuantizedTensor.expected_shapes(fmt, n, padded_k(k)).items()}  # [N, ...] per packed tensor
         for rows, chunk in _table_chunks(self.job.model, name, shape):
-            qt = _quantize_weight(f"{module}[{rows.start}:{rows.stop}]", chunk, bits, self.job, importance)
+            qt = _quantize_weight(f"{module}[{rows.start}:{rows.stop}]", chunk, bits, self.job, importance, solver)
             for key, t in qt.tensors.items():
                 packed[key][rows] = t
         out.stored.update(QuantizedTensor(fmt, (n, padded_k(k)), packed, name=module).state_dict(module))
@@ -238,32 +265,36 @@ class _Run:
         shape = self.shapes[name]
         if not name.endswith(".weight") or len(shape) != 2:
             return 16
-        if self.spec.tie_word_embeddings and name == "model.embed_tokens.weight":
-            return self.job.recipe.bits_for("model.embed_tokens")  # also the head: one table
-        return self.job.recipe.bits_for(name.removesuffix(".weight"))
+        module = name.removesuffix(".weight")
+        if module in TABLES:
+            return self.job.recipe.table_bits(module, self.spec.tie_word_embeddings)
+        return self.job.recipe.bits_for(module)
 
 
 def _store(out: _Quantized, name: str, t: torch.Tensor, file_name: str, bits: int, job: QuantizeJob,
-           importance: torch.Tensor | None) -> None:
+           importance: torch.Tensor | None, solver: GptqSolver | None = None) -> None:
     if bits == 16:
         out.stored[name] = _to_fp16(name, t)
         out.entries[name] = TensorEntry(file_name, FP16, tuple(t.shape))
         return
     module = name.removesuffix(".weight")
-    qt = _quantize_weight(module, t, bits, job, importance)
+    qt = _quantize_weight(module, t, bits, job, importance, solver)
     out.stored.update(qt.state_dict(module))
     out.entries[name] = TensorEntry(file_name, qt.format, tuple(t.shape))
 
 
 def _quantize_weight(name: str, w: torch.Tensor, bits: int, job: QuantizeJob,
-                     importance: torch.Tensor | None) -> QuantizedTensor:
+                     importance: torch.Tensor | None, solver: GptqSolver | None = None) -> QuantizedTensor:
     """Quantize W [N, K], zero-padding K up to a multiple of 128 (the padding quantizes to 0).
 
-    W stays in its dtype: the quantizer widens it to fp32 one row chunk at a time.
+    W stays in its dtype: the quantizer widens it to fp32 one row chunk at a time. With a
+    ``solver`` (method gptq) the columns are quantized with error compensation.
     """
     k = w.shape[1]
     pad = padded_k(k) - k
     wf = F.pad(w, (0, pad)) if pad else w  # [N, K + pad]
+    if solver is not None:
+        return solver.quantize(wf, bits, name=name)
     if importance is not None and pad:
         importance = F.pad(importance.float(), (0, pad))
     method = "rtn" if job.method == "rtn" else "search"

@@ -24,7 +24,7 @@ from app.formats.checkpoint import (
 from app.quant import calibration as calib
 
 JOURNAL = ".quantize-journal.json"
-CALIBRATED_METHODS = ("calibrated", "awq")  # need a calibration text run through the model
+CALIBRATED_METHODS = ("calibrated", "awq", "gptq")  # need a calibration text run through the model
 
 
 def _file_fingerprint(path: Path) -> list:

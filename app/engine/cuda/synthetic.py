@@ -21,10 +21,11 @@ from app.formats.w4 import dequantize_w4
 _HF_NAMES = {"qkv": "self_attn.q_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_proj", "down": "mlp.down_proj"}
 
 
-def recipe_bits(recipe, layer: int, part: str) -> int:
-    """Bits a recipe gives our fused ``part`` of ``layer`` (its first HF member decides)."""
+def recipe_bits(recipe, layer: int, part: str, tied: bool = False) -> int:
+    """Bits a recipe gives our fused ``part`` of ``layer`` (its first HF member decides); a tied
+    embedding is also the head and gets the quantizer's bits for it (``Recipe.table_bits``)."""
     if part in ("embed", "lm_head"):
-        return recipe.bits_for("model.embed_tokens" if part == "embed" else "lm_head")
+        return recipe.table_bits("model.embed_tokens" if part == "embed" else "lm_head", tied)
     return recipe.bits_for(f"model.layers.{layer}.{_HF_NAMES[part]}")
 
 
@@ -61,8 +62,8 @@ def synthetic_weights(spec: ModelSpec, recipe, device: torch.device | str, seed:
         layers.append(LayerWeights(norm(), norm(), lin("qkv", qkv_rows, h, spec.attention_bias),
                                    lin("o", h, spec.q_size), lin("gate_up", 2 * i, h, spec.mlp_bias),
                                    lin("down", h, i, spec.mlp_bias)))
-    embed = _random_linear(spec.vocab_size, h, recipe_bits(recipe, 0, "embed"), False, "embed_tokens", device, gen,
-                           pool)
+    embed = _random_linear(spec.vocab_size, h, recipe_bits(recipe, 0, "embed", spec.tie_word_embeddings), False,
+                           "embed_tokens", device, gen, pool)
     head = embed if spec.tie_word_embeddings else _random_linear(
         spec.vocab_size, h, recipe_bits(recipe, 0, "lm_head"), False, "lm_head", device, gen, pool)
     final = (torch.rand(h, generator=gen, device=device) * 0.2 + 0.9).half()
@@ -84,8 +85,8 @@ def quantize_weights(weights: ModelWeights, recipe) -> ModelWeights:
                            *(quantize_linear(getattr(layer, part), recipe_bits(recipe, n, part))
                              for part in ("qkv", "o", "gate_up", "down")))
               for n, layer in enumerate(weights.layers)]
-    embed = quantize_linear(weights.embed, recipe_bits(recipe, 0, "embed"))
     tied = weights.lm_head is weights.embed
+    embed = quantize_linear(weights.embed, recipe_bits(recipe, 0, "embed", tied))
     head = embed if tied else quantize_linear(weights.lm_head, recipe_bits(recipe, 0, "lm_head"))
     return ModelWeights(weights.spec, embed, layers, weights.final_norm, head)
 

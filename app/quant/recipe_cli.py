@@ -1,0 +1,58 @@
+"""``qwen-tray recipe sensitive``: measure a model's sensitivity and write a recipe that spends
+the base recipe's byte budget where it matters (app/quant/sensitivity.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("recipe", help="make quantization recipes from measurements",
+                       description="Make quantization recipes from measurements.")
+    rsub = p.add_subparsers(dest="recipe_command", metavar="ACTION", required=True)
+    s = rsub.add_parser(
+        "sensitive", help="write a recipe that gives 4 bits to the most sensitive units within a byte budget",
+        description="Stream the calibration text through the model, measure how much each layer's q/k/v, o, "
+                    "gate/up and down lose at 3 bits instead of 4, and write an explicit recipe (JSON) that "
+                    "gives 4 bits to the most sensitive ones within the budget. Quantize with it: "
+                    "qwen-tray quantize --recipe FILE.json")
+    s.add_argument("--model", required=True, type=Path, metavar="HF_DIR", help="the source model folder")
+    s.add_argument("--base", default="mixed", metavar="RECIPE",
+                   help="recipe whose size is the budget and whose embedding/head bits are kept (default: mixed)")
+    s.add_argument("--budget-gib", type=float, metavar="GIB", help="weights budget (default: the base recipe's size)")
+    s.add_argument("--calibration", type=Path, metavar="TEXT_FILE", help="calibration text (default: the shipped one)")
+    s.add_argument("--calibration-tokens", type=int, default=2048, metavar="N", help="tokens of it to use (default 2048)")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the clipping search runs")
+    s.add_argument("--out", required=True, type=Path, metavar="FILE.json", help="the recipe file to write")
+    s.set_defaults(func=run_sensitive)
+
+
+def run_sensitive(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from app.errors import ModelLoadError, QwenTrayError
+    from app.quant import sensitivity
+    from app.formats.recipe import load_recipe
+
+    if not (args.model / "config.json").is_file():
+        raise ModelLoadError(f"{args.model}: not a model folder (no config.json)")
+    if args.out.suffix.lower() != ".json":
+        raise QwenTrayError(f"{args.out}: --out must be a .json file")
+    base = load_recipe(args.base)
+    budget = int(args.budget_gib * 2**30) if args.budget_gib is not None else None
+    with tqdm(desc="measuring", unit="layer", file=sys.stderr, disable=None) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total, bar.n = total, done
+            bar.refresh()
+
+        units = sensitivity.measure(args.model, args.calibration, args.calibration_tokens, args.device, progress)
+    recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(args.model), budget,
+                                           name=f"{args.model.name}-{base.name}-sensitive")
+    provenance = {**summary, "model": args.model.name, "calibration": str(args.calibration or "shipped"),
+                  "calibration_tokens": args.calibration_tokens}
+    sensitivity.write_recipe(args.out, recipe, provenance)
+    print(f"wrote {args.out}: {summary['units_at_4_bits']} of {summary['units']} units at 4 bits, "
+          f"{summary['total_bytes'] / 2**30:.3f} GiB of a {summary['budget_bytes'] / 2**30:.3f} GiB budget")
+    return 0

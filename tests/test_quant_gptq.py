@@ -1,0 +1,160 @@
+"""GPTQ into the existing W4/W3 formats: output error, exact packing, streaming and resume."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.errors import QwenTrayError
+from app.formats import w3, w4
+from app.formats.checkpoint import MANIFEST, layer_file
+from app.formats.recipe import load_recipe
+from app.formats.tensor import QuantizedTensor
+from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize
+from app.quant.quantizer import QuantizeJob, quantize_model
+from app.quant.resume import JOURNAL
+from app.quant.search import quantize
+
+K, N = 512, 192
+
+
+def _inputs(seed: int, tokens: int) -> torch.Tensor:
+    """Correlated inputs with a few large channels, like a transformer's (one fixed mixing)."""
+    mix_gen = torch.Generator().manual_seed(100)
+    mix = torch.randn(K, K, generator=mix_gen) / K**0.5 + torch.eye(K)
+    loud = torch.ones(K)
+    loud[torch.randperm(K, generator=mix_gen)[:12]] = 8.0
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(tokens, K, generator=g) @ mix) * loud
+
+
+@pytest.fixture(scope="module")
+def layer() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(1)) * 0.02
+    probe = HessianProbe()
+    probe.add(_inputs(seed=2, tokens=2048))  # calibration
+    return w, probe.hessian(), _inputs(seed=3, tokens=2048)  # fresh inputs to judge on
+
+
+def _output_error(x: torch.Tensor, w: torch.Tensor, qt: QuantizedTensor) -> float:
+    ref = x @ w.T
+    return float((x @ qt.dequantize().T - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+def test_gptq_lowers_the_output_error_on_fresh_inputs(layer, bits):
+    w, hessian, fresh = layer
+    rtn = _output_error(fresh, w, quantize(w, bits, method="rtn"))
+    calibrated = _output_error(fresh, w, quantize(w, bits, method="search", importance=hessian.diagonal()))
+    gptq = _output_error(fresh, w, gptq_quantize(w, hessian, bits))
+    act_order = _output_error(fresh, w, gptq_quantize(w, hessian, bits,
+                                                      settings=GptqSettings(static=True, act_order=True)))
+    # measured (seeded): 4-bit rtn 0.111 / calibrated 0.085 / gptq 0.069; 3-bit 0.257 / 0.166 / 0.139
+    assert gptq < 0.8 * rtn, (gptq, rtn)
+    assert gptq < calibrated, (gptq, calibrated)
+    assert act_order < 0.8 * rtn, (act_order, rtn)
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("settings", [GptqSettings(), GptqSettings(static=True, act_order=True),
+                                      GptqSettings(scales="rtn")])
+def test_gptq_packs_into_exactly_the_existing_format(layer, bits, settings):
+    w, hessian, _ = layer
+    solver = GptqSolver(hessian, settings)
+    q, scales = solver.quantize_int(w, bits)
+    qt = solver.quantize(w, bits)
+    assert qt.format == {4: "w4", 3: "w3"}[bits]
+    QuantizedTensor(qt.format, (N, K), qt.tensors)  # validates every tensor's shape and dtype
+    qmin, qmax = (-8, 7) if bits == 4 else (-4, 3)
+    assert int(q.min()) >= qmin and int(q.max()) <= qmax
+    expected = (q.float().reshape(N, K // 128, 128) * scales.float().unsqueeze(-1)).reshape(N, K)
+    assert torch.equal(qt.dequantize(), expected)  # the existing dequantizer reads back q * scale
+    # and the existing quantizer, given those scales, maps the dequantized weights back to the same tensors
+    if bits == 4:
+        assert torch.equal(w4.quantize_w4(expected, qt.tensors["scales"])[0], qt.tensors["qweight"])
+    else:
+        qlow, qhigh, _ = w3.quantize_w3(expected, qt.tensors["scales"])
+        assert torch.equal(qlow, qt.tensors["qlow"]) and torch.equal(qhigh, qt.tensors["qhigh"])
+
+
+def test_gptq_leaves_its_input_alone_and_is_chunk_independent(layer):
+    w, hessian, _ = layer
+    before = w.clone()
+    solver = GptqSolver(hessian)
+    whole = solver.quantize_int(w, 4)
+    chunked = solver.quantize_int(w, 4, chunk_elements=K * 10)  # rows are independent
+    assert torch.equal(w, before)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
+def test_gptq_settings_and_inputs_are_checked(layer):
+    w, hessian, _ = layer
+    with pytest.raises(ValueError, match="act_order needs static"):
+        GptqSettings(act_order=True)
+    with pytest.raises(QwenTrayError, match="does not match"):
+        GptqSolver(hessian).quantize(w[:, :256], 4)
+    with pytest.raises(QwenTrayError, match="NaN"):
+        GptqSolver(hessian * float("nan"))
+    dead = torch.zeros(K, K)  # no calibration signal at all: plain rounding, still the format
+    assert GptqSolver(dead).quantize(w, 4).format == "w4"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.suffix == ".safetensors"}
+
+
+def test_gptq_streams_layer_by_layer_and_resumes_to_the_same_checkpoint(tiny_qwen_dir, tmp_path):
+    recipe = load_recipe("mixed")
+    full = tmp_path / "full"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=full, recipe=recipe, method="gptq"))
+
+    class Interrupted(Exception):
+        pass
+
+    seen = []
+
+    def stop_after_first_layer(stage: str, done: int, total: int) -> None:
+        seen.append(stage)
+        if done == 1:
+            raise Interrupted
+
+    resumed = tmp_path / "resumed"
+    job = QuantizeJob(model=tiny_qwen_dir, out=resumed, recipe=recipe, method="gptq")
+    with pytest.raises(Interrupted):
+        quantize_model(job, stop_after_first_layer)
+    assert seen == [layer_file(0), layer_file(1)]  # layer 0 was written before layer 1 was started
+    assert (resumed / JOURNAL).is_file() and (resumed / layer_file(0)).is_file()
+    assert not (resumed / MANIFEST).exists()
+    stages = []
+    quantize_model(job, lambda stage, done, total: stages.append(stage))
+    assert (resumed / MANIFEST).is_file()
+    # layer 0 was kept; layer 1's calibration replayed layer 0 in float, so its Hessians and
+    # output are exactly those of the uninterrupted run
+    assert _digests(resumed) == _digests(full)
+
+
+def test_gptq_on_unpadded_shapes_uses_the_calibration_hessian_in_place(tiny_qwen_kernel_dir, tmp_path):
+    # hidden 256 / intermediate 384: no padding, so the solver factorises the calibration
+    # pass's own (inference-mode) Hessian in place
+    manifest = quantize_model(QuantizeJob(model=tiny_qwen_kernel_dir, out=tmp_path / "ckpt", recipe=load_recipe("w4"),
+                                          method="gptq"))
+    assert manifest.method == "gptq" and {t.format for t in manifest.tensors.values()} >= {"w4"}
+    with torch.inference_mode():
+        probe = HessianProbe()
+        probe.add(_inputs(seed=4, tokens=256))
+        hessian = probe.hessian()
+    assert GptqSolver(hessian, overwrite=True).quantize(torch.randn(8, K), 3).format == "w3"
+
+
+@pytest.mark.gpu
+def test_gptq_on_cuda_matches_cpu(layer):
+    w, hessian, fresh = layer
+    for bits in (4, 3):
+        cpu = gptq_quantize(w, hessian, bits)
+        gpu = gptq_quantize(w, hessian, bits, device="cuda")
+        assert all(t.device.type == "cpu" for t in gpu.tensors.values())  # results come back to w's device
+        # the same algorithm in another summation order: nearly every integer agrees and the error is as low
+        assert abs(_output_error(fresh, w, gpu) - _output_error(fresh, w, cpu)) < 0.01
