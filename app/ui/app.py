@@ -20,12 +20,14 @@ from app.settings.notices import Notice
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
+from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
 from app.ui.preferences import NOT_SAVED, PreferencesStore
+from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
 
 log = logging.getLogger(__name__)
@@ -240,6 +242,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="qwen-tray", description="Qwen Tray desktop assistant (tray app)")
     parser.add_argument("--model", help="load this model folder instead of the configured one")
     parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    parser.add_argument("--replace", action="store_true", help="quit the running Qwen Tray and start this one")
     return parser.parse_args(argv)
 
 
@@ -258,10 +261,23 @@ def _log_to_file() -> logging.Handler:
     return handler
 
 
-def run_tray(argv: list[str]) -> int:
-    """Start the tray app; returns the exit status."""
+def run_tray(argv: list[str], instance: InstanceLock | None = None) -> int:
+    """Start the tray app; returns the exit status. ``instance``: the single-instance lock, when
+    the caller claimed it; else it is claimed here (a running tray takes ``argv`` instead)."""
     args = parse_args(argv)
+    instance = instance or claim_instance([a for a in argv if a != "--replace"], replace=args.replace)
+    if instance is None:
+        return 0
     log_handler = _log_to_file()
+    try:
+        return _run_tray(args, instance)
+    finally:
+        instance.release()  # (also when it failed to start: the next start must not wait for it)
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
+
+
+def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
     qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "qwen-tray"])
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
@@ -274,8 +290,9 @@ def run_tray(argv: list[str]) -> int:
     else:
         tray_app.start()
     qapp.aboutToQuit.connect(tray_app.shutdown)
+    # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.
+    server = InstanceServer(instance, InstanceRequests(tray_app, parse_args).handle, parent=tray_app)
     try:
         return qapp.exec()
     finally:
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        server.close()
