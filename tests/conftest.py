@@ -19,6 +19,22 @@ import pytest
 # Tests never touch the user's real config/data/cache folders.
 os.environ.setdefault("QWEN_TRAY_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen-tray-test-home-{os.getpid()}"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# API keys: a keyring in a file (keyrings.alt), never the developer's own keyring; also in child processes.
+os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
+
+
+@pytest.fixture(autouse=True)
+def test_keyring(tmp_path_factory):
+    """This test's own keyring: a real keyring backend (keyrings.alt's file) in a folder of its own."""
+    import keyring
+    from keyrings.alt.file import PlaintextKeyring
+
+    backend = PlaintextKeyring()
+    backend.file_path = str(tmp_path_factory.mktemp("keyring") / "keyring_pass.cfg")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
 
 
 def _package_dir(name: str) -> Path:

@@ -50,8 +50,10 @@ class TrayApp(QObject):
         self.user_actions, renamed = with_unique_ids(self.store.settings.actions, self.builtin_actions)
         self.actions = [*self.builtin_actions, *self.user_actions]
         # A local model loads on the device the preferences name when its load starts.
-        self.host = EngineHost(lambda entry, progress=None: opener(entry, progress=progress,
-                                                                   device=self.store.prefs.device), parent=self)
+        # (a remote one through the proxy they name)
+        self.host = EngineHost(lambda entry, progress=None: opener(
+            entry, progress=progress, device=self.store.prefs.device, proxy=self.store.prefs.network_proxy),
+            parent=self)
         self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
                                                                      message=message)))
         self.host.loaded.connect(self._notice_without_kernels)

@@ -169,4 +169,8 @@ ZH_CN: dict[str, str] = {
     "Add model": "添加模型",
     "Model folder": "模型文件夹",
     "a model named {name} already exists": "已存在名为 {name} 的模型",
+    # API keys in the keyring (app/settings/store.py)
+    "The API keys of {models} were moved from {file} into the system keyring ({keyring})":
+        "{models} 的 API 密钥已从 {file} 移入系统密钥环（{keyring}）",
+    "The API keys of {models} stay in {file} as plain text: {reason}": "{models} 的 API 密钥仍以明文保存在 {file} 中：{reason}",
 }
