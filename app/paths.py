@@ -44,6 +44,11 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
+def log_file() -> Path:
+    """The tray's log (it runs without a console): ``<data>/qwen-tray.log``, rotated at 1 MB."""
+    return data_dir() / "qwen-tray.log"
+
+
 def resources_dir() -> Path:
     """Shipped data files (actions.toml, icons): ``app/resources``, in a checkout and a wheel alike."""
     return Path(__file__).resolve().parent / "resources"

@@ -14,12 +14,14 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from app.errors import QwenTrayError
+from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
+from app.ui.controllers.history_keeper import HistoryKeeper
 from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
@@ -29,6 +31,7 @@ from app.ui.platform.keyinput import KeyInjector, create_key_injector
 from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
+from app.ui.widgets.system_page import open_folder
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class TrayApp(QObject):
                                                   qapp.clipboard(), lambda: self.actions, parent=self)
         self.action_controller.notify.connect(self.notify)
         self.action_controller.continueInChat.connect(self.continue_in_chat)
+        self.history = HistoryKeeper(lambda: self.store.prefs, self.notify, self.open_conversation, parent=self)
+        self.action_controller.completed.connect(self.history.keep)
         provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
         self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
         self.chat_window = None
@@ -161,13 +166,26 @@ class TrayApp(QObject):
         if self.chat_window is None:
             from app.ui.widgets.chat import ChatWindow
 
-            self.chat_window = ChatWindow(self.host, self.store)
+            self.chat_window = ChatWindow(self.host, self.store, self.history.chats)
             for notice in self.chat_window.notices:
                 self.notify(notice)
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
         self.chat_window.input.setFocus()
+
+    def open_conversation(self, conversation_id: str) -> None:
+        """A conversation from the History window, in the chat window."""
+        self.open_chat()
+        self.chat_window.open_conversation(conversation_id)
+
+    def open_history(self) -> None:
+        self.history.open_window()
+
+    def open_log_folder(self) -> None:
+        if not open_folder(log_file().parent):
+            self.notify(tr("Could not open {folder}; the log is {file}", folder=str(log_file().parent),
+                           file=str(log_file())))
 
     def continue_in_chat(self, messages: list[dict]) -> None:
         """A popup's request and answer become a new conversation in the chat window."""
@@ -252,10 +270,8 @@ def _log_to_file() -> logging.Handler:
     """The tray runs without a console (pythonw on Windows): keep a log under the data folder."""
     from logging.handlers import RotatingFileHandler
 
-    from app.paths import data_dir
-
-    data_dir().mkdir(parents=True, exist_ok=True)
-    handler = RotatingFileHandler(data_dir() / "qwen-tray.log", maxBytes=1_000_000, backupCount=2, encoding="utf-8")
+    log_file().parent.mkdir(parents=True, exist_ok=True)
+    handler = RotatingFileHandler(log_file(), maxBytes=1_000_000, backupCount=2, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)

@@ -80,6 +80,14 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     assert Path(app_entry["Icon"]).is_file() and Path(app_entry["Icon"]).read_bytes()[:4] == b"\x89PNG"
     autostart = _desktop(home / ".config/autostart/qwen-tray.desktop")
     assert autostart["Exec"] == app_entry["Exec"] and autostart["X-GNOME-Autostart-enabled"] == "true"
+    # Settings → System reads this file as "on" and would write it line for line the same.
+    same = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import sys; from app.ui.autostart import XdgAutostart, desktop_entry; "
+         "print(XdgAutostart().enabled()); sys.stdout.write(desktop_entry([sys.argv[1]], sys.argv[2]))",
+         f"{venv}/bin/qwen-tray", autostart["Icon"]],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**_clean_env(), "HOME": str(home)})
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert same.stdout == "True\n" + (home / ".config/autostart/qwen-tray.desktop").read_text(encoding="utf-8")
 
     version = subprocess.run([str(venv / "bin/qwen-tray"), "--version"], capture_output=True, text=True, timeout=120,
                              env=_clean_env())
