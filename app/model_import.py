@@ -22,6 +22,13 @@ def convert_gguf_into_models(gguf: Path, name: str, *, progress: Callable[[int, 
     return out
 
 
+def check_free_name(name: str, folder: Path, *, replace: bool = False, store: SettingsStore | None = None) -> None:
+    """Refuse (ModelEntryError) a name registered to something other than ``folder``, unless
+    ``replace``: asked before the slow work (a download, a conversion), so it is not wasted."""
+    settings = (store or SettingsStore()).load()
+    settings.add_model(ModelEntry(name=name, kind="local", path=str(folder)), replace=replace)
+
+
 def register_model(name: str, folder: Path, *, make_default: bool = False, replace: bool = False,
                    store: SettingsStore | None = None) -> bool:
     """Register ``name`` -> local ``folder`` (``qwen-tray models list``); True if it is the default.

@@ -49,8 +49,13 @@ def log_file() -> Path:
     return data_dir() / "qwen-tray.log"
 
 
+def downloads_dir() -> Path:
+    """Model sources being downloaded (app/hub): removed once quantized unless kept."""
+    return data_dir() / "downloads"
+
+
 def resources_dir() -> Path:
-    """Shipped data files (actions.toml, icons): ``app/resources``, in a checkout and a wheel alike."""
+    """Shipped data files (actions.toml, icons, catalog.toml): ``app/resources``, in a checkout and a wheel alike."""
     return Path(__file__).resolve().parent / "resources"
 
 

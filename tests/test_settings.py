@@ -17,7 +17,7 @@ from app.settings.actions import Action
 from app.settings.document import Settings
 from app.settings.jsonfile import SettingsFileError, keep_aside
 from app.settings.models import ModelEntry, ModelEntryError
-from app.settings.preferences import Preferences
+from app.settings.preferences import Preferences, PreferencesError
 from app.settings.store import SettingsStore, settings_path
 from tests.unprivileged import run
 
@@ -165,6 +165,21 @@ def test_one_bad_value_costs_that_value_and_the_file_is_kept_before_it_is_rewrit
     assert [p.read_text() for p in kept] == [original]
     assert [str(n) for n in store.take_notices()][-1].endswith(f"the file as it was is kept as {kept[0]}")
     assert load()[1] == []
+
+
+def test_where_models_are_downloaded_from_is_checked_like_every_preference(config):
+    write(settings_path(), {"version": 2, "preferences": {"model_source": "modelscope",
+                                                          "hf_mirror": " https://hf-mirror.com "}})
+    settings, notices = load()
+    assert notices == [] and settings.preferences.model_source == "modelscope"
+    assert settings.preferences.hf_mirror == "https://hf-mirror.com"
+    write(settings_path(), {"version": 2, "preferences": {"model_source": "github", "hf_mirror": "hf-mirror.com"}})
+    settings, notices = load()
+    assert (settings.preferences.model_source, settings.preferences.hf_mirror) == ("hf", "")
+    assert "'model_source': must be one of hf, modelscope, not 'github'; using the default 'hf'" in notices[0]
+    assert "'hf_mirror': must be empty or a URL starting with http:// or https://" in notices[1]
+    with pytest.raises(PreferencesError, match="'hf_mirror': must be empty or a URL"):
+        Preferences(hf_mirror="ftp://mirror.example.com")
 
 
 def test_a_hand_written_file_without_a_version_is_read_as_the_current_one(config):

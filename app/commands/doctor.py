@@ -15,10 +15,8 @@ import platform
 from pathlib import Path
 
 from app import __version__
+from app.engine.cuda.fit import FLOAT16_FOLDER, TRAY_SLOTS, folder_weights as model_weights  # noqa: F401 (doctor's API)
 from app.errors import QwenTrayError
-
-TRAY_SLOTS = 4  # Engine.load's default, which the tray keeps (LocalEngineBackend.load)
-FLOAT16_FOLDER = "float16 folder"
 
 
 def register(sub) -> None:
@@ -113,57 +111,11 @@ def _print_models(settings, gpu, reason: str | None) -> None:
 
 
 def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:
-    from app.engine.cuda.memory import VramBudgetError, gib
+    from app.engine.cuda.fit import Machine, model_fit
+    from app.engine.cuda.memory import gib
 
     if not path.is_dir():
         return f"missing ({path})"
     spec, weights, kind = model_weights(path)
-    where = f"{kind}, {gib(weights)} of weights"
-    if gpu is None:
-        return f"{where}; on the CPU"
-    try:
-        if reason is None:
-            return f"{where}; on the GPU as {_tray_plan(spec, weights, gpu, name, kind)}"
-        return f"{where}; {_reference_plan(spec, gpu, name, reason)}"
-    except VramBudgetError as e:
-        return f"{where}; refused: {e}"
-
-
-def model_weights(path: Path):
-    """(spec, weight bytes as the GPU holds them, kind) of a model folder, from its metadata."""
-    from app.engine.cuda.memory import spec_to_hf_config
-    from app.engine.spec import ModelSpec
-    from app.quant import checkpoint
-    from app.quant.recipe import Recipe, hf_tensor_shapes, plan_model
-
-    if checkpoint.is_checkpoint(path):
-        manifest = checkpoint.read_manifest(path)
-        weights = sum(t.nbytes for t in manifest.tensors.values())
-        return manifest.spec, weights, f"'{manifest.recipe.name}' checkpoint"
-    spec = ModelSpec.from_hf_folder(path)
-    weights = plan_model(Recipe("float16", ()), hf_tensor_shapes(spec_to_hf_config(spec))).total_bytes
-    return spec, weights, FLOAT16_FOLDER
-
-
-def _tray_plan(spec, weights: int, gpu, name: str, kind: str) -> str:
-    from app.engine.cuda.load_plan import plan_load
-    from app.engine.loading import context_length
-
-    quantized = kind != FLOAT16_FOLDER
-    plan = plan_load(spec, weights, gpu, num_slots=TRAY_SLOTS, vram_budget=None, label=name, fit=True,
-                     max_context=context_length(spec.max_position_embeddings, None),
-                     dense_decode=not quantized, quantized=quantized)
-    return f"{plan.num_slots} x {plan.max_context} tokens ({plan.describe()})"
-
-
-def _reference_plan(spec, gpu, name: str, reason: str) -> str:
-    import torch
-
-    from app.engine.cuda.reference_fit import reference_device
-    from app.engine.loading import context_length
-
-    context = context_length(spec.max_position_embeddings, None)
-    device = reference_device(spec, asked="auto", reason=reason, num_slots=TRAY_SLOTS, context=context,
-                              vram_budget=None, gpu=gpu, device=torch.device("cuda"), label=name)
-    return "with PyTorch on the GPU" if device.type == "cuda" else "on the CPU (too large for the GPU without the kernels)"
-
+    fit = model_fit(spec, weights, quantized=kind != FLOAT16_FOLDER, machine=Machine(gpu, reason), label=name)
+    return f"{kind}, {gib(weights)} of weights; {fit.text}"

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from app.errors import QwenTrayError
-from app.model_import import check_model_name, register_model
+from app.hub import cli as hub_cli
+from app.model_import import check_free_name, check_model_name, register_model
 from app.settings.console import console_store
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
@@ -45,6 +46,7 @@ def register(sub) -> None:
     default = msub.add_parser("default", help="choose the default model")
     default.add_argument("name")
     default.set_defaults(func=run_default)
+    hub_cli.register(msub)  # models catalog, models get
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -87,7 +89,7 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
     recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
     store = console_store()
-    _check_free_name(store, name, out, args.replace)
+    check_free_name(name, out, replace=args.replace, store=store)
     if args.force and out.exists():
         shutil.rmtree(out)
     if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
@@ -107,16 +109,10 @@ def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, ma
 
     out = models_dir() / name
     store = console_store()
-    _check_free_name(store, name, out, args.replace)  # before the slow conversion
+    check_free_name(name, out, replace=args.replace, store=store)  # before the slow conversion
     if args.force or not (out / "config.json").is_file():
         _convert(gguf, out, name, force=args.force)
     return _register_and_print(store, name, out, make_default=make_default, replace=args.replace)
-
-
-def _check_free_name(store: SettingsStore, name: str, folder: Path, replace: bool) -> None:
-    """Refuse (ModelEntryError) a name registered to something other than ``folder``, unless ``replace``."""
-    settings = store.load()
-    settings.add_model(ModelEntry(name=name, kind="local", path=str(folder)), replace=replace)
 
 
 def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:

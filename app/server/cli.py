@@ -16,7 +16,6 @@ import threading
 from app.errors import QwenTrayError
 from app.server.config import API_KEY_ENV, DEFAULT_HOST, DEFAULT_MAX_QUEUED, DEFAULT_PORT, ServerConfig, is_loopback_host
 from app.server.provider import EngineSlot
-from app.server.server import start_server
 
 log = logging.getLogger("app.server")
 DEFAULT_BATCH = 4  # --max-batch-size unless given
@@ -39,10 +38,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
     parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--max-batch-size", type=int, default=None,
+    parser.add_argument("--max-batch-size", type=_at_least(1), default=None,
                         help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
                              "or fewer with a shorter context where the GPU cannot hold them)")
-    parser.add_argument("--max-context", type=int, default=None,
+    parser.add_argument("--max-context", type=_at_least(2), default=None,
                         help="tokens per request, prompt + answer (default: model max, at most 4096)")
     parser.add_argument("--vram-budget", default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
@@ -60,6 +59,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accept this Host header name besides localhost/the bound address; repeatable")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow --host to be a non-loopback address (exposes the model to the network)")
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer >= ``minimum`` (0 must not silently mean "the default")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -93,7 +106,8 @@ def _load_engine(args: argparse.Namespace):
 
     # Given neither --max-batch-size nor --max-context, a small card gets what fits (logged).
     fit = args.max_batch_size is None and args.max_context is None
-    return Engine.load(args.model_path, device=args.device, max_batch_size=args.max_batch_size or DEFAULT_BATCH,
+    batch = DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size
+    return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
                        max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
                        fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 
@@ -103,6 +117,10 @@ def run_serve(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from app.settings.console import console_store
+
+    # Imported here, not at the top: app/cli.py imports this module to register ``serve`` for
+    # every command, and uvicorn, Starlette and the engine are only needed when serving.
+    from app.server.server import start_server
 
     args.model_path = console_store().load().resolve_model(args.model)
     config = config_from_args(args)

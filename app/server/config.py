@@ -11,7 +11,17 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 18000
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # a full 32k-token chat is ~150 KB of JSON; 4 MiB is generous
 DEFAULT_MAX_QUEUED = 64  # requests allowed to wait beyond the engine's running slots
-DEFAULT_SOCKET_TIMEOUT_S = 60.0  # an idle or stalled connection is dropped after this
+# A connection must deliver a request's head (request line + headers) within this many seconds of
+# opening or of the previous response, and then its body within as many again; else it is closed.
+# uvicorn has no such deadline of its own: without it a client trickling bytes holds a socket forever.
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+# An idle keep-alive connection is closed after this; longer than the openai SDK's (httpx) 5 s pool
+# expiry, so a pooled client connection retires on the client's side before the server closes it.
+DEFAULT_KEEP_ALIVE_S = 15.0
+# Open connections (idle ones included) above which uvicorn answers new requests with a plain 503.
+# Generation work is bounded far below this by admission (429); this bounds sockets and memory.
+DEFAULT_MAX_CONNECTIONS = 8192
+DEFAULT_BACKLOG = 2048  # connections the kernel queues before accept (Linux caps it at somaxconn)
 API_KEY_ENV = "QWEN_TRAY_API_KEY"
 
 # Names that always mean "this machine" and that a DNS-rebinding page cannot claim.
@@ -64,7 +74,10 @@ class ServerConfig:
     allow_remote: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_queued: int = DEFAULT_MAX_QUEUED
-    socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    backlog: int = DEFAULT_BACKLOG
     retry_after_s: int = 1  # what a 429/503 tells clients to wait
 
     def __post_init__(self) -> None:
@@ -83,8 +96,12 @@ class ServerConfig:
             raise ServerConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_queued < 0:
             raise ServerConfigError(f"--max-queued must be >= 0, got {self.max_queued}")
-        if self.socket_timeout_s <= 0:
-            raise ServerConfigError(f"socket_timeout_s must be > 0, got {self.socket_timeout_s}")
+        for name, seconds in (("request_timeout_s", self.request_timeout_s), ("keep_alive_s", self.keep_alive_s)):
+            if not seconds > 0:
+                raise ServerConfigError(f"{name} must be > 0, got {seconds!r}")
+        for name, count in (("max_connections", self.max_connections), ("backlog", self.backlog)):
+            if count < 1:
+                raise ServerConfigError(f"{name} must be >= 1, got {count!r}")
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id must not be empty")
         for origin in self.cors_origins:

@@ -37,7 +37,9 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def body_bytes(self) -> bytes:
-        return json.dumps(self.body(), ensure_ascii=False).encode("utf-8")
+        # ASCII escapes: a message may quote client text, and that may hold a lone surrogate
+        # (JSON's "\ud800"), which has no UTF-8 encoding; escaped it is still valid JSON.
+        return json.dumps(self.body(), ensure_ascii=True).encode("ascii")
 
 
 def invalid_param(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -47,6 +49,23 @@ def invalid_param(param: str, message: str, code: str = "invalid_value") -> ApiE
 def unsupported_param(param: str, what: str | None = None) -> ApiError:
     detail = what or f"'{param}' is not supported by this server"
     return ApiError(400, f"Unsupported parameter: {detail}.", param=param, code="unsupported_parameter")
+
+
+def context_length_exceeded(limit: int, prompt_tokens: int, prompt_param: str) -> ApiError:
+    """OpenAI's message; the limit is the whole window (prompt + completion), as /health reports it."""
+    return ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your {prompt_param} resulted in "
+        f"{prompt_tokens} tokens, which leaves no room for the completion. Please reduce the length of the "
+        f"{prompt_param}.",
+        param=prompt_param, code="context_length_exceeded")
+
+
+def max_tokens_too_large(param: str, value: int, limit: int) -> ApiError:
+    digits = str(value)
+    shown = digits if len(digits) <= 30 else f"{digits[:30]}... ({len(digits)} digits)"
+    return invalid_param(param, f"{param} is too large: {shown}. This model supports at most {limit} completion "
+                                f"tokens, whereas you provided {shown}.")
 
 
 def model_not_found(model: str) -> ApiError:
@@ -72,12 +91,9 @@ def from_exception(exc: BaseException, *, prompt_param: str, retry_after_s: int 
     """
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, ContextLengthError):
-        return ApiError(
-            400,
-            f"This model's maximum context length is {exc.limit} tokens, but your {prompt_param} "
-            f"resulted in {exc.requested} tokens. Please shorten the {prompt_param}.",
-            param=prompt_param, code="context_length_exceeded")
+    if isinstance(exc, ContextLengthError):  # the server checks first (generation.py); this is the engine's word
+        return ApiError(400, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", param=prompt_param,
+                        code="context_length_exceeded")
     if isinstance(exc, InvalidParameterError):
         return invalid_param(exc.param, str(exc))
     if isinstance(exc, EngineClosedError):

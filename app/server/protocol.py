@@ -8,12 +8,13 @@ not ask.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.server.errors import invalid_param, unsupported_param
+from app.server.errors import ApiError, invalid_param, unsupported_param
 
 Kind = Literal["chat", "completion"]
 CHAT_ROLES = ("system", "user", "assistant")
@@ -39,25 +40,91 @@ class ApiRequest:
 
     kind: Kind
     model: str
-    sampling: dict  # SamplingParams keyword arguments; max_tokens absent = server default
+    sampling: dict  # SamplingParams keyword arguments; max_tokens only when the client sent it
     messages: list[dict] | None = None  # chat: [{"role", "content": str}]
     prompt: str | list[int] | None = None  # completion: text or token ids
     stream: bool = False
     include_usage: bool = False
+    max_tokens_param: str = "max_tokens"  # the field the client limited the answer with
+    # Without max_tokens: None = until the context is full (chat), else this many (completions),
+    # both cut to the room the prompt leaves.
+    default_max_tokens: int | None = None
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
 
+# -- the body --------------------------------------------------------------------------------
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def decode_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or a 400 that says why not.
+
+    Strict JSON (no NaN/Infinity); nesting too deep for the parser and integers too long to
+    convert are 400s; so is a lone surrogate escape ("\\ud800") anywhere, which no tokenizer
+    or UTF-8 encoder can take.
+    """
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise ApiError(400, "Request body is not valid JSON: it is nested too deeply.", code="invalid_json") from exc
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers, NaN
+        raise ApiError(400, f"Request body is not valid JSON: {_clip(str(exc))}.", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+    if b"\\ud" in raw or b"\\uD" in raw:  # surrogates can only come from escapes; most bodies skip the walk
+        _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Every key and string is encodable text; else a 400 naming where (iterative: any depth)."""
+    stack: list[tuple[str, object]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else key
+                _check_text(key, path)
+                stack.append((path, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_text(value, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        param = _clip(where.encode("ascii", "backslashreplace").decode("ascii"))
+        raise invalid_param(param, f"{param}: contains a lone surrogate (\\u{ord(text[exc.start]):04x}) "
+                                   f"at character {exc.start}, which is not valid Unicode text") from exc
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _show(value: object) -> str:
+    """A client value quoted in an error message, cut short: a 4 MiB value is not echoed back."""
+    return _clip(repr(value), 100)
+
+
 # -- field readers ---------------------------------------------------------------------------
-def _number(body: dict, name: str) -> float | int | None:
+def _number(body: dict, name: str) -> float | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid_param(name, f"{name}: must be a number, got {value!r}")
-    return value
+        raise invalid_param(name, f"{name}: must be a number, got {_show(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float
+        raise invalid_param(name, f"{name}: {_show(value)} is out of range") from None
 
 
 def _integer(body: dict, name: str) -> int | None:
@@ -65,7 +132,7 @@ def _integer(body: dict, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid_param(name, f"{name}: must be an integer, got {value!r}")
+        raise invalid_param(name, f"{name}: must be an integer, got {_show(value)}")
     return value
 
 
@@ -74,20 +141,21 @@ def _boolean(body: dict, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid_param(name, f"{name}: must be true or false, got {value!r}")
+        raise invalid_param(name, f"{name}: must be true or false, got {_show(value)}")
     return value
 
 
 def _only(body: dict, name: str, *neutral: object) -> None:
     """Refuse ``name`` unless it is absent or one of the values that ask for nothing extra."""
     if name in body and body[name] is not None and not any(body[name] == v for v in neutral):
-        raise unsupported_param(name, f"'{name}'={body[name]!r} is not supported by this server")
+        raise unsupported_param(name, f"'{name}'={_show(body[name])} is not supported by this server")
 
 
 def _check_fields(body: dict, allowed: frozenset[str]) -> None:
     for name in body:
         if name not in allowed:
-            raise unsupported_param(name, f"unrecognized request argument '{name}'")
+            shown = _clip(name, 100)
+            raise unsupported_param(shown, f"unrecognized request argument {shown!r}")
 
 
 def _model(body: dict) -> str:
@@ -108,6 +176,11 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid_param("stop", "stop: must be a string or a list of strings")
 
 
+def _sent(body: dict, names: tuple[str, ...]) -> str:
+    """The first of ``names`` the client sent (the last one when it sent none)."""
+    return next((n for n in names if body.get(n) is not None), names[-1])
+
+
 def _sampling(body: dict, max_tokens_fields: tuple[str, ...]) -> dict:
     """SamplingParams keyword arguments; range checks are SamplingParams' job."""
     out: dict = {}
@@ -119,7 +192,7 @@ def _sampling(body: dict, max_tokens_fields: tuple[str, ...]) -> dict:
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = _number(body, name)
         if value is not None:
-            out[name] = float(value)
+            out[name] = value
     top_k = _integer(body, "top_k")
     if top_k is not None:
         out["top_k"] = 0 if top_k == -1 else top_k  # -1 is vLLM's spelling of "off"
@@ -176,9 +249,12 @@ def parse_messages(raw: object) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise invalid_param(where, f"{where}: must be an object with role and content")
-        role = ROLE_ALIASES.get(msg.get("role"), msg.get("role"))
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise invalid_param(f"{where}.role", f"{where}.role: must be a string, got {_show(role)}")
+        role = ROLE_ALIASES.get(role, role)
         if role not in CHAT_ROLES:
-            raise unsupported_param(f"{where}.role", f"role {msg.get('role')!r} (supported: system, user, assistant)")
+            raise unsupported_param(f"{where}.role", f"role {_show(msg['role'])} (supported: system, user, assistant)")
         if msg.get("tool_calls") or msg.get("function_call"):
             raise unsupported_param(f"{where}.tool_calls", "tool calls")
         content = msg.get("content")
@@ -186,6 +262,12 @@ def parse_messages(raw: object) -> list[dict]:
             content = ""
         messages.append({"role": role, "content": _message_text(content, f"{where}.content")})
     return messages
+
+
+def parse_request(raw: bytes, kind: Kind) -> ApiRequest:
+    """A request body as sent to /v1/chat/completions (``kind`` "chat") or /v1/completions."""
+    body = decode_body(raw)
+    return parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
 
 
 def parse_chat_request(body: dict) -> ApiRequest:
@@ -202,21 +284,23 @@ def parse_chat_request(body: dict) -> ApiRequest:
     _only(body, "logit_bias", {})
     _only(body, "modalities", ["text"])
     messages = parse_messages(body.get("messages"))
-    sampling = _sampling(body, ("max_completion_tokens", "max_tokens"))
+    fields = ("max_completion_tokens", "max_tokens")
+    sampling = _sampling(body, fields)
     stream, include_usage = _streaming(body)
-    return ApiRequest("chat", model, sampling, messages=messages, stream=stream, include_usage=include_usage)
+    return ApiRequest("chat", model, sampling, messages=messages, stream=stream, include_usage=include_usage,
+                      max_tokens_param=_sent(body, fields))
 
 
 # -- completions -----------------------------------------------------------------------------
-def _prompt(raw: object) -> str | list[int]:
+def _prompt(raw: object, unwrap: bool = True) -> str | list[int]:
     if isinstance(raw, str):
         if not raw:
             raise invalid_param("prompt", "prompt: must not be empty")
         return raw
     if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
         return list(raw)
-    if isinstance(raw, list) and len(raw) == 1:
-        return _prompt(raw[0])
+    if isinstance(raw, list) and len(raw) == 1 and unwrap:  # ["text"] or [[ids]]: one level only
+        return _prompt(raw[0], unwrap=False)
     if isinstance(raw, list) and len(raw) > 1:
         raise unsupported_param("prompt", "a batch of several prompts (send one request per prompt)")
     raise invalid_param("prompt", "prompt: must be a non-empty string or a list of token ids")
@@ -233,9 +317,9 @@ def parse_completion_request(body: dict) -> ApiRequest:
     _only(body, "logit_bias", {})
     prompt = _prompt(body.get("prompt"))
     sampling = _sampling(body, ("max_tokens",))
-    sampling.setdefault("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     stream, include_usage = _streaming(body)
-    return ApiRequest("completion", model, sampling, prompt=prompt, stream=stream, include_usage=include_usage)
+    return ApiRequest("completion", model, sampling, prompt=prompt, stream=stream, include_usage=include_usage,
+                      default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)
 
 
 # -- responses -------------------------------------------------------------------------------

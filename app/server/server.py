@@ -1,10 +1,15 @@
-"""The HTTP server object, its admission control, and starting/stopping it on a thread.
+"""Running the API on uvicorn, on a background thread, and stopping it.
 
 ``start_server_in_thread`` is what the tray calls and what ``qwen-tray serve`` uses:
 
     handle = start_server_in_thread(engine, port=18000)
     print(handle.base_url)          # http://127.0.0.1:18000/v1
     handle.stop()                   # cancels running requests, closes every connection
+
+uvicorn (HTTP/1.1 through h11, asyncio) does the HTTP: parsing, keep-alive, limits, connection
+handling, noticing clients that leave. Its event loop runs on the handle's thread, so the
+caller's thread (the tray's Qt loop, ``serve``'s model loading) stays free. The socket is
+bound here, before the thread starts, so a port in use is an error of the call itself.
 """
 
 from __future__ import annotations
@@ -12,226 +17,78 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import socketserver
-import sys
 import threading
 import time
-from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from typing import Any
+
+import uvicorn
+
+try:
+    import resource  # POSIX: the open-files limit; Windows has no such per-process limit on sockets
+except ImportError:
+    resource = None
 
 from app.errors import QwenTrayError
 from app.server.config import DEFAULT_HOST, DEFAULT_PORT, ServerConfig, is_loopback_host, is_wildcard_host, parse_ip
-from app.server.errors import ApiError, unavailable
-from app.server.handler import CONNECTION_ERRORS, ApiHandler, loading_error
-from app.server.provider import EngineStatus, as_provider
-from app.server.watcher import DisconnectWatcher
+from app.server.h11_protocol import protocol_class
+from app.server.provider import as_provider
+from app.server.routes import create_app
+from app.server.service import ApiService
 
 log = logging.getLogger("app.server")
+
+# A request head (request line + headers) larger than this gets 431: a real client's is < 2 KiB.
+MAX_HEAD_BYTES = 16 * 1024
+_STARTUP_TIMEOUT_S = 30.0
 
 
 class ServerStartError(QwenTrayError):
     """The server cannot listen (port in use, address not available)."""
 
 
-class ActiveRequest:
-    """A generation being served; ``on_client_gone`` runs on the watcher thread."""
-
-    def __init__(self, generation: Any):
-        self.generation = generation
-        self.client_gone = False
-
-    def on_client_gone(self) -> None:
-        self.client_gone = True
-        self.generation.cancel()
-
-    @property
-    def cut_short(self) -> bool:
-        """The client left and its generation was stopped before it finished on its own."""
-        if not (self.client_gone and self.generation.done):
-            return False
-        try:
-            return self.generation.result.finish_reason == "cancelled"
-        except Exception:  # noqa: BLE001 - the generation failed: it was not cut short by us
-            return False
-
-
-class ApiServer(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client never keeps the process alive
-    block_on_close = False  # stop() closes connections itself, with a timeout
-    allow_reuse_address = os.name != "nt"  # on Windows SO_REUSEADDR lets a second server steal the port
-    request_queue_size = 64
-
-    def __init__(self, config: ServerConfig, provider: Any):
-        self.config = config
-        self.provider = provider
-        self.created = int(time.time())
-        self.stopping = False
-        self.disconnects = 0  # generations cut short because their client left
-        self._lock = threading.Condition()
-        self._connections: set[socket.socket] = set()
-        self._active: set[ActiveRequest] = set()
-        self._admitted = 0
-        ip = parse_ip(config.bind_host)
-        self.address_family = socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET
-        self.watcher = DisconnectWatcher()
-        try:
-            super().__init__((config.bind_host, config.port), ApiHandler)
-        except OSError as exc:
-            self.watcher.close()
-            raise ServerStartError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
-
-    def server_bind(self) -> None:
-        if os.name == "nt":
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
-        socketserver.TCPServer.server_bind(self)  # not HTTPServer's: its getfqdn() can stall on DNS
-        self.server_name = self.config.host
-        self.server_port = self.server_address[1]
-
-    def handle_error(self, request, client_address) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, CONNECTION_ERRORS):
-            log.debug("connection from %s dropped: %r", client_address, exc)
-        else:
-            log.error("error while serving %s", client_address, exc_info=exc)
-
-    # -- engine access --------------------------------------------------------------------------
-    def engine_status(self) -> EngineStatus:
-        status = self.provider.status()
-        if status.state == "ready" and getattr(status.engine, "closed", False):
-            return EngineStatus("loading")  # the tray closed it to switch models; the next one is coming
-        return status
-
-    def ready_engine(self) -> tuple[Any, str]:
-        """The engine and the model id clients must use, or a 503 while loading/stopping."""
-        if self.stopping:
-            raise unavailable("The server is shutting down.", "server_shutting_down", self.config.retry_after_s)
-        status = self.engine_status()
-        if status.state != "ready":
-            raise loading_error(status.state, status.error, self.config.retry_after_s)
-        return status.engine, self.config.model_id or status.engine.model_id
-
-    def health(self) -> tuple[int, dict]:
-        status = self.engine_status()
-        body: dict = {"state": status.state, "model": self.config.model_id, "device": None}
-        if status.state == "ready":
-            engine = status.engine
-            stats = engine.stats()
-            body.update(model=self.config.model_id or engine.model_id, device=engine.device,
-                        max_context=engine.max_context, max_batch_size=engine.max_batch_size,
-                        kernels_unavailable=engine.kernels_unavailable)
-            for key in ("running", "waiting", "slots"):
-                if key in stats:
-                    body[key] = stats[key]
-            body["memory"] = {k: v for k, v in stats.items() if k.endswith("_bytes")} or None  # weights, KV cache
-            if "lookup_guessed" in stats:  # tokens guessed from the requests' own text, and kept
-                body["lookup"] = {"guessed": stats["lookup_guessed"], "kept": stats["lookup_kept"]}
-        elif status.state == "error":
-            body["error"] = status.error
-        ready = status.state == "ready" and not self.stopping
-        return (200 if ready else 503), body
-
-    # -- admission and tracking -----------------------------------------------------------------
-    @contextmanager
-    def admission(self, engine: Any):
-        """Bound the requests running or waiting in the engine; the rest get 429 at once."""
-        limit = engine.max_batch_size + self.config.max_queued
-        with self._lock:
-            if self._admitted >= limit:
-                raise ApiError(429, f"Too many requests: {self._admitted} are already running or waiting "
-                                    f"(limit {limit}); retry later.", type="requests", code="rate_limit_exceeded",
-                               headers={"Retry-After": str(self.config.retry_after_s)})
-            self._admitted += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._admitted -= 1
-
-    def begin(self, active: ActiveRequest, connection: socket.socket) -> None:
-        with self._lock:
-            self._active.add(active)
-            if self.stopping:
-                active.generation.cancel()
-        self.watcher.watch(connection, active.on_client_gone)
-
-    def end(self, active: ActiveRequest, connection: socket.socket) -> None:
-        self.watcher.unwatch(connection)
-        with self._lock:
-            self._active.discard(active)
-            if active.cut_short:
-                self.disconnects += 1
-            self._lock.notify_all()
-
-    def track_connection(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._connections.add(connection)
-
-    def untrack_connection(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._connections.discard(connection)
-            self._lock.notify_all()
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {"active": len(self._active), "admitted": self._admitted,
-                    "connections": len(self._connections), "disconnects": self.disconnects}
-
-    # -- shutdown -------------------------------------------------------------------------------
-    def stop(self, timeout: float) -> None:
-        """Refuse new work, cancel running generations, close every connection."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            self.stopping = True
-            for active in self._active:
-                active.generation.cancel()
-        self.shutdown()  # the accept loop ends; no new connections
-        with self._lock:  # running requests finish their answer ("shutting down") first
-            self._lock.wait_for(lambda: not self._active, timeout=max(0.0, deadline - time.monotonic()))
-            connections = list(self._connections)
-        for connection in connections:  # idle keep-alive connections block in a read
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        with self._lock:
-            self._lock.wait_for(lambda: not self._connections, timeout=max(0.0, deadline - time.monotonic()))
-        self.server_close()
-        self.watcher.close()
-
-
 class ServerHandle:
     """A server running on a background thread."""
 
-    def __init__(self, server: ApiServer, thread: threading.Thread):
+    def __init__(self, service: ApiService, server: uvicorn.Server, thread: threading.Thread, port: int):
+        self._service = service
         self._server = server
         self._thread = thread
         self._stopped = False
-        host = server.config.bind_host
+        host = service.config.bind_host
         if is_wildcard_host(host):
             host = "::1" if ":" in host else "127.0.0.1"
         self.host = host
-        self.port: int = server.server_address[1]
+        self.port = port
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.base_url = self.url + "/v1"
 
     @property
     def config(self) -> ServerConfig:
-        return self._server.config
+        return self._service.config
 
     def stats(self) -> dict:
-        return self._server.stats()
+        """Requests running (``active``), admitted, open connections, generations cut by a disconnect."""
+        stats = self._service.stats()
+        return {"active": stats["active"], "admitted": stats["admitted"],
+                "connections": len(self._server.server_state.connections), "disconnects": stats["disconnects"]}
 
     def running(self) -> bool:
         return self._thread.is_alive() and not self._stopped
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving and free the port; safe to call twice. The engine is left running."""
+        """Stop serving and free the port; safe to call twice. The engine is left running.
+
+        Running generations are cancelled first (a stream gets a "shutting down" error event, a
+        waiting request a 503); uvicorn then closes the listener and idle connections and waits
+        up to ``timeout`` for the rest before cancelling what is left.
+        """
         if self._stopped:
             return
         self._stopped = True
-        self._server.stop(timeout)
-        self._thread.join(timeout)
+        self._service.stop()
+        self._server.config.timeout_graceful_shutdown = max(1, int(timeout))
+        self._server.should_exit = True
+        self._thread.join(timeout + 5)
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -253,12 +110,73 @@ def start_server_in_thread(engine_or_provider: Any, host: str = DEFAULT_HOST, po
 
 def start_server(engine_or_provider: Any, config: ServerConfig) -> ServerHandle:
     """Like :func:`start_server_in_thread`, with a ready-made config."""
-    server = ApiServer(config, as_provider(engine_or_provider))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              name=f"qwen-tray-server-{server.server_address[1]}", daemon=True)
+    service = ApiService(config, as_provider(engine_or_provider))
+    _raise_open_files_limit(config.max_connections + 256)
+    sock = _listen(config)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(service))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"qwen-tray-server-{port}",
+                              daemon=True)
     thread.start()
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    while not server.started:  # uvicorn has no start callback; startup takes milliseconds
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise ServerStartError(f"the HTTP server on {config.host}:{port} did not start (see the log)")
+        time.sleep(0.005)
     if not is_loopback_host(config.host):
-        log.warning("the API listens on %s:%d and is reachable from other machines%s", config.host,
-                    server.server_address[1], "" if config.api_key else " without an API key")
-    log.info("serving on %s", server.server_address)
-    return ServerHandle(server, thread)
+        log.warning("the API listens on %s:%d and is reachable from other machines%s", config.host, port,
+                    "" if config.api_key else " without an API key")
+    log.info("serving on %s:%d", config.bind_host, port)
+    return ServerHandle(service, server, thread, port)
+
+
+def uvicorn_config(service: ApiService) -> uvicorn.Config:
+    """uvicorn's settings for this API (docs/SERVER.md, "HTTP stack and limits")."""
+    config = service.config
+    return uvicorn.Config(
+        create_app(service),
+        http=protocol_class(config.request_timeout_s),  # h11 + the request-head deadline
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        loop="asyncio",  # the standard loop everywhere (the Proactor on Windows: no 512-socket select limit)
+        ws="none", lifespan="off", interface="asgi3",
+        timeout_keep_alive=config.keep_alive_s,
+        limit_concurrency=config.max_connections,
+        backlog=config.backlog,
+        proxy_headers=False,  # no proxy in front of a local server: X-Forwarded-* are a client's words
+        server_header=False, date_header=True,
+        log_config=None,  # the application (tray, CLI) configures logging, not uvicorn
+        access_log=True,  # "uvicorn.access" at INFO, through the application's handlers
+    )
+
+
+def _listen(config: ServerConfig) -> socket.socket:
+    ip = parse_ip(config.bind_host)
+    family = socket.AF_INET6 if ip is not None and ip.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if os.name == "nt":  # SO_REUSEADDR on Windows would let a second server steal the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+        else:  # a restart right after stop() must not wait for TIME_WAIT connections
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.bind_host, config.port))
+        sock.listen(config.backlog)
+    except OSError as exc:
+        sock.close()
+        raise ServerStartError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _raise_open_files_limit(wanted: int) -> None:
+    """Let the process hold ``wanted`` sockets: Linux desktops start with a soft limit of 1,024
+    open files, below the connections the server accepts (vLLM and SGLang raise it too)."""
+    if resource is None:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("cannot raise the open-files limit to %d: %s", target, exc)

@@ -17,14 +17,6 @@ def encode_event(payload: dict | str) -> bytes:
     return f"data: {data}\n\n".encode("utf-8")
 
 
-def encode_chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunked-transfer frame (the empty frame ends the body)."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-LAST_CHUNK = b"0\r\n\r\n"
-
-
 def iter_event_data(lines: Iterable[bytes | str]) -> Iterator[str]:
     """The ``data`` of each event in a stream of lines (SSE spec: multi-line data joined by \\n).
 

@@ -1,4 +1,5 @@
-"""The tray's preferences: language, hotkeys, answer settings, the local API, the device, windows.
+"""The tray's preferences: language, hotkeys, answer settings, the local API, the device, windows,
+where models are downloaded from.
 
 Each field declares its default and its check in one line (:func:`pref`): adding a preference
 is adding a line. ``Preferences(...)`` is strict (a bad value raises PreferencesError naming the
@@ -23,6 +24,7 @@ from app.settings.keys import COPY_STYLES, HotkeyError, normalize_hotkey
 LANGUAGES = ("auto", "en", "zh_CN")
 DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
 CHAT_SEND_KEYS = ("enter", "ctrl_enter")  # what sends a chat message; the other key makes a new line
+MODEL_SOURCES = ("hf", "modelscope")  # where Settings -> Models downloads from (app/hub/sources.py)
 
 # A check returns the value to keep (normalized) and the problems of the entries it left out;
 # it raises ValueError (the message says what the value must be) when the value is unusable.
@@ -69,6 +71,12 @@ def text(*, required: bool = False, what: str = "a string") -> Check:
             raise ValueError(f"must be {what}")
         return value, []
     return check
+
+
+def url_or_empty(value) -> tuple[str, list[str]]:
+    if not isinstance(value, str) or (value.strip() and not value.strip().startswith(("http://", "https://"))):
+        raise ValueError("must be empty or a URL starting with http:// or https://")
+    return value.strip(), []
 
 
 def hotkey(value) -> tuple[str, list[str]]:
@@ -151,6 +159,9 @@ class Preferences:
     # remote endpoints: "" the system's proxy (HTTPS_PROXY, ...), "direct" none, or a proxy URL
     network_proxy: str = pref("", proxy_url)
     keep_history: bool = pref(True, boolean)  # chats and action results on disk; False keeps none
+    model_source: str = pref("hf", one_of(MODEL_SOURCES))  # Settings -> Models downloads from it
+    # a Hugging Face mirror such as https://hf-mirror.com ("": HF_ENDPOINT or the hub itself)
+    hf_mirror: str = pref("", url_or_empty)
 
     def __post_init__(self) -> None:
         for f in fields(self):

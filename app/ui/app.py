@@ -9,11 +9,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
+from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
+from app.hub.job import GotModel
 from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
@@ -24,6 +27,7 @@ from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.history_keeper import HistoryKeeper
 from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
+from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
@@ -69,6 +73,10 @@ class TrayApp(QObject):
         self.action_controller.continueInChat.connect(self.continue_in_chat)
         self.history = HistoryKeeper(lambda: self.store.prefs, self.notify, self.open_conversation, parent=self)
         self.action_controller.completed.connect(self.history.keep)
+        self.model_jobs = ModelJobs(machine=self.machine, parent=self)  # downloads, GGUF imports
+        self.model_jobs.finished.connect(self._model_ready)
+        self.model_jobs.failed.connect(lambda message: self.notify(tr("Could not get the model: {message}",
+                                                                      message=message)))
         provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
         self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
         self.chat_window = None
@@ -128,6 +136,25 @@ class TrayApp(QObject):
             self.set_local_api(False)  # the local API serves the local engine only
         self.store.update(active_model=entry.name)
         self.host.switch_to(entry)
+
+    def machine(self) -> Machine:
+        """This machine for the VRAM planner, counting the VRAM the loaded model would give back;
+        no GPU when Settings keep local models on the CPU (nor is CUDA started for the question)."""
+        if self.store.prefs.device == "cpu":
+            return Machine(None, "Settings run local models on the CPU")
+        machine = Machine.detect()
+        held = self.host.backend.vram_bytes() if self.host.backend is not None else None
+        if machine.gpu is not None and held:
+            machine = replace(machine, gpu=replace(machine.gpu, free_bytes=machine.gpu.free_bytes + held))
+        return machine
+
+    def _model_ready(self, got: GotModel, activate: bool) -> None:
+        """A model job registered a model: say where it runs, and switch to it if asked."""
+        self.notify(tr("{model} is ready", model=got.name))
+        if got.fit is not None and not got.fit.on_gpu and self.model_jobs.machine().gpu is not None:
+            self.notify(tr("{model} does not fit this GPU: {verdict}", model=got.name, verdict=got.fit.text))
+        if activate:
+            self.switch_model(ModelEntry(name=got.name, kind="local", path=str(got.path)))
 
     # -- hotkeys and actions ---------------------------------------------------------------------
     def effective_hotkeys(self) -> dict[str, str]:
@@ -201,7 +228,8 @@ class TrayApp(QObject):
             editable = [m for m in models if m.kind != "starter"]  # registered folders + remote endpoints
             self.settings_dialog = SettingsDialog(
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
-                lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings)
+                lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
+                model_jobs=self.model_jobs)
             self.settings_dialog.finished.connect(lambda _result: setattr(self, "settings_dialog", None))
         self.settings_dialog.show()
         self.settings_dialog.raise_()
@@ -246,6 +274,7 @@ class TrayApp(QObject):
             return
         self._shut_down = True
         self.action_controller.stop()
+        self.model_jobs.shutdown()  # what it did is kept: the next start of the job resumes
         self.local_api.stop()
         self.hotkeys.close()
         self.injector.close()

@@ -128,7 +128,10 @@ def test_context_length_error_is_openai_shaped(client, engine):
         client.chat.completions.create(model=engine.model_id, messages=[{"role": "user", "content": long_text}])
     assert info.value.code == "context_length_exceeded"
     assert info.value.param == "messages"
-    assert str(engine.max_context - 1) in info.value.message
+    # the whole window, as /health reports it (prompt + at least one answer token)
+    assert f"maximum context length is {engine.max_context} tokens" in info.value.message
+    prompt_tokens = len(engine.tokenizer.encode_chat([{"role": "user", "content": long_text}]))
+    assert f"your messages resulted in {prompt_tokens} tokens" in info.value.message
 
 
 def test_health_reports_ready_model_device_and_memory(server, engine):

@@ -133,3 +133,16 @@ def test_cli_serve_defaults_to_four_requests_and_fits_only_without_flags(tiny_qw
     args.model_path = str(tiny_qwen_dir)
     with _load_engine(args) as engine:
         assert engine.max_batch_size == DEFAULT_BATCH == 4
+
+
+@pytest.mark.parametrize(("flag", "value", "minimum"), [("--max-batch-size", "0", 1), ("--max-batch-size", "-3", 1),
+                                                        ("--max-context", "1", 2)])
+def test_cli_serve_refuses_a_zero_batch_or_context_before_listening(tiny_qwen_dir, capsys, flag, value, minimum):
+    """0 used to mean "the default" silently (4 requests); now it is an error naming the flag."""
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tiny_qwen_dir), "--device", "cpu", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be >= {minimum}, got {value}" in err and "Traceback" not in err

@@ -117,3 +117,25 @@ def test_stop_ends_running_streams_and_frees_the_port(make_server, engine):
     assert engine.stats()["running"] == 0
     again = make_server(port=handle.port)  # the port is free for a restart (tray: Local API off/on)
     assert raw_request(again, "GET", "/health").json()["state"] == "ready"
+
+
+def test_disconnect_while_queued_frees_its_place(make_server, engine):
+    """A request still waiting for a slot whose client leaves is counted out at once, streaming or not."""
+    handle = make_server()
+    running = [OpenRequest(handle, engine) for _ in range(engine.max_batch_size)]
+    try:
+        for stream in (True, False):
+            queued = http.client.HTTPConnection(handle.host, handle.port, timeout=30)
+            body = {"model": engine.model_id, "messages": _prompt(2), "max_tokens": 5, "stream": stream}
+            queued.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            wait_until(lambda: engine.stats()["waiting"] == 1, what="the request to queue")
+            queued.sock.shutdown(socket.SHUT_RDWR)
+            queued.close()
+            wait_until(lambda: handle.stats()["admitted"] == engine.max_batch_size and engine.stats()["waiting"] == 0,
+                       what="the queued request to be counted out")
+            assert handle.stats()["active"] == engine.max_batch_size
+    finally:
+        for request in running:
+            request.hang_up()
+    wait_until(lambda: handle.stats()["active"] == 0 and handle.stats()["admitted"] == 0, what="all counted out")
+    assert handle.stats()["disconnects"] == engine.max_batch_size + 2

@@ -86,7 +86,9 @@ def test_prompt_past_the_context_names_the_limit(server, engine):
     response = raw_request(server, "POST", "/v1/completions", body)
     assert response.status == 400
     assert response.error["code"] == "context_length_exceeded" and response.error["param"] == "prompt"
-    assert f"maximum context length is {engine.max_context - 1} tokens" in response.error["message"]
+    health = raw_request(server, "GET", "/health").json()
+    assert f"maximum context length is {health['max_context']} tokens" in response.error["message"]
+    assert health["max_context"] == engine.max_context
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe\x00garbage", b""])

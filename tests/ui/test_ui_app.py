@@ -407,37 +407,6 @@ def test_settings_add_local_and_remote_models_to_the_one_registry(qtbot, make_ap
     assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]
 
 
-def test_settings_add_a_gguf_file_that_is_converted_and_registered_on_first_load(qtbot, make_app, tmp_path):
-    from app.paths import models_dir
-    from app.ui.models import open_backend
-    from tests.test_gguf_import import write_tiny_gguf
-
-    gguf = tmp_path / "tiny-qwen2.gguf"
-    write_tiny_gguf(gguf, arch="qwen2")
-    app = make_app()
-    app.open_settings()
-    page = app.settings_dialog.models_page
-    page.kind.setCurrentIndex(page.kind.findData("gguf"))
-    page.name.setText("Tiny Qwen2")
-    page.path.setText(str(tmp_path / "not-a-gguf.bin"))
-    assert not page.add_from_form() and ".gguf file" in page.error.text()
-    page.path.setText(str(gguf))
-    assert page.add_from_form() and app.settings_dialog.apply()
-    entry = saved().model("Tiny Qwen2")
-    assert entry.kind == "gguf" and entry.path == str(gguf)  # not converted yet
-    app.tray.menu.aboutToShow.emit()
-    assert "Tiny Qwen2" in [a.text() for a in _submenu(app.tray.menu, "Model").actions()]
-    stages = []
-    backend = open_backend(entry, progress=lambda stage, done, total: stages.append(stage))  # the worker's call
-    try:
-        folder = models_dir() / "Tiny Qwen2"
-        assert (folder / "config.json").is_file() and "converting GGUF" in stages
-        converted = saved().model("Tiny Qwen2")  # `qwen-tray models list` sees the folder
-        assert (converted.kind, converted.path) == ("local", str(folder))
-    finally:
-        backend.close()
-
-
 def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypatch, tmp_path, ui_home):
     """What `qwen-tray` with no subcommand runs (the CLI calls run_tray(argv))."""
     from PySide6.QtCore import QTimer

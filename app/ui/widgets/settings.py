@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
                                QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.errors import QwenTrayError
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.models import ModelEntry
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY
+from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
+from app.ui.widgets.catalog_page import CatalogPage
 from app.ui.widgets.hotkeys_page import BindingRow, HotkeysPage
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.settings_pages import ActionsPage, ModelsPage
@@ -35,7 +37,8 @@ class SettingsDialog(QDialog):
     def __init__(self, store: PreferencesStore, builtin_actions: list[Action], user_actions: list[Action],
                  builtin_models: list[ModelEntry], user_models: list[ModelEntry],
                  hotkey_status: Callable[[], tuple[dict, dict]],
-                 on_apply: Callable[[dict, list[Action]], None], parent: QWidget | None = None):
+                 on_apply: Callable[[dict, list[Action]], None], parent: QWidget | None = None,
+                 model_jobs: ModelJobs | None = None):
         super().__init__(parent)
         self.setWindowTitle(tr("Qwen Tray settings"))
         self.setWindowIcon(app_icon())
@@ -50,8 +53,9 @@ class SettingsDialog(QDialog):
         self.actions_page = ActionsPage(user_actions, {a.id for a in builtin_actions})
         self.actions_page.changed.connect(self._fill_hotkeys)
         self.tabs.addTab(self.actions_page, tr("Actions"))
-        self.models_page = ModelsPage(builtin_models, user_models)
-        self.tabs.addTab(self.models_page, tr("Models"))
+        self.models_page = ModelsPage(builtin_models, user_models, jobs=model_jobs)
+        self.catalog_page = CatalogPage(model_jobs, store) if model_jobs is not None else None
+        self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
         self.system_page = SystemPage(store.prefs)
         self.tabs.addTab(self.system_page, tr("System"))
         self.error = QLabel()
@@ -65,7 +69,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
         self._fill_hotkeys()
-        self.resize(720, 480)
+        self.resize(820, 720)
 
     def _general_page(self) -> QWidget:
         prefs = self.store.prefs
@@ -149,3 +153,16 @@ class SettingsDialog(QDialog):
     def _ok(self) -> None:
         if self.apply():
             self.accept()
+
+
+def _models_tab(catalog: QWidget | None, models: QWidget) -> QWidget:
+    """Models: get one from the catalog (above), the configured ones (below)."""
+    if catalog is None:
+        return models
+    tab = QWidget()
+    layout = QVBoxLayout(tab)
+    for title, page, stretch in ((tr("Get a model"), catalog, 3), (tr("Your models"), models, 2)):
+        box = QGroupBox(title)
+        QVBoxLayout(box).addWidget(page)
+        layout.addWidget(box, stretch)
+    return tab

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
                                QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
+from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
+from app.hub.gguf import ImportGgufJob
+from app.hub.job import GotModel
 from app.settings.actions import MODES, Action
 from app.settings.keys import normalize_hotkey
 from app.settings.models import ModelEntry, check_model_name
 from app.ui.actions import new_action_id
+from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import tr
 from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 from app.ui.widgets.system_page import key_storage_text
@@ -114,9 +120,12 @@ class ModelsPage(QWidget):
 
     changed = Signal()
 
-    def __init__(self, builtin: list[ModelEntry], user: list[ModelEntry], parent: QWidget | None = None):
+    def __init__(self, builtin: list[ModelEntry], user: list[ModelEntry], parent: QWidget | None = None,
+                 jobs: ModelJobs | None = None):
         super().__init__(parent)
         self._builtin, self.user = builtin, list(user)
+        self.jobs = jobs  # GGUF imports run as model jobs; None: converted on first load (float16)
+        self._confirmed: tuple[str, str] | None = None  # an fp16 folder the user adds despite the warning
         self.list = QListWidget()
         self.name, self.path = QLineEdit(), QLineEdit()
         self.base_url, self.api_key, self.model = QLineEdit(), QLineEdit(), QLineEdit()
@@ -127,6 +136,10 @@ class ModelsPage(QWidget):
         self.kind = QComboBox()
         self.kind.addItem(tr("Local folder"), "local")
         self.kind.addItem(tr("GGUF file (converted once)"), "gguf")
+        self.recipe = QComboBox()
+        for label, recipe in ((tr("w4: fits a 4 GB GPU"), "w4"), (tr("mixed: a 7B on a 4 GB GPU"), "mixed"),
+                              (tr("float16: not quantized"), "")):
+            self.recipe.addItem(label, recipe)
         self.kind.addItem(tr("Remote (OpenAI-compatible)"), "remote")
         self.kind.currentIndexChanged.connect(self._kind_changed)
         browse = QPushButton(tr("Browse…"))
@@ -138,6 +151,7 @@ class ModelsPage(QWidget):
         self.form.addRow(tr("Kind"), self.kind)
         self.form.addRow(tr("Name"), self.name)
         self.form.addRow(tr("Folder / file"), path_row)
+        self.form.addRow(tr("Quantize GGUF to"), self.recipe)
         self.form.addRow(tr("Base URL"), self.base_url)
         self.form.addRow(tr("API key"), self.api_key)
         self.form.addRow(tr("Model id"), self.model)
@@ -159,6 +173,8 @@ class ModelsPage(QWidget):
         layout.addLayout(right, 2)
         self._kind_changed()
         self._refresh()
+        if jobs is not None:
+            jobs.finished.connect(self._registered)
 
     def _refresh(self) -> None:
         self.list.clear()
@@ -174,6 +190,7 @@ class ModelsPage(QWidget):
         for widget in (self.base_url, self.api_key, self.model, self.max_context):
             widget.setEnabled(remote)
         self.path.setEnabled(not remote)
+        self.recipe.setEnabled(self.kind.currentData() == "gguf" and self.jobs is not None)
 
     def _browse(self) -> None:
         if self.kind.currentData() == "gguf":
@@ -192,14 +209,54 @@ class ModelsPage(QWidget):
                                path=self.path.text().strip(), base_url=self.base_url.text().strip(),
                                api_key=self.api_key.text().strip(), model=self.model.text().strip(),
                                max_context=self.max_context.value())
+            if entry.kind == "gguf" and self.jobs is not None:
+                return self._import_gguf(entry)
+            warning = self._float16_warning(entry)
         except QwenTrayError as e:
             self.error.setText(str(e))
+            return False
+        if warning:
+            self.error.setText(warning)
             return False
         self.user.append(entry)
         self.error.clear()
         self._refresh()
         self.changed.emit()
         return True
+
+    def _import_gguf(self, entry: ModelEntry) -> bool:
+        """Convert (and quantize) the GGUF as a model job; it is registered when done."""
+        machine = self.jobs.machine()
+        job = ImportGgufJob(Path(entry.path), entry.name, recipe=self.recipe.currentData() or None,
+                            machine=machine, device=None if machine and machine.gpu else "cpu")
+        if not self.jobs.start(job, entry.name):
+            raise QwenTrayError(tr("Another model is being prepared; wait for it or cancel it"))
+        self.error.setText(tr("Importing {name}; it is added when ready", name=entry.name))
+        return True
+
+    def _float16_warning(self, entry: ModelEntry) -> str:
+        """Say so before adding a float16 folder that will not fit the GPU (once: Add again adds it)."""
+        machine = self.jobs.machine() if self.jobs is not None else None
+        folder = Path(entry.path).expanduser()
+        if entry.kind != "local" or machine is None or machine.gpu is None or not (folder / "config.json").is_file():
+            return ""
+        spec, weights, kind = folder_weights(folder)
+        fit = model_fit(spec, weights, quantized=kind != FLOAT16_FOLDER, machine=machine, label=entry.name)
+        if fit.on_gpu or self._confirmed == (entry.name, entry.path):
+            return ""
+        self._confirmed = (entry.name, entry.path)
+        if kind == FLOAT16_FOLDER:
+            return tr(
+                "{name} is not quantized and does not fit this GPU ({verdict}); quantize it, or click Add model again",
+                name=entry.name, verdict=fit.text)
+        return tr("{name} does not fit this GPU ({verdict}); click Add model again to add it anyway",
+                  name=entry.name, verdict=fit.text)
+
+    def _registered(self, got: GotModel, _activate: bool) -> None:
+        """A model job registered a model: list it, so Apply keeps it."""
+        if got.name not in {e.name for e in self._builtin + self.user}:
+            self.user.append(ModelEntry(name=got.name, kind="local", path=str(got.path)))
+            self._refresh()
 
     def _remove(self) -> None:
         item = self.list.currentItem()

@@ -1,0 +1,97 @@
+"""One clear sentence for everything a download can run into.
+
+huggingface_hub raises its own types for what the hub answered (gated, repository / revision
+/ file not found) and lets its HTTP client's (httpx2) errors through for the network; the
+disk raises OSError. :func:`explain` turns each into a :class:`HubError` saying what happened
+and what to do. What is not listed is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import httpx2
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from app.errors import QwenTrayError
+
+SIGN_IN = "sign in with `hf auth login` or set HF_TOKEN"
+
+
+class HubError(QwenTrayError):
+    """A download failed for a reason the user can act on (network, access, disk, checksum)."""
+
+
+class HubUnreachableError(HubError):
+    """The hub cannot be reached (offline, DNS, proxy, timeout); what was downloaded is kept."""
+
+
+class HubAccessError(HubError):
+    """The model is gated or private and this client is not allowed in."""
+
+
+class HubNotFoundError(HubError):
+    """The repository, revision or a file does not exist there."""
+
+
+class DiskSpaceError(HubError):
+    """Not enough free disk space for the download and the checkpoint."""
+
+
+class ChecksumError(HubError):
+    """A downloaded file does not match the hub's sha256 / git hash (the file is deleted)."""
+
+
+class SourceFileError(HubError):
+    """The source sent something other than what its listing promised (size)."""
+
+
+def explain(exc: BaseException, *, where: str, repo: str, what: str | None = None) -> HubError | None:
+    """The user-facing error for ``exc`` raised while fetching ``what`` (a file; None: the
+    listing) of ``repo`` from ``where`` (the endpoint); None when ``exc`` is none of ours."""
+    thing = f"{what} of {repo}" if what else repo
+    if isinstance(exc, OfflineModeIsEnabled):
+        return HubUnreachableError(f"cannot download {repo}: HF_HUB_OFFLINE is set; unset it to download")
+    if isinstance(exc, GatedRepoError):
+        return HubAccessError(f"{repo} is gated on {where}: accept its terms on the model's page, then {SIGN_IN}")
+    if isinstance(exc, RevisionNotFoundError):
+        return HubNotFoundError(f"{repo} on {where} has no such revision (branch, tag or commit)")
+    if isinstance(exc, RepositoryNotFoundError):
+        return HubNotFoundError(f"{repo} was not found on {where} (if it is private, {SIGN_IN})")
+    if isinstance(exc, EntryNotFoundError):
+        return HubNotFoundError(f"{thing} was not found on {where} (HTTP 404)")
+    if isinstance(exc, HfHubHTTPError):
+        return http_status_error(_status(exc), where=where, thing=thing)
+    if isinstance(exc, httpx2.TransportError):
+        return unreachable(where, exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return DiskSpaceError(f"the disk filled up while downloading {thing}; free some space and run it "
+                              "again (the download resumes)")
+    return None
+
+
+def http_status_error(status: int | None, *, where: str, thing: str) -> HubError:
+    if status in (401, 403):
+        return HubAccessError(f"{where} refused access to {thing} (HTTP {status}); {SIGN_IN} if the model "
+                              "needs it, or use another source")
+    if status == 404:
+        return HubNotFoundError(f"{thing} was not found on {where} (HTTP 404)")
+    return HubError(f"{where} answered HTTP {status} for {thing}; try again later or use another source")
+
+
+def unreachable(where: str, exc: BaseException) -> HubUnreachableError:
+    reason = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+    return HubUnreachableError(f"cannot reach {where} ({reason}); check the network or the proxy, or use a mirror "
+                               "(HF_ENDPOINT or Settings) or the other source; what was downloaded is kept")
+
+
+def _status(exc: HfHubHTTPError) -> int | None:
+    response = exc.response
+    return response.status_code if response is not None else None

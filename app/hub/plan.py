@@ -1,0 +1,45 @@
+"""What a catalog entry will cost and where it will run, computed before anything is downloaded.
+
+Sizes come from the entry's architecture through the recipe planner (app/quant/recipe.py):
+the download is the source's 16-bit weights, the checkpoint the recipe's packed weights. Where
+it runs is the VRAM planner's verdict for the checkpoint under the tray's load (app/engine/cuda/fit.py,
+the same as `qwen-tray doctor`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from app.engine.cuda.fit import Fit, Machine, model_fit
+from app.hub.catalog import CatalogEntry
+from app.quant.recipe import Recipe, hf_tensor_shapes, load_recipe, plan_model
+
+SOURCE_WEIGHTS = Recipe("bfloat16", ())  # what the hub stores: 16-bit weights, 2 bytes each
+
+
+@dataclass(frozen=True)
+class EntryPlan:
+    entry: CatalogEntry
+    recipe: str
+    download_bytes: int | None  # None: the entry gives no architecture
+    checkpoint_bytes: int | None
+    fit: Fit | None  # None without a machine or an architecture
+
+
+def plan_entry(entry: CatalogEntry, machine: Machine | None = None, recipe: str | None = None) -> EntryPlan:
+    recipe = recipe or entry.recipe
+    spec = entry.spec
+    if spec is None:
+        return EntryPlan(entry, recipe, None, None, None)
+    shapes = hf_tensor_shapes(entry.config)
+    download = plan_model(SOURCE_WEIGHTS, shapes).total_bytes
+    checkpoint = plan_model(load_recipe(recipe), shapes).total_bytes
+    fit = None
+    if machine is not None:
+        logging.disable(logging.WARNING)  # the planner's warnings are about a real load, not this what-if
+        try:
+            fit = model_fit(spec, checkpoint, quantized=True, machine=machine, label=entry.model_name(recipe))
+        finally:
+            logging.disable(logging.NOTSET)
+    return EntryPlan(entry, recipe, download, checkpoint, fit)

@@ -1,0 +1,128 @@
+"""The OpenAI-compatible API as an ASGI application (Starlette): routes, request bodies, errors.
+
+Every route runs inside :func:`_endpoint`, which turns any exception into OpenAI's error
+body (a bug is a logged 500 without a traceback in the answer), so nothing reaches
+Starlette's or uvicorn's own plain-text error pages. Blocking work (JSON parsing of a large
+body, tokenizing, the engine) runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from app.server import protocol
+from app.server.errors import ApiError, from_exception, model_not_found
+from app.server.generation import serve_generation
+from app.server.guard import GuardMiddleware
+from app.server.responses import error_response
+from app.server.service import ApiService
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(service: ApiService) -> ASGIApp:
+    api = _Routes(service)
+    routes = [
+        Route("/health", api.endpoint(api.health), methods=["GET"]),
+        Route("/v1/models", api.endpoint(api.list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.endpoint(api.retrieve_model), methods=["GET"]),
+        Route("/v1/chat/completions", api.endpoint(partial(api.generate, "chat"), "messages"), methods=["POST"]),
+        Route("/v1/completions", api.endpoint(partial(api.generate, "completion"), "prompt"), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app.router.redirect_slashes = False  # GuardMiddleware strips trailing slashes instead
+    return GuardMiddleware(app, service.config)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's routing answers (no such path, wrong method) in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        error = ApiError(405, f"Method {request.method} is not allowed here; use {allowed.split(',')[0]}.",
+                         code="method_not_allowed", headers={"Allow": f"{allowed}, OPTIONS"})
+    elif exc.status_code == 404:
+        error = ApiError(404, f"Unknown path {path}.", code="not_found")
+    else:
+        error = ApiError(exc.status_code, str(exc.detail), code="invalid_request")
+    return error_response(error, f"{request.method} {path}")
+
+
+class _Routes:
+    def __init__(self, service: ApiService):
+        self.service = service
+
+    def endpoint(self, handler: Handler, prompt_param: str = "messages") -> Handler:
+        retry_after_s = self.service.config.retry_after_s
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ClientDisconnect:  # left while sending its body: nobody reads an answer
+                return Response(status_code=400)
+            except Exception as exc:  # noqa: BLE001 - every failure is an OpenAI error body
+                error = from_exception(exc, prompt_param=prompt_param, retry_after_s=retry_after_s)
+                return error_response(error, f"{request.method} {request.url.path}")
+
+        return run
+
+    async def health(self, request: Request) -> Response:
+        status, body = self.service.health()
+        return JSONResponse(body, status_code=status)
+
+    async def list_models(self, request: Request) -> Response:
+        _, model_id = self.service.ready_engine()
+        return JSONResponse(protocol.models_list(model_id, self.service.created))
+
+    async def retrieve_model(self, request: Request) -> Response:
+        _, model_id = self.service.ready_engine()
+        wanted = request.path_params["model_id"]
+        if wanted != model_id:
+            raise model_not_found(wanted)
+        return JSONResponse(protocol.model_card(model_id, self.service.created))
+
+    async def generate(self, kind: protocol.Kind, request: Request) -> Response:
+        raw = await read_body(request, self.service.config.max_body_bytes, self.service.config.request_timeout_s)
+        loop = asyncio.get_running_loop()
+        api_request = await loop.run_in_executor(None, protocol.parse_request, raw, kind)
+        engine, model_id = self.service.ready_engine()
+        if api_request.model != model_id:
+            raise model_not_found(api_request.model)
+        return await serve_generation(self.service, api_request, engine, model_id, request.receive)
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; else 4xx."""
+    headers = request.headers
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise ApiError(411, "Chunked request bodies are not supported; send Content-Length.",
+                       code="length_required", close_connection=True)
+    raw_length = headers.get("content-length")
+    if raw_length is None:
+        raise ApiError(411, "A Content-Length header is required.", code="length_required", close_connection=True)
+    length = int(raw_length) if raw_length.strip().isdigit() else -1  # h11 already refused other forms
+    if length < 0:
+        raise ApiError(400, f"Invalid Content-Length {raw_length!r}.", code="invalid_request", close_connection=True)
+    if length > limit:
+        raise ApiError(413, f"Request body is {length} bytes; the limit is {limit} bytes.",
+                       code="request_too_large", close_connection=True)
+    try:
+        return await asyncio.wait_for(_receive_all(request), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout",
+                       close_connection=True) from None
+
+
+async def _receive_all(request: Request) -> bytes:
+    chunks = [chunk async for chunk in request.stream()]
+    return b"".join(chunks)
