@@ -144,7 +144,9 @@ class SettingsStore:
     def _keys_out_of_file(self, settings: Settings) -> None:
         """A file that still holds API keys (an earlier version's) is saved again: into the keyring."""
         keyed = [m.name for m in settings.models if _keyed(m)]
-        if not keyed or self._blocked is not None or secrets.unavailable_reason() is not None:
+        if not keyed:
+            return
+        if self._blocked is not None or secrets.unavailable_reason() is not None:
             self._store_keys(settings.models)  # (says why they stay)
             return
         try:
@@ -166,8 +168,10 @@ class SettingsStore:
             except secrets.SecretsError as e:
                 log.warning("%s", e)
         keyed = [m for m in models if _keyed(m)]
+        if not keyed:
+            return models
         reason = secrets.unavailable_reason()
-        if keyed and reason is not None:
+        if reason is not None:
             self._tell(Notice(KEYS_IN_FILE, {"models": ", ".join(m.name for m in keyed), "file": str(self.path),
                                              "reason": reason}))
             return models
