@@ -97,7 +97,13 @@ def send_request(request: dict, key: str | None = None, timeout_ms: int = REPLY_
     socket.abort()
     if b"\n" not in received:
         raise InstanceError("the running Qwen Tray did not answer (see its log: qwen-tray.log in its data folder)")
-    return json.loads(received.split(b"\n", 1)[0])
+    try:
+        reply = json.loads(received.split(b"\n", 1)[0])
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise InstanceError(f"the program listening on {key or instance_key()} is not a Qwen Tray that understood us")
+    return reply
 
 
 def request_running(request: dict, lock: InstanceLock, waited_s: float = STARTING_TIMEOUT_S) -> Reply | None:
@@ -111,8 +117,9 @@ def request_running(request: dict, lock: InstanceLock, waited_s: float = STARTIN
             lock.release()
             return None
         if time.monotonic() >= deadline:
-            raise InstanceError(f"a Qwen Tray (process {lock.holder_pid()}) holds {lock_path(lock.key)} but does "
-                                f"not answer; end that process, or start with --replace")
+            pid = lock.holder_pid()
+            raise InstanceError(f"a Qwen Tray (process {pid}) holds {lock_path(lock.key)} but does not answer; "
+                                f"end that process (kill {pid}) and start again")
         time.sleep(0.2)
 
 
