@@ -33,8 +33,7 @@ class HistoryWindow(QWidget):
         self._build()
         chats.subscribe(self._changed)
         results.subscribe(self._changed)
-        self.reload()
-        self.resize(860, 560)
+        self.resize(860, 560)  # (filled when shown: showEvent)
 
     def _build(self) -> None:
         self.search = QLineEdit(placeholderText=tr("Search chats and action results"), clearButtonEnabled=True)
