@@ -2,7 +2,7 @@
 """A decode step's linear layers on the CPU: the int4 backend against the dense ones, same run.
 
 Where a model runs on the CPU (no NVIDIA GPU, the kernels unavailable, or Settings' "the CPU
-only"), a quantized checkpoint in bfloat16 computes with app.quant.cpu_int4 (PyTorch's CPU int4
+only"), a quantized checkpoint in bfloat16 computes with app.engine.quantized.cpu_int4 (PyTorch's CPU int4
 kernel over the 4-bit codes) instead of the dense backend's dequantized bfloat16 weights. This
 times one decoder layer's linears (qkv, o, gate/up, down) and the head of Qwen2.5-3B and -7B
 with random W4 weights, at batch 1 (a decode step) and for a 256-token prefill chunk, scales
@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from app.quant import cpu_int4
-from app.quant.modules import QuantLinear
-from app.quant.tensor import quantize
+from app.engine.quantized import cpu_int4
+from app.engine.quantized.modules import QuantLinear, use_int4_backend
+from app.quant.search import quantize
 
 # hidden, q + 2 kv rows of the fused qkv, intermediate, vocab, layers
 MODELS = {"Qwen2.5-3B": (2048, 2048 + 2 * 256, 11008, 151936, 36),
@@ -62,7 +62,7 @@ def time_linear(n: int, k: int, rows: tuple[int, ...], repeats: int) -> dict:
     w = torch.randn((n, k), generator=gen) * 0.02
     module = QuantLinear(quantize(w, 4, name="bench", method="rtn"), k)
     dense16, dense32 = module.dequantize(torch.bfloat16).contiguous(), module.dequantize(torch.float32).contiguous()
-    cpu_int4.use_int4_backend(module, torch.bfloat16)  # (drops the checkpoint tensors: dequantize before)
+    use_int4_backend(module, torch.bfloat16)  # (drops the checkpoint tensors: dequantize before)
     del w
     out = dict(int4_bytes=n * k // 2 + n * (k // 128) * 4, bf16_bytes=2 * n * k, fp32_bytes=4 * n * k)
     for m in rows:

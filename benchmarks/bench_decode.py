@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from app.engine.cuda.memory import GiB, MiB, VramBudgetError, parse_size
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.engine.spec import ModelSpec
+from app.formats.recipe import BUILTIN_RECIPES
+from app.formats.spec import ModelSpec
 from app.kernels import programmatic
-from app.quant.recipe import BUILTIN_RECIPES
 from benchmarks.common import (
     DEV, LLAMA_CPP, RUNS, TARGETS, copy_bandwidth_gbps, decode_tokens_per_s, fresh, int4_peer_step, linears_only_us,
     peer_inputs, prefill_time, prompt_ids, require_gpu, result_path, spec_of, time_us,
@@ -156,7 +156,7 @@ def sampled_steps(runner, vocab: int, steps: int = 64) -> list[str]:
     drawn = []
     for name, row in (("temperature", RowSampling(0.7, 1.0, 0, 1, vocab)),
                       ("top-p/top-k", RowSampling(0.7, 0.9, 50, 2, vocab))):
-        if not runner.can_draw(row):
+        if not runner.capabilities.draw_on_device:
             continue
         runner.set_sampling(0, row)
         token = runner.prefill(0, prompt_ids(16, 3, vocab), 0).argmax().item()

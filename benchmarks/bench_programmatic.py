@@ -21,8 +21,8 @@ import torch
 
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
+from app.formats.recipe import BUILTIN_RECIPES
 from app.kernels import programmatic
-from app.quant.recipe import BUILTIN_RECIPES
 from benchmarks.common import (
     DEV, LLAMA_CPP, RUNS, TARGETS, copy_bandwidth_gbps, decode_tokens_per_s, fresh, linears_only_us, prefill_time,
     require_gpu, spec_of,

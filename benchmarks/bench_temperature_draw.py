@@ -32,8 +32,8 @@ from app.engine import Engine
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
 from app.engine.sampling import sample_rows
+from app.formats.recipe import BUILTIN_RECIPES
 from app.kernels import draw_workspace, filtered_draw, temperature_draw
-from app.quant.recipe import BUILTIN_RECIPES
 from benchmarks.common import (
     DEV, fresh, prompt_ids, qwen_tokenizer, require_gpu, result_path, run_requests, spec_of,
 )
@@ -144,16 +144,16 @@ def decode_rows(model: str, recipe: str) -> list[dict]:
         prompts = [prompt_ids(512, i, min(tokenizer.vocab_size, spec.vocab_size)) for i in range(4)]
         for batch in (1, 4):
             batch_prompts = prompts[:batch]
-            run_requests(engine, batch_prompts, dict(temperature=0), True)  # warm
+            run_requests(engine, batch_prompts, dict(temperature=0))  # warm
             for kind, (t, p, k) in DRAW_KINDS.items():
                 mode = dict(temperature=t, top_p=p, top_k=int(k))
                 rates = {"greedy": [], "kernel": [], "torch": []}
                 for i in range(ROUNDS):
                     order = ("kernel", "torch") if i % 2 == 0 else ("torch", "kernel")
-                    rates["greedy"].append(run_requests(engine, batch_prompts, dict(temperature=0), True)[0])
+                    rates["greedy"].append(run_requests(engine, batch_prompts, dict(temperature=0))[0])
                     for who in order:
                         runner.draw._ops = kernel_ops if who == "kernel" else TorchDraw()
-                        rates[who].append(run_requests(engine, batch_prompts, mode, True)[0])
+                        rates[who].append(run_requests(engine, batch_prompts, mode)[0])
                 runner.draw._ops = kernel_ops
                 row = dict(model=label, batch=batch, kind=kind, rounds=rates,
                            **{f"{w}_tokens_per_s": statistics.median(v) for w, v in rates.items()})

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from app.engine import Engine, SamplingParams, scheduler
+from app.engine import Engine, SamplingParams
 from app.engine.cuda.memory import QWEN25_3B_CONFIG
 from app.engine.cuda.ops import KernelOps
-from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
+from app.formats.spec import ModelSpec
 from app.kernels import gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
 from app.kernels.gemv import GemvConfig
 
@@ -293,12 +293,10 @@ def qwen_tokenizer() -> Tokenizer:
     return Tokenizer.from_folder(Path(found.origin).parent / "tokenizer_files")
 
 
-def run_requests(engine: Engine, prompts: list[list[int]], mode: dict, on_device: bool,
-                 max_tokens: int = 128) -> tuple[float, list]:
+def run_requests(engine: Engine, prompts: list[list[int]], mode: dict, max_tokens: int = 128) -> tuple[float, list]:
     """Decode tokens/s of the requests run together (first token to last, summed over requests
-    / the longest decode time) and their token ids; sampled tokens drawn on the device or,
-    ``on_device`` false, on the host (the peer)."""
-    scheduler.DRAW_ON_DEVICE = on_device
+    / the longest decode time) and their token ids; sampled tokens are drawn where the engine's
+    runner options say (``RunnerOptions.draw_on_device``: the host draw is the peer)."""
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=11 + i, **mode) for i in range(len(prompts))]
     handles = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
     results = [h.result for h in handles]

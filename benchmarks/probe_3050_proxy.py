@@ -36,9 +36,9 @@ import torch
 
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
+from app.formats.recipe import BUILTIN_RECIPES
 from app.kernels import emulate
 from app.kernels.gemv import GemvConfig, default_gemv_config
-from app.quant.recipe import BUILTIN_RECIPES
 from benchmarks.common import (
     DEV, PROMPT, capture, fresh, gemv_cases, gemv_fn, int4_peer_step, n_copies, peer_inputs, prompt_ids, rand_weights,
     require_cupy, require_gpu, spec_of, vars_of, weight_bytes,

@@ -40,8 +40,8 @@ def build(model: str, recipe: str) -> dict:
 
     from app.engine.cuda.runner import runner_for_weights
     from app.engine.cuda.synthetic import synthetic_weights
+    from app.formats.recipe import BUILTIN_RECIPES
     from app.kernels import loader
-    from app.quant.recipe import BUILTIN_RECIPES
     from benchmarks.common import prompt_ids, spec_of
 
     compiled, original = [], loader._compiled

@@ -26,9 +26,9 @@ import torch
 
 from app.engine.evaluate import perplexity
 from app.engine.loading import load_model
+from app.formats.recipe import BUILTIN_RECIPES, Recipe
 from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibration_file
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import BUILTIN_RECIPES, Recipe
 
 RECIPES: dict[str, Recipe] = {
     "w4": BUILTIN_RECIPES["w4"],
@@ -78,7 +78,7 @@ def quantized_result(model_dir: Path, config: str, method: str, ids: list[int], 
 
 def dense_result(model_dir: Path, ids: list[int]) -> Result:
     from app.engine.loading import param_count
-    from app.engine.spec import ModelSpec
+    from app.formats.spec import ModelSpec
 
     params = param_count(ModelSpec.from_hf_folder(model_dir))
     return Result("dense", "-", model_perplexity(model_dir, ids), 16.0, params * 2, 0.0)

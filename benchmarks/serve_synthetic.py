@@ -32,10 +32,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-from app.engine import Engine, ModelSpec, scheduler
+from app.engine import Engine, ModelSpec
 from app.engine.cuda.runner import CudaRunner, runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.engine.runner import RunnerOptions
+from app.formats.recipe import BUILTIN_RECIPES
 from app.server import start_server_in_thread
 from benchmarks import serve  # the measuring code
 from benchmarks.common import qwen_tokenizer, spec_of  # the same model shapes as the decode benchmark
@@ -80,11 +81,12 @@ def model_spec(args: argparse.Namespace) -> tuple[str, ModelSpec]:
 
 def build_engine(args: argparse.Namespace, label: str, spec: ModelSpec) -> Engine:
     weights = synthetic_weights(spec, BUILTIN_RECIPES[args.recipe], "cpu", seed=1)
+    options = RunnerOptions(draw_on_device=not args.draw_on_host)
     if args.device == "cuda":  # planned, moved into one allocation, decode graphs captured
         runner = runner_for_weights(weights, num_slots=args.max_batch_size, max_context=args.max_context,
-                                    device=torch.device("cuda"), label=f"{label} {args.recipe}")
+                                    device=torch.device("cuda"), label=f"{label} {args.recipe}", options=options)
     else:  # the same runner code with the PyTorch reference ops (what the CPU tests run)
-        runner = CudaRunner(weights, num_slots=args.max_batch_size, max_context=args.max_context)
+        runner = CudaRunner(weights, num_slots=args.max_batch_size, max_context=args.max_context, options=options)
     return Engine.from_runner(runner, spec, qwen_tokenizer(), model_id=f"{label}-synthetic-{args.recipe}")
 
 
@@ -171,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda: no CUDA GPU is visible to PyTorch")
     label, spec = model_spec(args)
-    scheduler.DRAW_ON_DEVICE = not args.draw_on_host
     started = time.perf_counter()
     engine = build_engine(args, label, spec)
     build_s = time.perf_counter() - started
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                   commit=commit_of(args), torch=torch.__version__, device=args.device, model=label,
                   model_shape=None if args.tiny else args.model_shape, recipe=args.recipe, tiny=args.tiny,
                   max_batch_size=args.max_batch_size, max_context=args.max_context, engine_build_s=build_s,
-                  draw_on_device=scheduler.DRAW_ON_DEVICE,
+                  draw_on_device=not args.draw_on_host,
                   memory=memory, speedup_vs_concurrency_1=speedup, target=target,
                   token_counts_ok=not problems, token_count_problems=problems, serve=report)
     out = args.out or serve.RESULTS_DIR / f"serve_synthetic-{label}-{args.recipe}.json"

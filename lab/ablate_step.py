@@ -4,19 +4,20 @@
 Not a correctness run (the logits are garbage when an op is skipped): each variant builds the
 runner with those KernelOps methods turned into no-ops, so its CUDA graph simply lacks those
 kernels, and times the replayed graph at batch 1 (or ``--batch``) after 512-token prompts
-(bench_decode's decode_tokens_per_s). The difference to the full step is what those kernels
+(benchmarks.common.decode_tokens_per_s). The difference to the full step is what those kernels
 cost in place, their launch and dependency gaps included: the ceiling of what fusing them
-away could give. ``unstaged_x`` is not a skip: the full step with x never staged in shared
-memory by the GEMVs (app.kernels.gemv.STAGE_X_BYTES = 0); nor is ``unfused_norm``: the full
-step with the batch-1 RMSNorms run by the norm kernel instead of fused into the GEMVs
-(app.engine.cuda.graphs.FUSE_NORMS = False); ``fused_norm_everywhere`` fuses every norm the
-kernels can take, however much the prologues read (app.kernels.gemv.NORM_PROLOGUE_BYTES);
-``norm_prologue_20mib`` raises that limit to 20 MiB, which fuses the 7B's gate/up norm and no head's.
-``no_preload`` never copies GEMV weights into shared memory before the wait
-(app.kernels.gemv.PRELOAD_WEIGHTS = False). ``torch_embedding`` looks the embedding up with
-PyTorch ops instead of the dequantization kernel (runner_for_weights(dequant=False)); ``torch_argmax``
-takes the greedy tokens with ``torch.argmax`` instead of argmax.cu. ``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
-(app.engine.cuda.graphs.FUSE_ROPE = False); ``no_rope`` and ``no_attention`` skip one of the two
+away could give. The other variants are the full step built with other RunnerOptions
+(app.engine.runner): ``unstaged_x`` never stages x in shared memory in the GEMVs
+(``gemv=GemvOptions(stage_x_bytes=0)``); ``unfused_norm`` runs the batch-1 RMSNorms with the
+norm kernel instead of fused into the GEMVs (``fuse_norms=False``); ``fused_norm_everywhere``
+fuses every norm the kernels can take, however much the prologues read
+(``norm_prologue_bytes``); ``norm_prologue_20mib`` raises that limit to 20 MiB, which fuses the
+7B's gate/up norm and no head's. ``no_preload`` never copies GEMV weights into shared memory
+before the wait (``GemvOptions(preload_weights=False)``). ``torch_embedding`` looks the embedding
+up with PyTorch ops instead of the dequantization kernel (runner_for_weights(dequant=False));
+``torch_argmax`` takes the greedy tokens with ``torch.argmax`` instead of argmax.cu.
+``unfused_rope`` runs RoPE + KV write as its own kernel before the attention
+(``fuse_rope=False``); ``no_rope`` and ``no_attention`` skip one of the two
 unfused kernels. ``no_norm`` removes only the norms that run as kernels (at batch 1 since phase 10: layer 0's,
 the heads', and the 7B's before the gate/up); ``no_norm_at_all`` removes every norm (the
 norm kernels with the fusion off).
@@ -33,15 +34,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import DEV, decode_tokens_per_s, fresh, spec_of
-
-import app.engine.cuda.graphs as graphs_module
-import app.engine.cuda.runner as runner_module
-import app.kernels.gemv as gemv_module
 from app.engine.cuda.ops import KernelOps
+from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
+from app.engine.runner import RunnerOptions
+from app.formats.recipe import BUILTIN_RECIPES
 from app.kernels import programmatic
-from app.quant.recipe import BUILTIN_RECIPES
+from app.kernels.gemv import GemvOptions
+from benchmarks.common import DEV, decode_tokens_per_s, fresh, spec_of
 
 SKIPPABLE = ("rms_norm", "rope_kv_write", "attention", "rope_attention")
 VARIANTS = {"full": (), "no_norm": ("rms_norm",), "no_rope": ("rope_kv_write", "rope_fusion"),
@@ -56,8 +56,21 @@ SETTINGS = ("x_staging", "norm_fusion", "norm_prologue_limit", "norm_prologue_20
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 
 
-def ops_without(skipped: tuple[str, ...]) -> KernelOps:
-    ops = KernelOps()
+def options_for(skipped: tuple[str, ...]) -> RunnerOptions:
+    """The full step's RunnerOptions with the settings among ``skipped`` switched off."""
+    norm_limit = RunnerOptions().norm_prologue_bytes
+    if "norm_prologue_limit" in skipped:
+        norm_limit = 1 << 62
+    if "norm_prologue_20mib" in skipped:  # the 7B gate/up's 17 MB of prologues, not the heads'
+        norm_limit = 20 << 20
+    return RunnerOptions(fuse_norms="norm_fusion" not in skipped, norm_prologue_bytes=norm_limit,
+                         fuse_rope="rope_fusion" not in skipped,
+                         gemv=GemvOptions(stage_x_bytes=0 if "x_staging" in skipped else GemvOptions().stage_x_bytes,
+                                          preload_weights="weight_preload" not in skipped))
+
+
+def ops_without(skipped: tuple[str, ...], options: RunnerOptions) -> KernelOps:
+    ops = KernelOps(options)
     for name in (n for n in skipped if n not in SETTINGS):
         setattr(ops, name, lambda *args, out=None, q_out=None, **kw: out if out is not None else q_out)
     if "argmax_kernel" in skipped:  # PyTorch's reduction instead of argmax.cu
@@ -69,35 +82,14 @@ def step_us(model: str, recipe: str, skipped: tuple[str, ...], batch: int = 1) -
     spec = spec_of(model)
     weights = synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1)
     fresh()
-    original, staged, fuse = runner_module.default_ops, gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS
-    fuse_rope = graphs_module.FUSE_ROPE
-    limit, preload = gemv_module.NORM_PROLOGUE_BYTES, gemv_module.PRELOAD_WEIGHTS
-    runner_module.default_ops = lambda device: ops_without(skipped)
-    if "x_staging" in skipped:
-        gemv_module.STAGE_X_BYTES = 0  # decided when the graphs are captured
-    if "norm_fusion" in skipped:
-        graphs_module.FUSE_NORMS = False
-    if "norm_prologue_limit" in skipped:
-        gemv_module.NORM_PROLOGUE_BYTES = 1 << 62
-    if "norm_prologue_20mib" in skipped:  # the 7B gate/up's 17 MB of prologues, not the heads'
-        gemv_module.NORM_PROLOGUE_BYTES = 20 << 20
-    if "rope_fusion" in skipped:
-        graphs_module.FUSE_ROPE = False
-    if "weight_preload" in skipped:
-        gemv_module.PRELOAD_WEIGHTS = False
-    try:
-        runner = runner_module.runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV,
-                                                  prefill_mode="gemm", label=f"Qwen2.5-{model}",
-                                                  dequant="embedding_kernel" not in skipped)
-    finally:
-        runner_module.default_ops = original
+    options = options_for(skipped)
+    runner = runner_for_weights(weights, num_slots=batch, max_context=1024, device=DEV, prefill_mode="gemm",
+                                label=f"Qwen2.5-{model}", dequant="embedding_kernel" not in skipped,
+                                options=options, ops=ops_without(skipped, options))
     try:
         return decode_tokens_per_s(runner, batch, spec.vocab_size)[1]
     finally:
         runner.close()
-        gemv_module.STAGE_X_BYTES, graphs_module.FUSE_NORMS = staged, fuse
-        gemv_module.NORM_PROLOGUE_BYTES, graphs_module.FUSE_ROPE = limit, fuse_rope
-        gemv_module.PRELOAD_WEIGHTS = preload
 
 
 def main() -> None:

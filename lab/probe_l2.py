@@ -132,7 +132,7 @@ def profile_step(model: str, recipe: str) -> dict:
 
     from app.engine.cuda.runner import runner_for_weights
     from app.engine.cuda.synthetic import synthetic_weights
-    from app.quant.recipe import BUILTIN_RECIPES
+    from app.formats.recipe import BUILTIN_RECIPES
 
     spec = spec_of(model)
     runner = runner_for_weights(synthetic_weights(spec, BUILTIN_RECIPES[recipe], "cpu", seed=1), num_slots=8,

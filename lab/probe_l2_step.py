@@ -27,7 +27,7 @@ from benchmarks.common import DEV, decode_tokens_per_s, fresh, spec_of
 
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
 
 RUNS = [("3B", "w4"), ("7B", "mixed")]
 

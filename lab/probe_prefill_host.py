@@ -25,7 +25,7 @@ from benchmarks.common import DEV, fresh, prompt_ids, spec_of
 
 from app.engine.cuda.runner import runner_for_weights
 from app.engine.cuda.synthetic import synthetic_weights
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
 
 
 def main() -> None:

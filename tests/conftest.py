@@ -142,8 +142,9 @@ def w4_weights():
 
 @pytest.fixture
 def engine_on(tiny_qwen_dir, w4_weights):
-    """engine_on(device, lookup_draft, seed, max_context): an Engine over a CudaRunner on ``device``
-    (reference ops on the CPU) with a tiny random Qwen2 (W4) and the real tokenizer."""
+    """engine_on(device, lookup_draft, seed, max_context, options): an Engine over a CudaRunner on
+    ``device`` (reference ops on the CPU; ``options``: its RunnerOptions) with a tiny random Qwen2 (W4)
+    and the real tokenizer."""
     import torch
     from test_cuda_runtime import tiny_spec
 
@@ -152,12 +153,13 @@ def engine_on(tiny_qwen_dir, w4_weights):
     from app.engine.loading import LoadedModel
     from app.engine.tokenizer import Tokenizer
 
-    def make(device: str, lookup_draft: int, seed: int, max_context: int = 160):
+    def make(device: str, lookup_draft: int, seed: int, max_context: int = 160, options=None):
         # A copy per engine: a runner may lay its weights out anew in place.
         weights = w4_weights(seed).map_tensors(lambda t: t.clone().to(device))
         loaded = LoadedModel(tiny_qwen_dir, "tiny", tiny_spec(), Tokenizer.from_folder(tiny_qwen_dir), None,
                              torch.float16)
-        return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context), 2, lookup_draft)
+        runner = CudaRunner(weights, num_slots=2, max_context=max_context, options=options)
+        return Engine(loaded, runner, 2, lookup_draft)
 
     return make
 

@@ -1,4 +1,4 @@
-"""The CPU's int4 backend (app.quant.cpu_int4) against the float32 dense reference: single
+"""The CPU's int4 backend (app.engine.quantized.cpu_int4) against the float32 dense reference: single
 layers (W4 and W3, padded K, bias, rows not a multiple of 16) and a whole checkpoint."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from app.engine.kv_cache import StaticKVCache
-from app.engine.loading import load_model
-from app.quant import cpu_int4
-from app.quant.modules import (
-    QuantEmbedding, QuantLinear, default_backend, dense_linear, quantized_nbytes, use_dense_backend,
+from app.engine.loading import load_model, load_quantized_model
+from app.engine.quantized import cpu_int4
+from app.engine.quantized.modules import (
+    QuantEmbedding, QuantLinear, default_backend, dense_linear, quantized_nbytes, use_dense_backend, use_int4_backend,
 )
+from app.formats.recipe import load_recipe
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import load_recipe
-from app.quant.tensor import quantize
+from app.quant.search import quantize
 
 # bfloat16 activations (8 significant bits) and bfloat16 scales: error relative to the output's size.
 LAYER_BOUND = 2e-2
@@ -40,7 +40,7 @@ def test_a_quantized_linear_matches_the_float32_reference(bits, n, k, logical_k,
     # (a model's bias has the model's dtype: bfloat16 beside the int4 kernel)
     reference, int4 = QuantLinear(qt, logical_k, b), QuantLinear(qt, logical_k, b.bfloat16() if bias else None)
     use_dense_backend(reference, torch.float32)
-    cpu_int4.use_int4_backend(int4, torch.bfloat16)
+    use_int4_backend(int4, torch.bfloat16)
     x = torch.randn((5, 2, logical_k), generator=gen)
     want = reference(x)
     got = int4(x.bfloat16())
@@ -86,8 +86,6 @@ def test_a_bfloat16_cpu_load_keeps_4_bits_and_is_as_close_to_the_reference_as_de
 
 
 def _dense_bf16(path: Path):
-    from app.quant.checkpoint import load_quantized_model
-
     return load_quantized_model(path, torch.device("cpu"), dtype=torch.bfloat16, backend="dense")
 
 

@@ -18,23 +18,23 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.engine.kv_cache import StaticKVCache
+from app.engine.cuda.layout import to_kernel_layout
 from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
     BESIDE_ALLOCATOR, GiB, MiB, QWEN25_3B_CONFIG, RTX_3050_LAPTOP, GpuInfo, VramBudgetError, default_budget,
     fitted_shape, model_weight_bytes, parse_size, plan_memory, resolve_budget,
 )
-from app.engine.models.decoder import DecoderModel
-from app.engine.runner import TorchRunner
-from app.engine.cuda.layout import to_kernel_layout
+from app.engine.cuda.runner import CudaRunner
+from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
 from app.engine.cuda.weights import (
     DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows, weights_from_model,
 )
-from app.engine.cuda.synthetic import dequantized_linear, quantize_linear, quantize_weights
-from app.engine.cuda.runner import CudaRunner
-from app.engine.spec import ModelSpec
+from app.engine.kv_cache import StaticKVCache
+from app.engine.models.decoder import DecoderModel
+from app.engine.runner import TorchRunner
 from app.errors import ContextLengthError
-from app.quant.recipe import BUILTIN_RECIPES
+from app.formats.recipe import BUILTIN_RECIPES
+from app.formats.spec import ModelSpec
 
 LOGITS_BOUND = 1e-2
 
@@ -172,7 +172,7 @@ def test_plan_reports_bytes_for_health():
     assert all(k.endswith("_bytes") and isinstance(v, int) for k, v in info.items())
 
 
-# -- dequantization inside graphs: bit-equal to app.quant ------------------------------------
+# -- dequantization inside graphs: bit-equal to app.formats -----------------------------------
 
 @pytest.mark.parametrize("bits,layout", [(4, "rows"), (4, "tiles"), (3, "rows"), (3, "tiles")])
 def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
@@ -180,7 +180,7 @@ def test_dequantize_rows_and_lookup_equal_app_quant(bits, layout):
     g = torch.Generator().manual_seed(bits)
     dense = LinearWeight(16, n, 640, dense=(torch.randn(n, 640, generator=g) * 0.05).half())
     q = quantize_linear(dense, bits)
-    want = dequantized_linear(q).half()  # fp16(q * scale), app.quant's rounding
+    want = dequantized_linear(q).half()  # fp16(q * scale), app.formats' rounding
     if layout == "tiles":
         q = to_kernel_layout_linear(q)
         assert q.layout == "tiles" and torch.equal(dequantized_linear(q).half(), want)
@@ -201,7 +201,7 @@ def to_kernel_layout_linear(w: LinearWeight) -> LinearWeight:
 
 
 def emulate_dequant_kernel(q: LinearWeight) -> torch.Tensor:
-    """The bit arithmetic of app/engine/cuda/dequant.py's kernels, word by word, in PyTorch int64."""
+    """The bit arithmetic of app/kernels/dequant.py's kernels, word by word, in PyTorch int64."""
     words = (q.qa.long() & 0xFFFFFFFF).view(q.out_features, -1)  # unsigned 32-bit words
     s = q.scales.float().repeat_interleave(128, dim=1)  # [N, K]
     if q.bits == 4:  # output word (r, j) is tile word 4 * lane_vec + j % 4; pair m = nibbles m, 4 + m
@@ -391,7 +391,7 @@ def gpu_runner(weights, **kw) -> CudaRunner:
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
-    from app.engine.cuda.dequant import DequantKernel
+    from app.kernels.dequant import DequantKernel
 
     n = 1000  # a padded last tile
     g = torch.Generator().manual_seed(10 + bits)
@@ -403,14 +403,17 @@ def test_dequant_kernel_is_bit_equal_to_app_quant(bits):
     kernel = DequantKernel(torch.device("cuda"))
     for start, stop in ((0, n), (13, 77), (n - 1, n)):
         out = torch.full((stop - start, 1152), float("nan"), dtype=torch.float16, device="cuda")
-        assert torch.equal(kernel(qg, start, stop, out), want[start:stop])
+        assert torch.equal(kernel.rows(qg.bits, qg.qa, qg.qb, qg.scales, start, stop, out), want[start:stop])
         assert torch.equal(dequantize_rows(qg, start, stop, DequantTables("cuda")), want[start:stop])
+        fresh = torch.full_like(out, float("nan"))
+        assert torch.equal(dequantize_rows(qg, start, stop, DequantTables("cuda"), out=fresh, kernel=kernel),
+                           want[start:stop])  # the prefill's call
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 3])
 def test_embedding_lookup_kernel_is_bit_equal_to_pytorch_and_graph_safe(bits):
-    from app.engine.cuda.dequant import DequantKernel, embedding_rows
+    from app.kernels.dequant import DequantKernel
 
     n, k = 1024, 896
     g = torch.Generator().manual_seed(20 + bits)
@@ -421,11 +424,11 @@ def test_embedding_lookup_kernel_is_bit_equal_to_pytorch_and_graph_safe(bits):
     kernel, tables = DequantKernel(torch.device("cuda")), DequantTables("cuda")
     ids = torch.tensor([n - 1, 0, 517, 517, 3], dtype=torch.int32, device="cuda")
     out = torch.full((5, k), float("nan"), dtype=torch.float16, device="cuda")
-    assert torch.equal(embedding_rows(qg, ids, tables, out, kernel), want[ids.long()])
-    assert torch.equal(embedding_rows(qg, ids, tables, out.clone(), None), want[ids.long()])  # PyTorch's
+    assert torch.equal(lookup_rows(qg, ids, tables, out, kernel), want[ids.long()])
+    assert torch.equal(lookup_rows(qg, ids, tables, out.clone()), want[ids.long()])  # PyTorch's
     graph = torch.cuda.CUDAGraph()  # the ids are read on the device: new ids, same graph
     with torch.cuda.graph(graph):
-        kernel.lookup(qg, ids, out)
+        kernel.lookup(qg.bits, qg.qa, qg.qb, qg.scales, ids, out)
     ids.copy_(torch.tensor([7, 8, n - 2, 0, 1], dtype=torch.int32))
     out.fill_(float("nan"))
     graph.replay()
@@ -440,7 +443,7 @@ def test_gpu_runner_matches_fp32_reference_over_50_steps(arch, recipe, prefill_m
     model = random_model(spec, seed=5)
     weights = runtime_weights(model, recipe)
     ref = TorchRunner(model, StaticKVCache(spec, 2, 256, torch.float32, "cpu"), torch.device("cpu"))
-    from app.engine.cuda.dequant import DequantKernel
+    from app.kernels.dequant import DequantKernel
 
     runner = gpu_runner(weights, num_slots=2, max_context=256, prefill_mode=prefill_mode,
                         dequant_kernel=DequantKernel(torch.device("cuda")))
@@ -544,8 +547,8 @@ def tiny_checkpoint(tmp_path_factory, qwen_tokenizer_dir):
 
 def test_quantized_checkpoint_loads_packed_and_runs(tiny_checkpoint):
     from app.engine.cuda.runner import load_packed
-    from app.quant.checkpoint import load_quantized_model
-    from app.quant.modules import QuantLinear
+    from app.engine.loading import load_quantized_model
+    from app.engine.quantized.modules import QuantLinear
 
     loaded = load_packed(tiny_checkpoint, max_context=64)
     quant = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]

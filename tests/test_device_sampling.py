@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine import SamplingParams, scheduler
+from app.engine import SamplingParams
+from app.engine.runner import RunnerOptions
 from app.engine.sampling import RequestSampler, RowSampling, probabilities, sample_rows, uniform
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -158,8 +159,7 @@ def run_engine(loaded, engine_type, runner, params: list[SamplingParams], prompt
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(engine_parts, model_dir, device,
-                                                                            monkeypatch):
+def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(engine_parts, model_dir, device):
     """Seeded sampled requests (one with top-p / top-k) decode through chained device steps,
     and their tokens equal the same requests drawn on the host from each step's logits."""
     loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
@@ -171,8 +171,11 @@ def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(engin
     on_device, chained = run_engine(loaded, engine_type, runner, params, prompts)
     assert chained > 0
     assert on_device == run_engine(loaded, engine_type, runner, params, prompts)[0]  # the same seeds, the same text
-    monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", False)  # every draw on the host
-    on_host, chained = run_engine(loaded, engine_type, runner, params, prompts)
+    from app.engine.cuda.runner import CudaRunner
+
+    host_draw = CudaRunner(runner.weights, num_slots=2, max_context=96, options=RunnerOptions(draw_on_device=False))
+    assert runner.capabilities.draw_on_device and not host_draw.capabilities.draw_on_device
+    on_host, chained = run_engine(loaded, engine_type, host_draw, params, prompts)  # every draw on the host
     assert chained == 0 and on_host == on_device
 
 
@@ -208,7 +211,7 @@ def test_tokens_rows_draw_each_row_as_the_host_draws_it(engine_parts, model_dir,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_guessing_on_the_device_gives_the_host_text(engine_on, device, monkeypatch):
+def test_sampled_guessing_on_the_device_gives_the_host_text(engine_on, device):
     """Seeded sampled requests on tiny models whose output repeats itself (test_lookup's), with
     guesses kept and missed: the text is the same with guessing off, and with every token
     drawn on the host."""
@@ -217,8 +220,8 @@ def test_sampled_guessing_on_the_device_gives_the_host_text(engine_on, device, m
     cases = [SamplingParams(max_tokens=80, temperature=0.1, seed=5, ignore_eos=True),
              SamplingParams(max_tokens=80, temperature=0.1, top_p=0.9, seed=6, ignore_eos=True)]
 
-    def run(model_seed: int, draft: int = 7) -> tuple[list[list[int]], dict]:
-        with engine_on(device, draft, model_seed) as engine:
+    def run(model_seed: int, draft: int = 7, options: RunnerOptions | None = None) -> tuple[list[list[int]], dict]:
+        with engine_on(device, draft, model_seed, options=options) as engine:
             return [list(engine.generate(PROMPT, p).result.token_ids) for p in cases], engine.stats()
 
     kept = 0
@@ -226,9 +229,7 @@ def test_sampled_guessing_on_the_device_gives_the_host_text(engine_on, device, m
         on_device, stats = run(model_seed)
         kept += stats["lookup_kept"]
         assert run(model_seed, draft=0)[0] == on_device  # guessing off
-        monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", False)
-        assert run(model_seed)[0] == on_device
-        monkeypatch.setattr(scheduler, "DRAW_ON_DEVICE", True)
+        assert run(model_seed, options=RunnerOptions(draw_on_device=False))[0] == on_device
     assert kept > 0  # guesses were kept (and, the rows after them drawn, missed)
 
 

@@ -10,8 +10,8 @@ import torch
 
 from app.commands.doctor import _gpu_line, _model_verdict, model_weights
 from app.engine.cuda.memory import GiB, RTX_3050_LAPTOP, gib, spec_to_hf_config
-from app.quant.checkpoint import FileEntry, Manifest, TensorEntry, write_manifest
-from app.quant.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
+from app.formats.checkpoint import FileEntry, Manifest, TensorEntry, write_manifest
+from app.formats.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
 from tests.test_cuda_runtime import QWEN3B, QWEN7B
 
 SM75 = "GPU NVIDIA GeForce GTX 1650 has compute capability 7.5; the kernels need 8.0 or newer"

@@ -52,16 +52,16 @@ def test_fusion_applies_to_batch_one_staged_rows_only():
     assert not fuses_norm(1, 200)  # not whole chunks of 16
 
 
-def decode_logits(fused: bool, device: str, steps: int = 6, monkeypatch=None) -> list[torch.Tensor]:
+def decode_logits(fused: bool, device: str, steps: int = 6) -> list[torch.Tensor]:
     """Batch-1 greedy decode of a tiny quantized model with the fusion on or off."""
     from test_cuda_runtime import random_model, runtime_weights, tiny_spec
 
-    from app.engine.cuda import graphs
     from app.engine.cuda.runner import CudaRunner
+    from app.engine.runner import RunnerOptions
 
-    monkeypatch.setattr(graphs, "FUSE_NORMS", fused)
     weights = runtime_weights(random_model(tiny_spec(), seed=11), "mixed").map_tensors(lambda t: t.to(device))
-    runner = CudaRunner(weights, num_slots=2, max_context=64, prefill_mode="gemm")
+    runner = CudaRunner(weights, num_slots=2, max_context=64, prefill_mode="gemm",
+                        options=RunnerOptions(fuse_norms=fused))
     # W4/W3 everywhere, hidden 256: every site is fused at batch 1 (a tiny model's prologues are small)
     assert runner.step.fused_norm_sites(1) == (frozenset(SITES) if fused else frozenset())
     assert runner.step.fused_norm_sites(2) == frozenset()
@@ -74,11 +74,11 @@ def decode_logits(fused: bool, device: str, steps: int = 6, monkeypatch=None) ->
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_decode_step_with_fused_norms_equals_the_norm_kernels(device, monkeypatch):
+def test_decode_step_with_fused_norms_equals_the_norm_kernels(device):
     """The same logits with the norms fused or not: on the CPU this checks the wiring (which
     norm weight and which sums feed which linear), on the GPU the bits of a graphed step."""
-    fused = decode_logits(True, device, monkeypatch=monkeypatch)
-    unfused = decode_logits(False, device, monkeypatch=monkeypatch)
+    fused = decode_logits(True, device)
+    unfused = decode_logits(False, device)
     assert all(torch.equal(a, b) for a, b in zip(fused, unfused))
 
 

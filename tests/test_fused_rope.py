@@ -10,17 +10,17 @@ import torch
 # -- the decode step and the graph prefill (CPU wiring, GPU bits) -------------------------------
 
 
-def run_model(fuse: bool, device: str, prefill_mode: str, arch: str, monkeypatch) -> tuple[list, torch.Tensor]:
+def run_model(fuse: bool, device: str, prefill_mode: str, arch: str) -> tuple[list, torch.Tensor]:
     """Prefill a 21-token prompt (through the decode graph's rows in "graph" mode), then decode
     two sequences side by side; the logits and the KV cache."""
     from test_cuda_runtime import random_model, runtime_weights, tiny_spec
 
-    from app.engine.cuda import graphs
     from app.engine.cuda.runner import CudaRunner
+    from app.engine.runner import RunnerOptions
 
-    monkeypatch.setattr(graphs, "FUSE_ROPE", fuse)
     weights = runtime_weights(random_model(tiny_spec(arch), seed=21), "w4").map_tensors(lambda t: t.to(device))
-    runner = CudaRunner(weights, num_slots=3, max_context=64, prefill_mode=prefill_mode)
+    runner = CudaRunner(weights, num_slots=3, max_context=64, prefill_mode=prefill_mode,
+                        options=RunnerOptions(fuse_rope=fuse))
     prompt = torch.randint(3, 1000, (21,), generator=torch.Generator().manual_seed(5)).tolist()
     logits = [runner.prefill(2, prompt, 0).cpu(), runner.prefill(0, prompt[:9], 0).cpu()]
     tokens, positions = [int(logits[0].argmax()), int(logits[1].argmax())], [21, 9]
@@ -33,12 +33,12 @@ def run_model(fuse: bool, device: str, prefill_mode: str, arch: str, monkeypatch
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("prefill_mode,arch", [("graph", "qwen2"), ("gemm", "llama")])
-def test_decode_step_with_fused_rope_equals_rope_then_attention(device, prefill_mode, arch, monkeypatch):
+def test_decode_step_with_fused_rope_equals_rope_then_attention(device, prefill_mode, arch):
     """Same logits and the same cache with RoPE fused into the attention or not. "graph" runs the
     prompt 8 tokens per replay: rows of one slot at consecutive positions, each attending to the
     rows before it in the same launch."""
-    fused_logits, fused_cache = run_model(True, device, prefill_mode, arch, monkeypatch)
-    plain_logits, plain_cache = run_model(False, device, prefill_mode, arch, monkeypatch)
+    fused_logits, fused_cache = run_model(True, device, prefill_mode, arch)
+    plain_logits, plain_cache = run_model(False, device, prefill_mode, arch)
     assert all(torch.equal(a, b) for a, b in zip(fused_logits, plain_logits))
     assert torch.equal(fused_cache, plain_cache)
 

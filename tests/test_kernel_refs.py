@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from app.engine.layers import RMSNorm, apply_rope, causal_gqa_attention
+from app.formats.w3 import pack_w3
+from app.formats.w4 import pack_w4
 from app.kernels import reference as ref
 from app.kernels.attention import MIN_CHUNK, default_num_splits
 from app.kernels.checks import check_tensor, no_overlap
 from app.kernels.gemv import GemvConfig, default_gemv_config
 from app.kernels.loader import KERNEL_DIR, KernelArgumentError, KernelUnavailableError, kernel_source
-from app.quant.w3 import pack_w3
-from app.quant.w4 import pack_w4
 
 PERM4 = [0, 2, 4, 6, 1, 3, 5, 7]
 

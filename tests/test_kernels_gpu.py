@@ -179,18 +179,17 @@ def test_more_than_8_rows_use_a_second_column_block(bits, gated, config):
 @pytest.mark.parametrize("bits", [4, 3])
 @pytest.mark.parametrize("gated,n,k", [(False, 2560, 2048), (True, 2 * 11008, 2048), (False, 151936, 2048),
                                        (False, 77, 384), (True, 96, 1152)])
-def test_staged_x_is_bit_equal_to_x_through_l1(bits, gated, n, k, monkeypatch):
-    """At batch 1 with K <= 2048 the GEMV stages x in shared memory (STAGE_X_BYTES); the same
-    launch with staging off gives the same bits (the 3B qkv, gate/up, lm_head; odd shapes)."""
-    from app.kernels import gemv as gemv_module
+def test_staged_x_is_bit_equal_to_x_through_l1(bits, gated, n, k):
+    """At batch 1 with K <= 2048 the GEMV stages x in shared memory (GemvOptions.stage_x_bytes);
+    the same launch with staging off gives the same bits (the 3B qkv, gate/up, lm_head; odd shapes)."""
+    from app.kernels.gemv import GemvOptions
 
-    assert k * 2 <= gemv_module.STAGE_X_BYTES  # this batch-1 call is staged
+    assert k * 2 <= GemvOptions().stage_x_bytes  # this batch-1 call is staged
     op = (GATED if gated else GEMV)[bits][0]
     w = weights(bits, n, k, seed=81)
     x = activations(1, k, seed=82)
     staged = op(x, *w, out=poisoned(1, n // 2 if gated else n))
-    monkeypatch.setattr(gemv_module, "STAGE_X_BYTES", 0)
-    through_l1 = op(x, *w, out=poisoned(1, n // 2 if gated else n))
+    through_l1 = op(x, *w, out=poisoned(1, n // 2 if gated else n), options=GemvOptions(stage_x_bytes=0))
     assert torch.isfinite(staged).all() and torch.equal(staged, through_l1)
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from app.engine.loading import load_model
-from app.engine.spec import ModelSpec
 from app.errors import ModelLoadError, UnsupportedModelError
+from app.formats.spec import ModelSpec
 
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,

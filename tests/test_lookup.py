@@ -112,8 +112,8 @@ def test_guess_length_grows_on_full_hits_and_shrinks_on_misses():
 
 SEEDS = (1, 5)  # tiny random models whose greedy output repeats spans of itself (vocabulary 1,000)
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 5, 17, 99]
-# engine_on(device, lookup_draft, seed, max_context) (tests/conftest.py): an Engine over the tiny
-# random W4 Qwen2 of that seed.
+# engine_on(device, lookup_draft, seed, max_context, options) (tests/conftest.py): an Engine over
+# the tiny random W4 Qwen2 of that seed.
 
 
 GREEDY = {"plain": {}, "penalties": dict(repetition_penalty=1.05)}

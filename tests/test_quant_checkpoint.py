@@ -18,12 +18,12 @@ from safetensors.torch import save_file
 
 from app.engine import Engine, SamplingParams
 from app.engine.loading import load_model
+from app.engine.quantized.modules import QuantEmbedding, QuantLinear
 from app.errors import ModelLoadError, QwenTrayError
-from app.quant import w4_matmul_ref
-from app.quant.checkpoint import MANIFEST, dequantized_state_dict, read_manifest
-from app.quant.modules import QuantEmbedding, QuantLinear
+from app.formats.checkpoint import MANIFEST, dequantized_state_dict, read_manifest
+from app.formats.recipe import Recipe, load_recipe
+from app.formats.w4 import w4_matmul_ref
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import Recipe, load_recipe
 from tests.conftest import assert_one_line_error, build_tiny_model
 
 CPU = torch.device("cpu")
@@ -86,7 +86,7 @@ def test_padded_columns_are_zero_and_the_padded_gemv_is_exact(tiny_checkpoint, t
         qweight, scales = f.get_tensor("model.layers.0.self_attn.o_proj.qweight"), f.get_tensor(
             "model.layers.0.self_attn.o_proj.scales")
     assert qweight.shape == (64, 16) and scales.shape == (64, 1)
-    from app.quant import unpack_w4
+    from app.formats.w4 import unpack_w4
 
     q = unpack_w4(qweight)
     assert (q[:, 64:] == 0).all() and (q[:, :64] != 0).any()

@@ -1,7 +1,7 @@
 """W4 / W3 layouts pinned bit by bit, quantization bounds, QuantizedTensor, recipes.
 
 The naive references below are written from the layout text in docs/FORMATS.md (position of
-each k inside the words), independently of app.quant's packing code (words -> k).
+each k inside the words), independently of app.formats' packing code (words -> k).
 """
 
 from __future__ import annotations
@@ -13,23 +13,11 @@ import pytest
 import torch
 
 from app.errors import QwenTrayError
-from app.quant import (
-    QuantizedTensor,
-    dequantize_w3,
-    dequantize_w4,
-    embedding_lookup_ref,
-    embedding_lookup_w3_ref,
-    pack_w3,
-    pack_w4,
-    quantize,
-    quantize_w3,
-    quantize_w4,
-    quantized_nbytes,
-    unpack_w3,
-    unpack_w4,
-    w3_matmul_ref,
-    w4_matmul_ref,
-)
+from app.formats.core import quantized_nbytes
+from app.formats.tensor import QuantizedTensor
+from app.formats.w3 import dequantize_w3, embedding_lookup_w3_ref, pack_w3, quantize_w3, unpack_w3, w3_matmul_ref
+from app.formats.w4 import dequantize_w4, embedding_lookup_ref, pack_w4, quantize_w4, unpack_w4, w4_matmul_ref
+from app.quant.search import quantize
 
 ROWS = (1, 3, 37, 257)
 COLS = (128, 384, 1152)
@@ -282,7 +270,7 @@ def _hand_bytes(cfg: dict, attn_bits: int, mlp_bits: int, embed_bits: int, head_
 
 
 def test_qwen25_7b_mixed_fits_the_4gb_budget():
-    from app.quant import hf_tensor_shapes, load_recipe, plan_model
+    from app.formats.recipe import hf_tensor_shapes, load_recipe, plan_model
 
     plan = plan_model(load_recipe("mixed"), hf_tensor_shapes(QWEN25_7B))
     assert plan.total_bytes == _hand_bytes(QWEN25_7B, 4, 3, 4, 3) == 3_146_271_744
@@ -297,7 +285,7 @@ def test_qwen25_7b_mixed_fits_the_4gb_budget():
 
 
 def test_qwen25_3b_w4_and_q4_agree():
-    from app.quant import hf_tensor_shapes, load_recipe, plan_model
+    from app.formats.recipe import hf_tensor_shapes, load_recipe, plan_model
 
     shapes = hf_tensor_shapes(QWEN25_3B)
     assert not any(name.startswith("lm_head") for name, _ in shapes)  # tied: one table serves both
@@ -318,7 +306,7 @@ def test_shapes_from_config_match_transformers_models():
         with torch.device("meta"):
             model = getattr(transformers, cls_name)(hf_cfg)
         real = [(name, tuple(p.shape)) for name, p in model.named_parameters()]  # tied lm_head dropped
-        from app.quant import hf_tensor_shapes
+        from app.formats.recipe import hf_tensor_shapes
 
         assert sorted(hf_tensor_shapes(cfg)) == sorted(real)
 
@@ -330,7 +318,7 @@ def _has_toml_parser() -> bool:
 
 
 def test_load_recipe_from_json(tmp_path):
-    from app.quant import load_recipe
+    from app.formats.recipe import load_recipe
 
     json_file = tmp_path / "all3.json"
     json_file.write_text('{"default_bits": 3, "bits": {"lm_head": 4}}', encoding="utf-8")
@@ -339,7 +327,7 @@ def test_load_recipe_from_json(tmp_path):
 
 
 def test_load_recipe_from_toml(tmp_path):
-    from app.quant import load_recipe
+    from app.formats.recipe import load_recipe
 
     toml_file = tmp_path / "mine.toml"
     toml_file.write_text('name = "mine"\nbase = "mixed"\n[bits]\n"model.layers.*.mlp.down_proj" = 4\n'
@@ -363,7 +351,7 @@ def test_load_recipe_from_toml(tmp_path):
     ('{"bits": ', r"bad\.json: invalid JSON"),
 ])
 def test_bad_recipe_files_name_the_field(tmp_path, text, match):
-    from app.quant import load_recipe
+    from app.formats.recipe import load_recipe
 
     path = tmp_path / "bad.json"
     path.write_text(text, encoding="utf-8")
@@ -372,7 +360,7 @@ def test_bad_recipe_files_name_the_field(tmp_path, text, match):
 
 
 def test_unknown_recipe_and_k_rule_in_plans():
-    from app.quant import load_recipe, plan_model
+    from app.formats.recipe import load_recipe, plan_model
 
     with pytest.raises(QwenTrayError, match="not a built-in recipe"):
         load_recipe("w5")

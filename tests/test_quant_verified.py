@@ -1,4 +1,4 @@
-"""A checkpoint file is hashed once per change: the verified-files cache (app.quant.verified)."""
+"""A checkpoint file is hashed once per change: the verified-files cache (app.formats.verified)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from app.errors import ModelLoadError
-from app.quant.checkpoint import open_checkpoint
+from app.formats.checkpoint import open_checkpoint
+from app.formats.recipe import load_recipe
+from app.formats.verified import CACHE_FILE
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import load_recipe
-from app.quant.verified import CACHE_FILE
 
 LAYER = "layer_001.safetensors"
 

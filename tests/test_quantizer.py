@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import save_file
 
 from app.errors import QwenTrayError
-from app.quant.checkpoint import EMBEDDINGS_FILE, MANIFEST, layer_file, read_manifest
+from app.formats.checkpoint import EMBEDDINGS_FILE, MANIFEST, layer_file, read_manifest
+from app.formats.recipe import load_recipe
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.recipe import load_recipe
 from app.quant.resume import JOURNAL, fingerprint
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, LAYERS = 2048, 11008, 16, 2, 128, 16384, 2

@@ -7,15 +7,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
 from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
+from app.engine.cuda.synthetic import dequantized_linear, quantize_linear
 from app.engine.cuda.weights import DequantTables, LayerWeights, LinearWeight, ModelWeights, lookup_rows
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
+from app.formats.w3 import pack_w3
+from app.formats.w4 import pack_w4
 from app.kernels import tiles
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_, tile_values, unpack_w3_tiles
 from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_, tile_words, unpack_w4_tiles
-from app.quant.w3 import pack_w3
-from app.quant.w4 import pack_w4
 
 
 def random_q(n: int, k: int, seed: int) -> torch.Tensor:

@@ -81,10 +81,10 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
     """GGUF -> fp16 folder (a staging copy, removed afterwards) -> checkpoint models_dir()/name."""
     import shutil
 
+    from app.formats.recipe import load_recipe
     from app.paths import models_dir
     from app.quant.cli import quantize_with_progress
     from app.quant.quantizer import QuantizeJob
-    from app.quant.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails before the slow conversion
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
@@ -142,8 +142,8 @@ def run_add(args: argparse.Namespace) -> int:
 
 def _check_model_folder(path: Path) -> None:
     """A folder ``ask`` could load: a readable config.json of a supported model, or a checkpoint manifest."""
-    from app.engine.spec import ModelSpec
-    from app.quant import checkpoint
+    from app.formats import checkpoint
+    from app.formats.spec import ModelSpec
 
     if not path.is_dir():
         raise QwenTrayError(f"{path}: no such folder")

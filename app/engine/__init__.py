@@ -6,7 +6,7 @@ It knows no screen and no HTTP; see docs/ENGINE_API.md for the contract.
 from app.engine.engine import Engine, resolve_device
 from app.engine.params import GenerationResult, SamplingParams, Usage
 from app.engine.request import PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE, PRIORITY_NORMAL, Generation
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
 
 __all__ = [
     "Engine", "Generation", "GenerationResult", "ModelSpec", "PRIORITY_BACKGROUND", "PRIORITY_INTERACTIVE",

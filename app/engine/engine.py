@@ -10,15 +10,21 @@ from pathlib import Path
 
 import torch
 
+from app import kernels
+from app.engine.cuda.memory import GpuInfo, parse_size
+from app.engine.cuda.ops import unsupported_shape
+from app.engine.cuda.reference_fit import reference_device
+from app.engine.cuda.runner import create_cuda_runner, load_packed
 from app.engine.kv_cache import StaticKVCache
-from app.engine.loading import LoadedModel, load_model
+from app.engine.loading import LoadedModel, context_length, load_model
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_NORMAL, Generation, Request
-from app.engine.runner import TorchRunner
+from app.engine.runner import RunnerOptions, TorchRunner
 from app.engine.scheduler import LOOKUP_MAX_DRAFT, Scheduler
-from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Message, Tokenizer
 from app.errors import ContextLengthError, QwenTrayError
+from app.formats import checkpoint
+from app.formats.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +68,13 @@ class Engine:
              max_context: int | None = None, adapter: str | Path | None = None,
              dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
              vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT,
-             fit_to_vram: bool = False) -> Engine:
+             fit_to_vram: bool = False, runner_options: RunnerOptions | None = None) -> Engine:
         """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
         card's free memory minus a margin. A model or context that does not fit is refused, or
         with ``fit_to_vram`` loaded with fewer concurrent requests, then a shorter context (at
         least 1,024 tokens; ``max_batch_size`` and ``max_context`` then say what was chosen).
-        ``lookup_draft``: see :class:`Engine` (0: never guess tokens)."""
+        ``lookup_draft``: see :class:`Engine` (0: never guess tokens). ``runner_options``: how
+        the CUDA runner builds its step (benchmarks; the reference runner has no options)."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if lookup_draft < 0:
@@ -78,7 +85,7 @@ class Engine:
         on_gpu_machine = dev.type == "cuda"  # (dev may become the CPU below)
         if reason is None:
             loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget,
-                                           fit_to_vram)
+                                           fit_to_vram, runner_options)
             max_batch_size = runner.num_slots
         else:
             if dev.type == "cuda":  # the GPU if the dense model fits it, else the CPU (auto) or an error
@@ -137,8 +144,7 @@ class Engine:
             return
         self.closed = True
         self._scheduler.close()
-        if hasattr(self.runner, "close"):  # not held in a local: it would keep the runner alive below
-            self.runner.close()
+        self.runner.close()  # not held in a local: it would keep the runner alive below
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
         if torch.cuda.is_available():
@@ -157,12 +163,8 @@ def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path:
         return "not a CUDA device"
     if dtype not in (None, torch.float16):
         return f"the CUDA runner computes in float16, {dtype} was asked for"
-    from app.kernels import unavailable_reason
-
-    reason = unavailable_reason()
+    reason = kernels.unavailable_reason()
     if reason is None and path.is_dir():  # a missing folder: the loader below says so
-        from app.engine.cuda.ops import unsupported_shape
-
         reason = unsupported_shape(_read_spec(path))
     return reason
 
@@ -172,10 +174,6 @@ def _reference_device(path: Path, dev: torch.device, asked: str, reason: str, nu
     """Where PyTorch's path runs a model the CUDA runner cannot take (app.engine.cuda.reference_fit)."""
     if not path.is_dir():
         return dev  # the loader names the missing folder
-    from app.engine.cuda.memory import GpuInfo, parse_size
-    from app.engine.cuda.reference_fit import reference_device
-    from app.engine.loading import context_length
-
     spec = _read_spec(path)
     return reference_device(spec, asked=asked, reason=reason, num_slots=num_slots,
                             context=context_length(spec.max_position_embeddings, max_context),
@@ -185,20 +183,17 @@ def _reference_device(path: Path, dev: torch.device, asked: str, reason: str, nu
 
 def _read_spec(path: Path) -> ModelSpec:
     """The model's shapes without loading weights (a quantized checkpoint keeps them in its manifest)."""
-    from app.quant import checkpoint
-
     return checkpoint.read_manifest(path).spec if checkpoint.is_checkpoint(path) else ModelSpec.from_hf_folder(path)
 
 
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
-                  progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool):
+                  progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool,
+                  options: RunnerOptions | None):
     """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
-    from app.engine.cuda.runner import create_cuda_runner, load_packed
-    from app.engine.cuda.memory import parse_size
-
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
     loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
-                                device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress)
+                                device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress,
+                                options=options)
     return loaded, runner
 

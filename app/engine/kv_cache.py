@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.spec import ModelSpec
 from app.errors import ContextLengthError
+from app.formats.spec import ModelSpec
 
 
 class StaticKVCache:

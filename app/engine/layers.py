@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.engine.spec import ModelSpec, RopeScaling
+from app.formats.spec import ModelSpec, RopeScaling
 
 
 class Linear(nn.Module):

@@ -10,10 +10,12 @@ import torch
 
 from app.engine.lora import LoraAdapter
 from app.engine.models.decoder import DecoderModel
-from app.engine.spec import ModelSpec
+from app.engine.quantized.modules import build_quantized_model, default_backend
 from app.engine.tokenizer import Tokenizer
 from app.engine.weights import TensorSource, load_hf_weights
 from app.errors import ModelLoadError, QwenTrayError
+from app.formats import checkpoint
+from app.formats.spec import ModelSpec
 
 DEFAULT_MAX_CONTEXT = 4096
 
@@ -51,9 +53,7 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
         raise ModelLoadError(f"{path}: model folder not found")
     if not path.is_dir():
         raise ModelLoadError(f"{path}: not a folder (give the model's folder, not a file)")
-    if (path / "manifest.json").is_file():  # a quantized checkpoint (qwen-tray quantize)
-        from app.quant.checkpoint import load_quantized_model
-
+    if checkpoint.is_checkpoint(path):  # a quantized checkpoint (qwen-tray quantize)
         return load_quantized_model(path, device, adapter=adapter, dtype=dtype, max_context=max_context,
                                     progress=progress)
     spec = ModelSpec.from_hf_folder(path)
@@ -73,6 +73,30 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
     model.eval()
     return LoadedModel(path, path.name, spec, tokenizer, model, dtype)
 
+
+def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
+                         dtype: torch.dtype | None = None, max_context: int | None = None,
+                         progress: Callable[[str, int, int], None] | None = None,
+                         backend: str | None = None) -> LoadedModel:
+    """Load a checkpoint folder (app.formats.checkpoint) into a :class:`LoadedModel`.
+
+    Every file is verified first (size and sha256). ``backend`` picks how the quantized
+    modules compute (``app.engine.quantized.modules.BACKENDS``; "dense" dequantizes once at
+    load, "int4" keeps 4 bits for PyTorch's CPU kernel); default: ``modules.default_backend``.
+    """
+    path = Path(path)
+    if adapter:
+        raise ModelLoadError(f"{path}: a quantized checkpoint cannot take a LoRA adapter at load; "
+                             "merge it when quantizing (qwen-tray quantize --adapter)")
+    manifest = checkpoint.open_checkpoint(path)
+    tokenizer = Tokenizer.from_folder(path)
+    dtype = dtype or default_dtype(manifest.spec, device)
+    max_positions = context_length(manifest.spec.max_position_embeddings, max_context)
+    weights = ((name, entry.shape, weight) for name, entry, weight in checkpoint.iter_weights(path, manifest))
+    model = build_quantized_model(manifest.spec, weights, len(manifest.tensors), max_positions, device, dtype,
+                                  backend=backend or default_backend(device, dtype), progress=progress,
+                                  where=str(path / checkpoint.MANIFEST))
+    return LoadedModel(path, path.name, manifest.spec, tokenizer, model, dtype)
 
 
 def context_length(model_max: int, requested: int | None) -> int:

@@ -4,6 +4,10 @@ Each step: admit waiting requests into free slots (lowest priority value first, 
 arrival), preempting a lower-priority running request if an interactive one is waiting and
 no slot is free; run one prefill chunk; run one decode step for every sequence that is
 decoding; sample, stream, and retire finished or cancelled requests.
+
+The runner's optional abilities (tokens taken on the device and steps launched ahead,
+sampled tokens drawn there, guessed tokens checked) are used exactly where its
+``capabilities`` grant them (app.engine.runner.RunnerCapabilities).
 """
 
 from __future__ import annotations
@@ -32,16 +36,13 @@ CHAIN_MAX_SEQUENCES = 4
 # Tokens guessed from the sequence itself per step at most (app.engine.lookup): 7 guesses are
 # a step of 8 rows, one block of mma columns in the GEMVs (rows 9-16 take a second one).
 LOOKUP_MAX_DRAFT = 7
-# Sampled tokens drawn on the device when the runner can (app.engine.sampling.sample_rows), so
-# sampled steps chain like greedy ones; False brings every sampled step's logits to the host
-# (python -m benchmarks.bench_device_sampling compares the two in one run).
-DRAW_ON_DEVICE = True
 
 
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, vocab_size: int, eos_ids: frozenset[int],
                  prefill_chunk: int = PREFILL_CHUNK, lookup_draft: int = LOOKUP_MAX_DRAFT):
         self.runner = runner
+        self.capabilities = runner.capabilities
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
@@ -56,7 +57,7 @@ class Scheduler:
         self.speculative_hits = 0  # steps whose tokens were ready when the scheduler came for them
         # Guessed tokens checked per step (0: never guess): only with a runner that checks
         # several tokens of one sequence in one step, bit-equal to one at a time.
-        self.max_draft = max(0, min(lookup_draft, getattr(runner, "max_verify_rows", 1) - 1))
+        self.max_draft = max(0, min(lookup_draft, self.capabilities.max_verify_rows - 1))
         self.lookup_guessed = 0  # tokens guessed and checked
         self.lookup_kept = 0  # of those, equal to the model's own argmax
         self._thread = threading.Thread(target=self._loop, name="qwen-tray-scheduler", daemon=True)
@@ -156,7 +157,7 @@ class Scheduler:
         # the tokens taken on the device (B ids cross the bus), pipelined, when the runner can:
         # the argmax, or a draw without penalties (RequestSampler.row)
         rows = [s.sampler.row for s in seqs]
-        if hasattr(self.runner, "decode_tokens_launch") and all(self._on_device(r) for r in rows):
+        if self.capabilities.pipelined_decode and all(self._on_device(r) for r in rows):
             for seq, row in zip(seqs, rows):
                 self.runner.set_sampling(seq.slot, row)
             return self._decode_pipelined(seqs, *args)
@@ -167,7 +168,7 @@ class Scheduler:
 
     def _on_device(self, row) -> bool:
         """Whether the runner takes this request's tokens itself (argmax, or a draw)."""
-        return row is not None and (row.temperature == 0 or DRAW_ON_DEVICE and self.runner.can_draw(row))
+        return row is not None and (row.temperature == 0 or self.capabilities.draw_on_device)
 
     def _decode_pipelined(self, seqs: list[Sequence], slots: list[int], ids: list[int], positions: list[int]) -> None:
         """Decode ahead of the host, the tokens taken on the device (argmax or draw): the next
@@ -251,10 +252,9 @@ class Scheduler:
         next decode would compute the same tokens again. A token counts only for the sequence
         decoding in that slot at that position (a slot whose owner finished or was preempted
         since matches nothing: its new owner is still prefilling)."""
-        collect = getattr(self.runner, "decode_tokens_collect", None)
-        if collect is None:
+        if not self.capabilities.pipelined_decode:
             return
-        while ready := collect():  # oldest step first, {} when none is left
+        while ready := self.runner.decode_tokens_collect():  # oldest step first, {} when none is left
             waiting_for = {(s.slot, s.cached): s for s in self._running if s.is_decoding and s.finished is None}
             for key, token in ready.items():
                 seq = waiting_for.get(key)
@@ -264,9 +264,8 @@ class Scheduler:
 
     def _drop_speculative(self) -> None:
         """Wait for and discard the steps launched ahead (before anything else uses the runner)."""
-        collect = getattr(self.runner, "decode_tokens_collect", None)
-        if collect is not None:
-            while collect():  # {} when nothing is in flight
+        if self.capabilities.pipelined_decode:
+            while self.runner.decode_tokens_collect():  # {} when nothing is in flight
                 pass
 
     def _accept(self, seq: Sequence, logits) -> None:

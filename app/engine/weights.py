@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from app.engine.spec import ModelSpec
 from app.errors import ModelLoadError
+from app.formats.spec import ModelSpec
 
 # Tensors a checkpoint may carry that the model recomputes (rotary tables).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -3,7 +3,7 @@
 An entry says where to fetch a model (a Hugging Face repo, a ModelScope repo), which files,
 and the recipe that quantizes it for a small GPU. Its architecture ([model.config], a subset
 of the repo's config.json) lets the app compute, before any byte is downloaded, the download
-size, the checkpoint size (the recipe planner, app/quant/recipe.py) and whether it fits this
+size, the checkpoint size (the recipe planner, app/formats/recipe.py) and whether it fits this
 machine (the VRAM planner `qwen-tray doctor` uses, app/engine/cuda/fit.py).
 """
 
@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
+from app.formats.spec import ModelSpec
 from app.paths import config_dir
 from app.settings.models import is_plain_folder_name
 
@@ -157,7 +157,7 @@ def _ref(raw, source: str, where: str) -> RepoRef:
 
 
 def _check_recipe(recipe: str, where: str) -> None:
-    from app.quant.recipe import load_recipe
+    from app.formats.recipe import load_recipe
 
     try:
         load_recipe(recipe)

@@ -60,8 +60,8 @@ def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str
     """Quantize ``source`` into ``out`` (resuming an interrupted run), layer by layer with progress."""
     import torch
 
+    from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob, quantize_model
-    from app.quant.recipe import load_recipe
 
     device = device or quantize_device()
     meter = RateMeter(QUANTIZING, 0, "layer", report, cancel)

@@ -1,6 +1,6 @@
 """What a catalog entry will cost and where it will run, computed before anything is downloaded.
 
-Sizes come from the entry's architecture through the recipe planner (app/quant/recipe.py):
+Sizes come from the entry's architecture through the recipe planner (app/formats/recipe.py):
 the download is the source's 16-bit weights, the checkpoint the recipe's packed weights. Where
 it runs is the VRAM planner's verdict for the checkpoint under the tray's load (app/engine/cuda/fit.py,
 the same as `qwen-tray doctor`).
@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 
 from app.engine.cuda.fit import Fit, Machine, model_fit
+from app.formats.recipe import Recipe, hf_tensor_shapes, load_recipe, plan_model
 from app.hub.catalog import CatalogEntry
-from app.quant.recipe import Recipe, hf_tensor_shapes, load_recipe, plan_model
 
 SOURCE_WEIGHTS = Recipe("bfloat16", ())  # what the hub stores: 16-bit weights, 2 bytes each
 

@@ -10,7 +10,9 @@ the design and why (the measurements behind it: docs/history/). Importing this p
 
 from app.kernels.argmax import argmax_rows, argmax_workspace
 from app.kernels.attention import DecodeAttentionWorkspace, decode_attention, default_num_splits, rope_decode_attention
-from app.kernels.gemv import GemvConfig, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4
+from app.kernels.gemv import (
+    GemvConfig, GemvOptions, default_gemv_config, gate_up_silu_w3, gate_up_silu_w4, gemv_w3, gemv_w4,
+)
 from app.kernels.loader import (
     KernelArgumentError,
     KernelCompileError,
@@ -28,8 +30,8 @@ from app.kernels.token_draw import (
 )
 
 __all__ = [
-    "DecodeAttentionWorkspace", "DrawWorkspace", "GemvConfig", "KernelArgumentError", "KernelCompileError",
-    "KernelError", "KernelUnavailableError", "argmax_rows", "argmax_workspace", "available",
+    "DecodeAttentionWorkspace", "DrawWorkspace", "GemvConfig", "GemvOptions", "KernelArgumentError",
+    "KernelCompileError", "KernelError", "KernelUnavailableError", "argmax_rows", "argmax_workspace", "available",
     "decode_attention", "default_gemv_config", "default_num_splits", "draw_workspace", "filtered_draw",
     "gate_up_silu_w3", "gate_up_silu_w4", "gemv_w3", "gemv_w4", "rms_norm", "rope_decode_attention",
     "rope_kv_write", "temperature_draw", "unavailable_reason",

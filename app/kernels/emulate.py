@@ -25,7 +25,7 @@ def build_as_ptx(arch: str) -> None:
     """Compile every kernel from now on as compute_``arch`` PTX (e.g. "86") and launch none
     programmatically. Call before the first kernel is built."""
     os.environ[programmatic.ENV_VAR] = "off"
-    from cupy.cuda import compiler
+    from cupy.cuda import compiler  # optional: only a GPU machine has CuPy
 
     # CuPy's own choice of architecture (private functions, read on every compile; the disk
     # cache key includes the architecture, so these PTX modules never mix with the cubins).

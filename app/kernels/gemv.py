@@ -13,9 +13,9 @@ The launch configuration depends on the weight's shape and the GPU only, never o
 size, so row m of a batched call is bit-equal to the batch-1 call (greedy batch invariance).
 Rows 9..16 (the prefill through the decode graph) take a second block of 8 mma columns that
 reuses every dequantized weight fragment: twice the tokens per pass over the weights.
-When x is at most ``STAGE_X_BYTES`` each block first copies it into shared memory (same
-values, bit-identical results; its warps then read x apart from the weight streams through L1,
-docs/KERNELS.md § GEMV).
+When x is at most ``GemvOptions.stage_x_bytes`` each block first copies it into shared memory
+(same values, bit-identical results; its warps then read x apart from the weight streams through
+L1, docs/KERNELS.md § GEMV).
 
 Fused RMSNorm (:func:`fuses_norm`: batch 1, x staged up to ``NORM_STAGE_BYTES``): a residual GEMV given ``sums_out``
 also writes the chunk sums of squares of its output rows; the next GEMV given
@@ -51,20 +51,30 @@ RESIDENT_WARPS_PER_SM = 32
 MAX_SPLIT_WAVES = 3
 SOURCE = "gemv.cu"
 # x is staged in shared memory (gemv.cu STAGE_X) when it is at most this many bytes (M * K * 2):
-# batch 1 of the 3B shapes. Set to 0 to turn staging off (lab/ablate_step.py compares).
+# batch 1 of the 3B shapes (GemvOptions.stage_x_bytes; 0 turns staging off).
 STAGE_X_BYTES = 4096
 NORM_CHUNK = 16  # common.cu: a row's sum of squares is summed in chunks of 16 values
-# A fused norm stages its normalized x whatever STAGE_X_BYTES says, up to this size (the 7B's
+# A fused norm stages its normalized x whatever stage_x_bytes says, up to this size (the 7B's
 # 7 KB rows). Whether a norm is worth fusing into a GEMV is norm_prologue_bytes's question.
 NORM_STAGE_BYTES = 8192
 # The decode step fuses a norm only where the fused prologues read at most this much in all
 # (x, norm weight and chunk sums, once per block): fusing into the many-block heads and the 7B
 # gate/up measured slower than the norm kernel (docs/KERNELS.md § Fused norms).
 NORM_PROLOGUE_BYTES = 8 << 20
-# The gate/up's weights copied into shared memory before the programmatic wait where its grid
-# fits in one wave (app.kernels.gemv_preload, preload_plan). Set to False to turn it off
-# (lab/ablate_step.py).
-PRELOAD_WEIGHTS = True
+
+
+@dataclass(frozen=True)
+class GemvOptions:
+    """How the GEMVs launch beyond their split; bit-equal results either way. The defaults are
+    the product's; lab/ablate_step.py turns one off to see what it gives."""
+
+    stage_x_bytes: int = STAGE_X_BYTES  # x copied into shared memory up to this size; 0: never
+    # the gate/up's weights copied into shared memory before the programmatic wait where its grid
+    # fits one wave (app.kernels.gemv_preload, preload_plan)
+    preload_weights: bool = True
+
+
+DEFAULT_OPTIONS = GemvOptions()
 
 
 @dataclass(frozen=True)
@@ -207,15 +217,16 @@ def norm_prologue_bytes(n_out: int, k: int, gated: bool, device: torch.device) -
     return blocks * (2 * k * 2 + k // NORM_CHUNK * 4)
 
 
-def most_staged_x_bytes(k: int) -> int:
+def most_staged_x_bytes(k: int, stage_x_bytes: int = STAGE_X_BYTES) -> int:
     """The largest x any batch of M <= 8 stages in shared memory for a GEMV of K = k inputs."""
-    staged = [m * k * 2 for m in range(1, COLUMN_BLOCK + 1) if m * k * 2 <= STAGE_X_BYTES]
+    staged = [m * k * 2 for m in range(1, COLUMN_BLOCK + 1) if m * k * 2 <= stage_x_bytes]
     if fuses_norm(1, k):
         staged.append(k * 2)
     return max(staged, default=0)
 
 
-def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.device) -> gemv_preload.PreloadPlan | None:
+def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.device,
+                 options: GemvOptions = DEFAULT_OPTIONS) -> gemv_preload.PreloadPlan | None:
     """Whether (and with which split) a GEMV of this shape preloads its weights on ``device``.
 
     Only the gated gate/up GEMV does: it follows the attention block and the o projection,
@@ -226,14 +237,14 @@ def preload_plan(bits: int, n_out: int, k: int, gated: bool, device: torch.devic
     Decided once per process, shape and device (whether launches are programmatic included),
     so a weight keeps one split, and its bits, for the whole run.
     """
-    if not PRELOAD_WEIGHTS or not gated or device.type != "cuda":
+    if not options.preload_weights or not gated or device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _preload_plan(bits, n_out, k, gated, index, STAGE_X_BYTES)
+    return _preload_plan(bits, n_out, k, gated, index, options.stage_x_bytes)
 
 
 @functools.lru_cache(maxsize=None)
-def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int, _stage_x_bytes: int):
+def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int, stage_x_bytes: int):
     with torch.cuda.device(device_index):
         if not loader.programmatic_launches():
             return None  # no window before the wait to fill
@@ -245,12 +256,14 @@ def _preload_plan(bits: int, n_out: int, k: int, gated: bool, device_index: int,
             kernel = loader.get_kernel(SOURCE, cfg.name_expression(bits, gated, 1, True, bound))
             return loader.resident_blocks(kernel, 32 * cfg.block_warps(1), shared)
 
-        return gemv_preload.plan(n_out, k, gated, bits, base.warps, sm_count, most_staged_x_bytes(k), resident)
+        return gemv_preload.plan(n_out, k, gated, bits, base.warps, sm_count, most_staged_x_bytes(k, stage_x_bytes),
+                                 resident)
 
 
 def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None,
          residual: torch.Tensor | None, out: torch.Tensor | None, config: GemvConfig | None,
-         norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None) -> torch.Tensor:
+         norm: FusedNorm | None = None, sums_out: torch.Tensor | None = None,
+         options: GemvOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     dev = w.qa.device
     check_tensor("x", x, torch.float16, (None, w.k), device=dev)
     m = check_range("batch (x.shape[0])", x.shape[0], 1, MAX_BATCH)
@@ -272,7 +285,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
         check_tensor("sums_out", sums_out, torch.float32, (m, n_out // NORM_CHUNK), device=dev)
         sums_ptr = sums_out.data_ptr()
     cols = -(-m // COLUMN_BLOCK)  # rows 0..7 are computed the same way whatever M is (batch invariance)
-    plan = preload_plan(w.bits, n_out, w.k, gated, dev) if config is None else None
+    plan = preload_plan(w.bits, n_out, w.k, gated, dev, options) if config is None else None
     if plan is not None:  # its split for every batch; the copies only with one column block
         cfg = GemvConfig(tiles=1, warps=plan.warps, unroll=1)
     else:
@@ -282,7 +295,7 @@ def _run(w: _Weights, x: torch.Tensor, *, gated: bool, bias: torch.Tensor | None
         raise KernelArgumentError(f"GemvConfig tiles*unroll={cfg.tiles * cfg.unroll} supports at most "
                                   f"{COLUMN_BLOCK} batch rows (at most 2 for {MAX_BATCH}), got {m} rows")
     x_bytes = m * w.k * 2
-    stage_x = x_bytes <= STAGE_X_BYTES or norm is not None
+    stage_x = x_bytes <= options.stage_x_bytes or norm is not None
     kernel = loader.get_kernel(SOURCE, cfg.name_expression(w.bits, gated, cols, stage_x, preload))
     qb_ptr = w.qb.data_ptr() if w.qb is not None else 0
     args = (w.qa.data_ptr(), qb_ptr, w.scales.data_ptr(), x.data_ptr(), bias_ptr, res_ptr, y.data_ptr(),
@@ -307,38 +320,38 @@ def _norm_args(norm: FusedNorm | None, m: int, k: int, dev: torch.device) -> tup
 def gemv_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             config: GemvConfig | None = None, norm: FusedNorm | None = None,
-            sums_out: torch.Tensor | None = None) -> torch.Tensor:
+            sums_out: torch.Tensor | None = None, options: GemvOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """x [M<=16, K] fp16 @ W4 [N, K]^T (+ bias [N]) (+ residual [M, N]) -> [M, N] fp16; W in the tile
     layout (``tiles`` [padded_rows(N), K/8], ``scales`` [N, K/128]).
 
     ``out`` may be ``residual`` itself (in-place residual add). ``norm``: x is RMSNorm'd first
     (batch 1, see :class:`FusedNorm`). ``sums_out`` [M, N/16] fp32: the chunk sums of squares
-    of the output rows, for a fused norm in the next GEMV.
+    of the output rows, for a fused norm in the next GEMV. ``options``: x staging, weight preload.
     """
     return _run(_check_w4(tiles, scales), x, gated=False, bias=bias, residual=residual, out=out, config=config,
-                norm=norm, sums_out=sums_out)
+                norm=norm, sums_out=sums_out, options=options)
 
 
 def gemv_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
             bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
             out: torch.Tensor | None = None, config: GemvConfig | None = None, norm: FusedNorm | None = None,
-            sums_out: torch.Tensor | None = None) -> torch.Tensor:
+            sums_out: torch.Tensor | None = None, options: GemvOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """Like :func:`gemv_w4` for W3 in the tile layout (a [Np, K/16], b [Np, K/32], Np = padded_rows(N))."""
     return _run(_check_w3(a, b, scales), x, gated=False, bias=bias, residual=residual, out=out,
-                config=config, norm=norm, sums_out=sums_out)
+                config=config, norm=norm, sums_out=sums_out, options=options)
 
 
 def gate_up_silu_w4(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: FusedNorm | None = None) -> torch.Tensor:
+                    norm: FusedNorm | None = None, options: GemvOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """x [M, K] with W4 [gate; up] of shape [2I, K] (tile layout) -> silu(x Wg^T) * (x Wu^T), [M, I] fp16."""
     return _run(_check_w4(tiles, scales), x, gated=True, bias=None, residual=None, out=out, config=config,
-                norm=norm)
+                norm=norm, options=options)
 
 
 def gate_up_silu_w3(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, *,
                     out: torch.Tensor | None = None, config: GemvConfig | None = None,
-                    norm: FusedNorm | None = None) -> torch.Tensor:
+                    norm: FusedNorm | None = None, options: GemvOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """Like :func:`gate_up_silu_w4` for W3 in the tile layout (I % 16 == 0)."""
     return _run(_check_w3(a, b, scales), x, gated=True, bias=None, residual=None, out=out,
-                config=config, norm=norm)
+                config=config, norm=norm, options=options)

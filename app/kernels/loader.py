@@ -23,6 +23,8 @@ import functools
 import threading
 from pathlib import Path
 
+import torch
+
 from app.kernels import programmatic
 from app.kernels.errors import (  # noqa: F401 - re-exported: the kernel modules import them from here
     KernelArgumentError, KernelCompileError, KernelError, KernelUnavailableError,
@@ -39,10 +41,6 @@ MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync.m16n8k16 with fp32 accumulation, cvt
 @functools.lru_cache(maxsize=None)
 def _probe() -> str | None:
     """None when the kernels can run here, else the reason they cannot."""
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - torch is a hard dependency
-        return f"PyTorch is not importable: {e}"
     if not torch.cuda.is_available():
         return "PyTorch sees no CUDA device (CPU-only build, no NVIDIA GPU or no driver)"
     capability = torch.cuda.get_device_capability()
@@ -50,7 +48,7 @@ def _probe() -> str | None:
         return (f"GPU {torch.cuda.get_device_name()} has compute capability "
                 f"{capability[0]}.{capability[1]}; the kernels need 8.0 or newer (RTX 30xx / A100 and up)")
     try:
-        import cupy
+        import cupy  # optional (the cuda12 / cuda13 extra): its absence is the reason returned
     except ImportError as e:
         return f"CuPy is not installed ({e}); install qwen-tray[cuda12] or qwen-tray[cuda13]"
     try:
@@ -118,7 +116,7 @@ _compile_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def _compiled(filename: str, name_expression: str, device_index: int):
-    import cupy
+    import cupy  # optional: only a GPU machine has it, and only a GPU path gets here
 
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(code=kernel_source(filename), options=COMPILE_OPTIONS,
@@ -132,8 +130,6 @@ def _compiled(filename: str, name_expression: str, device_index: int):
 def get_kernel(filename: str, name_expression: str):
     """The compiled kernel ``name_expression`` (e.g. ``"gemv_kernel<4, 2, false, 2>"``)."""
     require()
-    import torch
-
     device_index = torch.cuda.current_device()
     with _compile_lock:  # NVRTC and the CuPy cache are shared by every thread
         return _compiled(filename, name_expression, device_index)
@@ -147,7 +143,7 @@ def _cupy_stream(torch_stream):
     handle = torch_stream.cuda_stream
     stream = _streams.get(handle)
     if stream is None:
-        import cupy
+        import cupy  # optional: only a GPU machine has it, and only a GPU path gets here
 
         if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
             stream = cupy.cuda.Stream.from_external(torch_stream)
@@ -169,7 +165,7 @@ def _programmatic(device_index: int) -> bool:
     if ready is None:
         ready = _thread_state.devices = set()
     if device_index not in ready:  # cuLaunchKernelEx needs the context current on this thread
-        import cupy
+        import cupy  # optional: only a GPU machine has it, and only a GPU path gets here
 
         cupy.cuda.runtime.setDevice(device_index)
         ready.add(device_index)
@@ -178,8 +174,6 @@ def _programmatic(device_index: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _capability(device_index: int) -> tuple[int, int]:
-    import torch
-
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
@@ -187,8 +181,6 @@ def sm_count(device) -> int:
     """The SM count that GEMV grids and attention splits are planned for. Every such choice asks
     here, so the GPU tests can plan for another card (tests/conftest.py, QWEN_TRAY_TEST_SM_COUNT:
     the RTX 3050 Laptop's 16 SMs on the H200)."""
-    import torch
-
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -201,8 +193,6 @@ def _function_handle(kernel) -> int:
 
 def programmatic_launches() -> bool:
     """Whether kernels launched now on the current device are programmatic (may start early)."""
-    import torch
-
     return _programmatic(torch.cuda.current_device())
 
 
@@ -249,8 +239,6 @@ def launch(kernel, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, s
     ``args`` must already have the kernel's C types: ``numpy.int32`` / ``numpy.int64`` /
     ``numpy.float32`` for scalars, Python ints (``data_ptr()``, 0 for null) for pointers.
     """
-    import torch
-
     if any(d < 1 for d in grid) or any(d < 1 for d in block):
         raise KernelArgumentError(f"empty launch grid={grid} block={block}")
     if not allow_dynamic_shared(kernel, shared_mem):
@@ -270,8 +258,6 @@ def _current_stream() -> tuple[int, int]:
     """(device index, cudaStream_t) of PyTorch's current stream. Two C calls where torch has
     them: ``torch.cuda.current_stream()`` builds a Stream object (device-index checks, an
     environment lookup), which an eager prefill chunk paid ~300 times (probe_prefill_host)."""
-    import torch
-
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:
         stream = torch.cuda.current_stream()

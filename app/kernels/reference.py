@@ -11,8 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from app.quant.w3 import dequantize_w3
-from app.quant.w4 import dequantize_w4
+from app.formats.w3 import dequantize_w3
+from app.formats.w4 import dequantize_w4
 
 
 def rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import torch
 
+from app.formats.w3 import OFFSET, pack_w3, unpack_w3
 from app.kernels.tiles import GROUP, TILE_ROWS, check_tileable, padded_rows, repack_in_place
-from app.quant.w3 import OFFSET, pack_w3, unpack_w3
 
 PAIRS_PER_WORD = 5  # pairs 0..14 in W0..W2; pair 15 in the sign bits
 

@@ -1,11 +1,11 @@
-"""Quantized weight formats W4A16 / W3A16 in pure PyTorch (layouts: docs/FORMATS.md).
+"""The offline quantizer (`qwen-tray quantize`): reads a Hugging Face folder through the engine's
+loaders and writes a checkpoint in the formats of :mod:`app.formats` (docs/FORMATS.md).
 
-- :mod:`app.quant.w4`, :mod:`app.quant.w3`: pack / unpack / quantize / dequantize and the
-  fp32 matmul and embedding references the CUDA kernels are checked against.
-- :mod:`app.quant.search`: per-group clipping search (better than round-to-nearest).
+- :mod:`app.quant.search`: per-group clipping search (better than round-to-nearest) and
+  :func:`quantize`, one weight to a :class:`~app.formats.tensor.QuantizedTensor`.
 - :mod:`app.quant.awq`: optional activation-aware per-input-channel scaling.
-- :mod:`app.quant.tensor`: :class:`QuantizedTensor`, one quantized weight as data.
-- :mod:`app.quant.recipe`: which tensor gets how many bits, and what a model then weighs.
+- :mod:`app.quant.calibration`: the activation statistics of a calibration text.
+- :mod:`app.quant.quantizer`, :mod:`app.quant.resume`: one layer at a time, resumable.
 """
 
 import importlib
@@ -14,12 +14,7 @@ import importlib
 # CLI, does not pay for importing torch.
 _EXPORTS = {
     "awq": ("ActivationStats", "AwqResult", "awq_search"),
-    "core": ("GROUP_SIZE", "quantized_nbytes"),
-    "recipe": ("BUILTIN_RECIPES", "ModelPlan", "Recipe", "hf_tensor_shapes", "load_recipe", "plan_model"),
-    "search": ("search_scales",),
-    "tensor": ("QuantizedTensor", "quantize"),
-    "w3": ("dequantize_w3", "embedding_lookup_w3_ref", "pack_w3", "quantize_w3", "unpack_w3", "w3_matmul_ref"),
-    "w4": ("dequantize_w4", "embedding_lookup_ref", "pack_w4", "quantize_w4", "unpack_w4", "w4_matmul_ref"),
+    "search": ("quantize", "search_scales"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from app.errors import QwenTrayError
-from app.quant.core import (
+from app.formats.core import (
     DEFAULT_CHUNK_ELEMENTS,
     check_weight,
     grouped,
@@ -101,7 +101,7 @@ def scaled_importance(stats: ActivationStats, scales: torch.Tensor) -> torch.Ten
     """Per-channel importance for the clipping search of the scaled weight W * s.
 
     Its input is x / s, so E[(x_k / s_k)^2] = E[x_k^2] / s_k^2. Pass it as ``importance=``
-    to :func:`app.quant.tensor.quantize` / :func:`app.quant.search.search_scales`.
+    to :func:`app.formats.tensor.quantize` / :func:`app.quant.search.search_scales`.
     """
     return stats.mean_sq.float() / scales.float().square()
 

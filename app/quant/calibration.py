@@ -26,9 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.layers import DecoderLayer, RMSNorm, rope_tables
-from app.engine.spec import ModelSpec
 from app.engine.weights import hf_weight_map
 from app.errors import QwenTrayError
+from app.formats.checkpoint import padded_k
+from app.formats.recipe import Recipe
+from app.formats.spec import ModelSpec
 from app.quant.awq import (
     ActivationStats,
     awq_search,
@@ -37,8 +39,6 @@ from app.quant.awq import (
     scale_weight_columns,
     scaled_importance,
 )
-from app.quant.checkpoint import padded_k
-from app.quant.recipe import Recipe
 
 DEFAULT_CALIBRATION_TOKENS = 512
 MAX_CALIBRATION_TOKENS = 4096

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from app.quant.checkpoint import open_checkpoint
+    from app.formats.checkpoint import open_checkpoint  # lazily: `qwen-tray --help` needs no torch
 
     manifest = open_checkpoint(args.path, checksum=args.verify, reuse_verified=False)  # --verify: hash every file
     print(describe(args.path, manifest, verified=args.verify))

@@ -30,8 +30,9 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs, not when it is registered: `qwen-tray --help` needs no torch
+    from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob
-    from app.quant.recipe import load_recipe
 
     job = QuantizeJob(model=args.model, out=args.out, recipe=load_recipe(args.recipe), method=args.method,
                       adapter=args.adapter, calibration=args.calibration,
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 def quantize_with_progress(job, label: str):
     """Run ``job`` with a progress bar on stderr and print one summary line; return the manifest."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazily, like the quantizer: `qwen-tray --help` imports this module
 
     from app.quant.quantizer import quantize_model
 

@@ -25,12 +25,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from app.engine.lora import LoraAdapter
-from app.engine.spec import ModelSpec
 from app.engine.tokenizer import Tokenizer
 from app.engine.weights import TensorSource, check_tensor_names, hf_weight_map
 from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
-from app.quant import calibration as calib
-from app.quant.checkpoint import (
+from app.formats.checkpoint import (
     COPIED_FILES,
     EMBEDDINGS_FILE,
     FP16,
@@ -41,10 +39,13 @@ from app.quant.checkpoint import (
     write_manifest,
     write_tensor_file,
 )
-from app.quant.core import row_chunks
-from app.quant.recipe import Recipe, hf_tensor_shapes
+from app.formats.core import row_chunks
+from app.formats.recipe import Recipe, hf_tensor_shapes
+from app.formats.spec import ModelSpec
+from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
+from app.quant import calibration as calib
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
-from app.quant.tensor import FORMAT_OF_BITS, QuantizedTensor, quantize
+from app.quant.search import quantize
 
 METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 # Rows of the embedding / lm_head read from the source at once (~4 M values: 16 MiB in fp32).

@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 
 from app.errors import ModelLoadError, QwenTrayError
-from app.quant import calibration as calib
-from app.quant.checkpoint import (
+from app.formats.checkpoint import (
     FORMAT_VERSION,
     MANIFEST,
     FileEntry,
@@ -22,6 +21,7 @@ from app.quant.checkpoint import (
     check_file,
     write_atomic,
 )
+from app.quant import calibration as calib
 
 JOURNAL = ".quantize-journal.json"
 CALIBRATED_METHODS = ("calibrated", "awq")  # need a calibration text run through the model

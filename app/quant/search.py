@@ -1,4 +1,5 @@
-"""Data-free per-group clipping search: scales that beat round-to-nearest.
+"""Data-free per-group clipping search: scales that beat round-to-nearest; :func:`quantize`
+turns one weight into a :class:`~app.formats.tensor.QuantizedTensor` with them.
 
 RTN picks each group's scale so nothing is clipped, which wastes levels on one outlier.
 Shrinking the scale clips the outlier a little but rounds the other 127 values on a finer
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from app.errors import QwenTrayError
-from app.quant.core import (
+from app.formats.core import (
     DEFAULT_CHUNK_ELEMENTS,
     GROUP_SIZE,
     check_weight,
@@ -31,6 +32,7 @@ from app.quant.core import (
     rtn_scales_fp32,
     to_fp16_scales,
 )
+from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor, encode
 
 # 1.00, 0.98, ..., 0.60: the MSE optimum of 4-bit groups sits near 0.85-1.0 and of 3-bit
 # groups near 0.7-0.95 for bell-shaped weights; heavier tails push it lower.
@@ -40,6 +42,24 @@ GPU_CHUNK_ELEMENTS = 1 << 24
 
 # A candidate must beat the current best by this relative amount to replace it (see above).
 IMPROVEMENT_MARGIN = 1e-5
+
+
+def quantize(w: torch.Tensor, bits: int, *, name: str = "weight", method: str = "search",
+             importance: torch.Tensor | None = None,
+             device: torch.device | str | None = None) -> QuantizedTensor:
+    """Quantize W [N, K] to ``bits`` (4 -> "w4", 3 -> "w3").
+
+    ``method="search"`` uses the clipping search (:func:`search_scales`), ``"rtn"`` plain
+    round-to-nearest. ``importance`` [K] weights the search's error per input channel.
+    """
+    if bits not in FORMAT_OF_BITS:
+        raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
+    if method not in ("search", "rtn"):
+        raise ValueError(f"method must be 'search' or 'rtn', got {method!r}")
+    scales = None
+    if method == "search":
+        scales = search_scales(w, bits, name=name, importance=importance, device=device)
+    return encode(w, bits, scales, name=name)
 
 
 def search_scales(w: torch.Tensor, bits: int, *, name: str = "weight",

@@ -3,6 +3,7 @@ download and the checkpoint cannot fit; one clear line when the disk fills up me
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -63,8 +64,7 @@ def test_a_disk_that_fills_up_meanwhile(tmp_path, monkeypatch, hub, tiny_hub_mod
         worker = threading.Thread(target=lambda: _run(job, errors))
         worker.start()
         assert hub.stalled.wait(60)
-        with (disk / "filler").open("wb") as f:  # another program takes the rest of the disk
-            os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - (64 << 10))
+        _fill(disk / "filler")  # another program takes the rest of the disk
         hub.release.set()
         worker.join(60)
         assert len(errors) == 1 and isinstance(errors[0], DiskSpaceError), errors
@@ -72,6 +72,21 @@ def test_a_disk_that_fills_up_meanwhile(tmp_path, monkeypatch, hub, tiny_hub_mod
         assert "resumes" in str(errors[0])
         assert (job.source_folder / (WEIGHTS + ".part")).stat().st_size > 0  # kept for the next run
         assert TINY_MODEL not in registered_models()
+
+
+def _fill(path, leave: int = 64 << 10) -> None:
+    """Take all but ``leave`` bytes of the disk; the stalled download may still be flushing what
+    it had received, so the free space is read again when a try comes too close to it."""
+    for _ in range(8):
+        try:
+            with path.open("wb") as f:
+                os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(path.parent).free - leave)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            leave *= 2
+    raise AssertionError(f"could not fill {path.parent}")
 
 
 def _run(job, errors) -> None:

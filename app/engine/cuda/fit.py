@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.cuda.memory import GpuInfo, VramBudgetError
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
 
 TRAY_SLOTS = 4  # Engine.load's default, which the tray keeps (LocalEngineBackend.load)
 
@@ -88,8 +88,8 @@ def folder_weights(path: Path) -> tuple[ModelSpec, int, str]:
     """(spec, weight bytes as the GPU holds them, kind) of a model folder, from its metadata:
     a checkpoint's manifest, or a float16 folder's config.json."""
     from app.engine.cuda.memory import spec_to_hf_config
-    from app.quant import checkpoint
-    from app.quant.recipe import Recipe, hf_tensor_shapes, plan_model
+    from app.formats import checkpoint
+    from app.formats.recipe import Recipe, hf_tensor_shapes, plan_model
 
     if checkpoint.is_checkpoint(path):
         manifest = checkpoint.read_manifest(path)

@@ -8,7 +8,7 @@ per bucket and replayed; the host only uploads 16 bytes per row and reads back t
 
 A batch is padded to its bucket with rows whose slot is -1 and length 0: RoPE + KV write
 skips them (slot out of range) and attention returns zeros, so a pad row touches no cache.
-The attention's split kernel does RoPE + KV write itself (``FUSE_ROPE``, attention.cu).
+The attention's split kernel does RoPE + KV write itself (``RunnerOptions.fuse_rope``, attention.cu).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from app.engine.kv_cache import StaticKVCache
 from app.engine.cuda.step_norms import StepNorms
-from app.engine.cuda.dequant import embedding_rows
-from app.engine.cuda.weights import DequantTables, ModelWeights
+from app.engine.cuda.weights import DequantTables, ModelWeights, lookup_rows
+from app.engine.kv_cache import StaticKVCache
+from app.engine.runner import RunnerOptions
 from app.kernels.argmax import ARGMAX_BLOCKS
 from app.kernels.attention import ROPE_MAX_ROWS, DecodeAttentionWorkspace
 
@@ -43,12 +43,6 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
 INPUT_ROWS = ("ids", "positions", "slots", "seq_lens")
 PAD_ROW = (0, 0, -1, 0)  # token 0 at position 0 in no slot, attending to nothing
 BUCKETS = (1, 2, 4, 8)
-# RMSNorms fused into the GEMVs at batch 1 where it pays (step_norms.py; bit-equal either way);
-# False runs the norm kernels (lab/ablate_step.py compares; read once per runner and batch size).
-FUSE_NORMS = True
-# RoPE + KV write inside the attention's split kernel (bit-equal either way; False runs rope.cu
-# first: lab/ablate_step.py compares). The fused kernel takes at most ROPE_MAX_ROWS rows.
-FUSE_ROPE = True
 ALIGN = 256
 
 
@@ -136,12 +130,16 @@ def pad_inputs(rows: int) -> torch.Tensor:
 
 
 class DecodeStep:
-    """The decode step itself, on the first ``b`` rows of the buffers (eager or captured)."""
+    """The decode step itself, on the first ``b`` rows of the buffers (eager or captured).
+    ``options``: whether norms (where it pays, step_norms.py) and RoPE (at most ROPE_MAX_ROWS
+    rows) are fused into the kernels after them; bit-equal either way."""
 
     def __init__(self, weights: ModelWeights, ops, cache: StaticKVCache, rope: tuple[torch.Tensor, torch.Tensor],
-                 buffers: DecodeBuffers, tables: DequantTables, dequant_kernel=None):
+                 buffers: DecodeBuffers, tables: DequantTables, dequant_kernel=None,
+                 options: RunnerOptions = RunnerOptions()):
         self.w, self.ops, self.cache, self.buffers, self.tables = weights, ops, cache, buffers, tables
-        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (dequant.py), or None
+        self.options = options
+        self.dequant_kernel = dequant_kernel  # the embedding lookup in one launch (kernels/dequant.py), or None
         self.cos, self.sin = rope
         self.spec = weights.spec
         # A fused norm needs quantized GEMVs on both sides (and the gate/up without an MLP bias).
@@ -157,8 +155,8 @@ class DecodeStep:
         h, qkv, q, attn, act = bf.hidden[:b], bf.qkv[:b], bf.q[:b], bf.attn[:b], bf.act[:b]
         workspace = bf.workspace
         norm = StepNorms(ops, bf, s.rms_norm_eps, b, self.fused_norm_sites(b))
-        fuse_rope = FUSE_ROPE and b <= ROPE_MAX_ROWS
-        embedding_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
+        fuse_rope = self.options.fuse_rope and b <= ROPE_MAX_ROWS
+        lookup_rows(w.embed, ids, self.tables, h, self.dequant_kernel)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.k[i], self.cache.v[i]  # [slots, Hkv, L, D] each
             x, fused = norm.before("input", layer.input_norm, first=i == 0)
@@ -187,7 +185,7 @@ class DecodeStep:
         return self._norm_sites[b]
 
     def _decide_norm_sites(self, b: int) -> frozenset[str]:
-        if not (FUSE_NORMS and self.norms_fusable):
+        if not (self.options.fuse_norms and self.norms_fusable):
             return frozenset()
         layer = self.w.layers[0]  # every layer has the same shapes
         consumers = {"input": (layer.qkv, False), "post": (layer.gate_up, True), "final": (self.w.lm_head, False)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from app.engine.cuda.synthetic import dequantized_linear
 from app.engine.cuda.weights import LinearWeight, ModelWeights, aligned_nbytes
 from app.kernels.tiles import TILE_ROWS, padded_rows
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_
@@ -81,8 +82,6 @@ def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
     if why == "dense":
         log.info("%s: gate/up halves of %d rows do not fill 16-row tiles; running it dense", w.name,
                  w.out_features // 2)
-        from app.engine.cuda.synthetic import dequantized_linear
-
         return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
                             dense=dequantized_linear(w).half())
     if in_place and why is None:

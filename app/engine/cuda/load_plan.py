@@ -8,7 +8,7 @@ import logging
 from app.engine.cuda.memory import (
     BESIDE_ALLOCATOR, GpuInfo, MemoryPlan, MiB, VramBudgetError, fitted_shape, gib, plan_memory, resolve_budget,
 )
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

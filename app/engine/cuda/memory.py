@@ -16,8 +16,15 @@ import functools
 import re
 from dataclasses import asdict, dataclass
 
-from app.engine.spec import ModelSpec
+import torch
+
 from app.errors import QwenTrayError
+from app.formats.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
+from app.formats.spec import ModelSpec
+from app.kernels import loader
+from app.kernels.argmax import ARGMAX_BLOCKS
+from app.kernels.attention import default_num_splits
+from app.kernels.token_draw import draw_workspace_bytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 FP16 = 2
@@ -69,10 +76,6 @@ class GpuInfo:
 
     @classmethod
     def of(cls, device) -> GpuInfo:
-        import torch
-
-        from app.kernels import loader
-
         props = torch.cuda.get_device_properties(device)
         # Blocks PyTorch's allocator caches (a closed model's, on a model switch) are free to a
         # new plan: hand them back, else the card looks fuller than it is.
@@ -117,17 +120,12 @@ def kv_bytes_per_token(spec: ModelSpec) -> int:
 
 
 def attention_splits(spec: ModelSpec, max_context: int, sm_count: int) -> int:
-    from app.kernels.attention import default_num_splits
-
     return default_num_splits(spec.num_kv_heads, max_context, sm_count)
 
 
 def decode_buffer_bytes(spec: ModelSpec, rows: int, splits: int) -> int:
     """Static decode buffers (rows = graph batch): inputs, activations, logits, attention partials,
     the fused norms' chunk sums, the argmax's partials."""
-    from app.kernels.argmax import ARGMAX_BLOCKS
-    from app.kernels.token_draw import draw_workspace_bytes
-
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
     per_row = (2 * h + qkv + 2 * spec.q_size + spec.intermediate_size + spec.vocab_size) * FP16 + 8 + 4 * 4
     per_row += 2 * 4 * 4  # the draw's inputs (cuda/draw.py DRAW_INPUTS) and their pinned upload
@@ -356,8 +354,6 @@ def _largest(ok, low: int, high: int) -> int:
 
 def _smaller_weights_hint(spec: ModelSpec, budget: int, other: int) -> str:
     """Built-in recipes of this model, or the 3B model, whose weights would fit."""
-    from app.quant.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
-
     fitting = []
     for name, recipe in BUILTIN_RECIPES.items():
         try:
@@ -381,8 +377,6 @@ def spec_to_hf_config(spec: ModelSpec) -> dict:
 
 def model_weight_bytes(spec: ModelSpec, recipe_name: str) -> int:
     """Weights of ``spec`` under a built-in recipe, without reading any file (planner tests)."""
-    from app.quant.recipe import BUILTIN_RECIPES, hf_tensor_shapes, plan_model
-
     return plan_model(BUILTIN_RECIPES[recipe_name], hf_tensor_shapes(spec_to_hf_config(spec))).total_bytes
 
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app import kernels
 from app.engine.cuda.weights import LinearWeight
-from app.kernels import reference as ref
+from app.engine.runner import RunnerOptions
+from app.engine.sampling import sample_rows
 from app.kernels import gemv
-from app.kernels.attention import ROPE_MAX_ROWS
+from app.kernels import reference as ref
+from app.kernels.attention import HEAD_DIMS, ROPE_MAX_ROWS
 from app.kernels.gemv import FusedNorm, fuses_norm
 
 
@@ -44,34 +47,34 @@ def dense_gate_up(x: torch.Tensor, w: LinearWeight, out: torch.Tensor) -> torch.
 
 
 class KernelOps:
-    """app.kernels on the GPU (needs ``app.kernels.available()``)."""
+    """app.kernels on the GPU (needs ``app.kernels.available()``), launched as ``options`` say."""
 
     name = "kernels"
 
-    def __init__(self):
-        from app import kernels
-
+    def __init__(self, options: RunnerOptions = RunnerOptions()):
         self.k = kernels
+        self.options = options
 
-    @staticmethod
-    def fuses_norm(m: int, w: LinearWeight, gated: bool) -> bool:
+    def fuses_norm(self, m: int, w: LinearWeight, gated: bool) -> bool:
         """Whether to fuse the norm before ``w`` at batch m (the kernels can, and it pays)."""
         n_out = w.out_features // 2 if gated else w.out_features
-        return (fuses_norm(m, w.in_features)
-                and gemv.norm_prologue_bytes(n_out, w.in_features, gated, w.scales.device) <= gemv.NORM_PROLOGUE_BYTES)
+        limit = self.options.norm_prologue_bytes
+        return fuses_norm(m, w.in_features) and gemv.norm_prologue_bytes(n_out, w.in_features, gated,
+                                                                          w.scales.device) <= limit
 
     def linear(self, x, w: LinearWeight, *, out, residual=None, norm: FusedNorm | None = None, sums_out=None):
         if not w.quantized:
             _no_fusion(w, norm, sums_out)
             return dense_linear(x, w, residual, out)
         kernel = self.k.gemv_w4 if w.bits == 4 else self.k.gemv_w3
-        return kernel(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out)
+        return kernel(x, *_tiles(w), w.scales, bias=w.bias, residual=residual, out=out, norm=norm, sums_out=sums_out,
+                      options=self.options.gemv)
 
     def gate_up(self, x, w: LinearWeight, *, out, norm: FusedNorm | None = None):
         if not w.quantized or w.bias is not None:  # the fused kernel has no bias epilogue
             return _unfused_gate_up(self, x, w, out, norm)
         kernel = self.k.gate_up_silu_w4 if w.bits == 4 else self.k.gate_up_silu_w3
-        return kernel(x, *_tiles(w), w.scales, out=out, norm=norm)
+        return kernel(x, *_tiles(w), w.scales, out=out, norm=norm, options=self.options.gemv)
 
     def argmax(self, logits, *, out, workspace):
         """out[i] = torch.argmax(logits[i]) (argmax.cu: two programmatic launches)."""
@@ -172,8 +175,6 @@ class ReferenceOps:
 
     def filtered_draw(self, logits, vocab, params, *, workspace, out):
         """The host sampler's arithmetic (app.engine.sampling.sample_rows), row by row."""
-        from app.engine.sampling import sample_rows
-
         _check_fp16(logits=logits)
         temperature, top_p, top_k, u = params
         for i in range(logits.shape[0]):
@@ -218,8 +219,6 @@ class ReferenceOps:
 def unsupported_shape(spec) -> str | None:
     """Why the CUDA kernels cannot run a model of this shape (the engine then runs the PyTorch
     reference path on the GPU), or None."""
-    from app.kernels.attention import HEAD_DIMS
-
     if spec.head_dim not in HEAD_DIMS:
         return f"head_dim {spec.head_dim} has no decode-attention kernel (only {' and '.join(map(str, HEAD_DIMS))})"
     return None
@@ -252,5 +251,7 @@ def _check_index(**tensors: torch.Tensor) -> None:
             raise TypeError(f"{name}: the kernels need a contiguous int32 vector, got {t.dtype} {tuple(t.shape)}")
 
 
-def default_ops(device: torch.device):
-    return KernelOps() if device.type == "cuda" else ReferenceOps()
+def default_ops(device: torch.device, options: RunnerOptions = RunnerOptions()):
+    """The kernels on a GPU, launched as ``options`` say; their references elsewhere (the
+    references compute the same bits whatever the launch options)."""
+    return KernelOps(options) if device.type == "cuda" else ReferenceOps()

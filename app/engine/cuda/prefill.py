@@ -2,7 +2,7 @@
 
 Decode reads each weight once per token, so it uses the GEMV kernels; a prompt of T tokens
 reuses each weight T times, so here each quantized weight is dequantized tile by tile into
-one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.engine.cuda.dequant
+one reused fp16 buffer (``tile_elements`` values; the CUDA kernel of app.kernels.dequant
 when it compiles, else PyTorch) and multiplied by all T tokens with cuBLAS. Attention is
 PyTorch's scaled_dot_product_attention over the slot's cached keys: one call with
 ``enable_gqa`` (torch >= 2.5) when the chunk starts at position 0, or later where flash
@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
 from app.engine.kv_cache import StaticKVCache
-from app.engine.cuda.dequant import embedding_rows
-from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows
 
 TILE_ROW_MULTIPLE = 16
 
@@ -116,7 +115,7 @@ class GemmPrefill:
         self.cos, self.sin = rope
         self.spec = weights.spec
         self.chunk = chunk
-        self.dequant_kernel = dequant_kernel  # app.engine.cuda.dequant.DequantKernel or None
+        self.dequant_kernel = dequant_kernel  # app.kernels.dequant.DequantKernel or None
         widest = max(self.spec.hidden_size, self.spec.intermediate_size)
         # at least one 16-row tile of the widest weight, whatever the plan says
         self.tile = torch.empty(max(tile_elements, TILE_ROW_MULTIPLE * widest), dtype=torch.float16,
@@ -152,8 +151,8 @@ class GemmPrefill:
         """
         s, w, ops, dev = self.spec, self.w, self.ops, self.w.device
         t = ids.shape[0]
-        h = embedding_rows(w.embed, ids, self.tables, torch.empty((t, s.hidden_size), dtype=torch.float16, device=dev),
-                           self.dequant_kernel)
+        h = lookup_rows(w.embed, ids, self.tables, torch.empty((t, s.hidden_size), dtype=torch.float16, device=dev),
+                        self.dequant_kernel)
         y = torch.empty_like(h)
         pending = None  # the last sublayer's output, added to h by the next norm (fused)
         for i, layer in enumerate(w.layers):
@@ -187,9 +186,7 @@ class GemmPrefill:
 
     def _dequant(self, w: LinearWeight, start: int, stop: int) -> torch.Tensor:
         out = self.tile[: (stop - start) * w.in_features].view(stop - start, w.in_features)
-        if self.dequant_kernel is not None:
-            return self.dequant_kernel(w, start, stop, out)
-        return dequantize_rows(w, start, stop, self.tables, out=out)
+        return dequantize_rows(w, start, stop, self.tables, out=out, kernel=self.dequant_kernel)
 
     def linear(self, x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         """x [T, K] @ W^T (+ b) -> [T, N] fp16."""

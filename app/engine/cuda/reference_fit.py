@@ -16,7 +16,7 @@ import torch
 
 from app.engine.cuda.memory import FP16, MiB, GpuInfo, VramBudgetError, gib, kv_bytes_per_token, resolve_budget
 from app.engine.loading import param_count
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,6 @@
-"""CudaRunner: the Runner protocol on the GPU (app.engine.runner) with the project's kernels.
+"""CudaRunner: the Runner protocol on the GPU (app.engine.runner) with the project's kernels,
+every optional capability granted (tokens taken on the device, steps launched ahead, sampled
+tokens drawn there unless ``RunnerOptions.draw_on_device`` is off, guessed tokens checked).
 
 - Weights resident in one allocation, W4/W3 through the GEMV kernels, dense fp16 linears
   through cuBLAS; fp16 activations; the static KV cache and every decode buffer allocated
@@ -24,30 +26,32 @@ from pathlib import Path
 
 import torch
 
-from app.engine.cuda.dequant import dequant_kernel_or_none
 from app.engine.cuda.draw import DeviceDraw
 from app.engine.cuda.graphs import INPUT_ROWS, PAD_ROW, DecodeBuffers, DecodeGraphs, DecodeStep, decode_buckets
 from app.engine.cuda.in_flight import TokensInFlight
-from app.engine.cuda.ops import default_ops
-from app.engine.cuda.prefill import GemmPrefill
-from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
-from app.engine.kv_cache import StaticKVCache
-from app.engine.layers import rope_tables
-from app.engine.loading import LoadedModel, load_model
-from app.engine.sampling import RowSampling
+from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
 from app.engine.cuda.load_plan import plan_load
 from app.engine.cuda.memory import (
     GRAPH_PREFILL_ROWS, MIN_TILE_ELEMENTS, PREFILL_CHUNKS, GpuInfo, MemoryPlan, attention_splits,
 )
-from app.engine.cuda.layout import kernel_layout_extra_bytes, to_kernel_layout
+from app.engine.cuda.ops import default_ops
+from app.engine.cuda.prefill import GemmPrefill
+from app.engine.cuda.prefill_graphs import PrefillGraphs, prefill_buckets
 from app.engine.cuda.weights import (
     DequantTables, ModelWeights, arena_nbytes, module_to_arena, weights_from_model, weights_to_arena,
 )
+from app.engine.kv_cache import StaticKVCache
+from app.engine.layers import rope_tables
+from app.engine.loading import LoadedModel, load_model, load_quantized_model
+from app.engine.runner import RunnerCapabilities, RunnerOptions
+from app.engine.sampling import RowSampling
 from app.errors import QwenTrayError
-from app.progress import GPU_STAGE
+from app.formats import checkpoint
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
+from app.kernels.dequant import dequant_kernel_or_none
 from app.kernels.gemv import MAX_BATCH
+from app.progress import GPU_STAGE
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
@@ -67,13 +71,14 @@ log = logging.getLogger(__name__)
 class CudaRunner:
     def __init__(self, weights: ModelWeights, *, num_slots: int, max_context: int, plan: MemoryPlan | None = None,
                  ops=None, use_graphs: bool | None = None, prefill_mode: str | None = None,
-                 dequant_kernel=None):
+                 dequant_kernel=None, options: RunnerOptions | None = None):
         check_slots(num_slots)
         weights = to_kernel_layout(weights, in_place=False)  # no-op when the builder converted in place
         self.weights = weights
         self.spec = spec = weights.spec
         self.device = weights.device
-        self.ops = ops or default_ops(self.device)
+        self.options = options = options or RunnerOptions()
+        self.ops = ops or default_ops(self.device, options)
         self.plan = plan
         self.max_context, self.num_slots = max_context, num_slots
         self.cache = StaticKVCache(spec, num_slots, max_context, torch.float16, self.device)
@@ -91,7 +96,10 @@ class CudaRunner:
         self._in_flight = TokensInFlight(rows, self.device)
         # Sampled tokens drawn after the step (every kind: the kernels need no sort).
         self.draw = DeviceDraw(rows, self.device, ops=self.ops)
-        self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel)
+        self.capabilities = RunnerCapabilities(pipelined_decode=True, draw_on_device=options.draw_on_device,
+                                               max_verify_rows=min(rows, ONE_SLOT_ROWS))
+        self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel,
+                               options)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
                                                                            layer.down)) and weights.lm_head.quantized
         use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -135,11 +143,6 @@ class CudaRunner:
         self._decode(slots, ids, positions)
         return self.buffers.logits[: len(ids)].to("cpu").float()
 
-    def can_draw(self, row: RowSampling) -> bool:
-        """Whether the decode_tokens steps can draw ``row``'s tokens (else: logits to the host):
-        every row without penalties (top-k / top-p included: app.kernels.token_draw)."""
-        return True
-
     def set_sampling(self, slot: int, row: RowSampling | None) -> None:
         """How the decode_tokens steps take ``slot``'s token from now on: drawn as ``row`` says,
         or the argmax (None, or temperature 0)."""
@@ -179,7 +182,7 @@ class CudaRunner:
     @property
     def max_verify_rows(self) -> int:
         """Tokens of one sequence :meth:`tokens_rows` takes at most (one step's rows)."""
-        return min(self.buffers.rows, ONE_SLOT_ROWS)
+        return self.capabilities.max_verify_rows
 
     @torch.inference_mode()
     def tokens_rows(self, slot: int, ids: list[int], start: int, row: RowSampling | None = None) -> list[int]:
@@ -294,19 +297,12 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
 
 
-def _keep_packed(model, dtype: torch.dtype) -> None:
-    """Quantized backend "packed": no dense copies; the CUDA runner reads the packed tensors."""
-
-
 def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None) -> LoadedModel:
     """Load on the CPU in fp16; a quantized checkpoint keeps only its packed tensors."""
     cpu = torch.device("cpu")
-    from app.quant import checkpoint, modules
-
     if checkpoint.is_checkpoint(path):
-        modules.BACKENDS.setdefault("packed", _keep_packed)
-        return checkpoint.load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16,
-                                               max_context=max_context, progress=progress, backend="packed")
+        return load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context,
+                                    progress=progress, backend="packed")
     return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress)
 
 
@@ -338,10 +334,11 @@ def _kernel_layout_in_place(weights: ModelWeights) -> ModelWeights:
     return weights
 
 
-def _planned_runner(weights: ModelWeights, plan: MemoryPlan, use_graphs: bool, dequant) -> CudaRunner:
+def _planned_runner(weights: ModelWeights, plan: MemoryPlan, use_graphs: bool, dequant,
+                    options: RunnerOptions | None = None, ops=None) -> CudaRunner:
     """The runner of weights already in the arena, with the slots and context the plan chose."""
     return CudaRunner(_kernel_layout_in_place(weights), num_slots=plan.num_slots, max_context=plan.max_context,
-                      plan=plan, use_graphs=use_graphs, dequant_kernel=dequant)
+                      plan=plan, use_graphs=use_graphs, dequant_kernel=dequant, options=options, ops=ops)
 
 
 def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
@@ -357,7 +354,8 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
 
 def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
-                       use_graphs: bool = True, fit: bool = False, progress=None) -> CudaRunner:
+                       use_graphs: bool = True, fit: bool = False, progress=None,
+                       options: RunnerOptions | None = None) -> CudaRunner:
     """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
 
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
@@ -377,7 +375,7 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
         if progress:  # the kernels compile here on a first run, which may take a while
             progress(GPU_STAGE, 0, 1)
         module_to_arena(model, device)
-        runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant)
+        runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
         if progress:
             progress(GPU_STAGE, 1, 1)
         return runner
@@ -387,13 +385,16 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
 
 def runner_for_weights(weights: ModelWeights, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
-                       use_graphs: bool = True, dequant: bool = True, fit: bool = False) -> CudaRunner:
-    """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests)."""
+                       use_graphs: bool = True, dequant: bool = True, fit: bool = False,
+                       options: RunnerOptions | None = None, ops=None) -> CudaRunner:
+    """Like :func:`create_cuda_runner` for ModelWeights held on the CPU (benchmarks, tests);
+    ``ops``: the step's operations instead of the kernels (lab/ablate_step.py)."""
     plan, kernel = _plan(weights, arena_nbytes(weights.unique_tensors()) + kernel_layout_extra_bytes(weights),
                          num_slots=num_slots, max_context=max_context, device=device, vram_budget=vram_budget,
                          prefill_mode=prefill_mode, label=label, use_graphs=use_graphs, fit=fit)
 
     def build() -> CudaRunner:
-        return _planned_runner(weights_to_arena(weights, device), plan, use_graphs, kernel if dequant else None)
+        return _planned_runner(weights_to_arena(weights, device), plan, use_graphs, kernel if dequant else None,
+                               options, ops)
 
     return _build_capped(device, plan.budget_bytes, build)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import torch
 
 from app.engine.cuda.weights import LayerWeights, LinearWeight, ModelWeights
-from app.engine.spec import ModelSpec
-from app.quant.core import GROUP_SIZE
+from app.formats.core import GROUP_SIZE
+from app.formats.spec import ModelSpec
+from app.formats.tensor import encode
+from app.formats.w3 import dequantize_w3
+from app.formats.w4 import dequantize_w4
 
 _HF_NAMES = {"qkv": "self_attn.q_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_proj", "down": "mlp.down_proj"}
 
@@ -68,11 +71,9 @@ def synthetic_weights(spec: ModelSpec, recipe, device: torch.device | str, seed:
 
 def quantize_linear(w: LinearWeight, bits: int) -> LinearWeight:
     """Round-to-nearest W4/W3 of a dense LinearWeight (tests; the product quantizer is app.quant)."""
-    from app.quant.tensor import quantize
-
     if bits == 16 or w.quantized:
         return w
-    qt = quantize(w.dense.float(), bits, name=w.name, method="rtn")
+    qt = encode(w.dense.float(), bits, name=w.name)
     t = qt.tensors
     return LinearWeight(bits, w.out_features, w.in_features, qa=t.get("qweight", t.get("qlow")), qb=t.get("qhigh"),
                         scales=t["scales"], bias=w.bias, name=w.name)
@@ -90,10 +91,7 @@ def quantize_weights(weights: ModelWeights, recipe) -> ModelWeights:
 
 
 def dequantized_linear(w: LinearWeight) -> torch.Tensor:
-    """W [N, K] in fp32 exactly as app.quant dequantizes it (the reference of every path)."""
-    from app.quant.w3 import dequantize_w3
-    from app.quant.w4 import dequantize_w4
-
+    """W [N, K] in fp32 exactly as app.formats dequantizes it (the reference of every path)."""
     if w.bits == 16:
         return w.dense.float()
     dequantize = dequantize_w4 if w.bits == 4 else dequantize_w3

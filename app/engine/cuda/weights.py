@@ -2,17 +2,18 @@
 
 :class:`LinearWeight` is one projection: dense fp16 ``[N, K]`` or packed W4/W3 (layouts in
 docs/FORMATS.md). :class:`ModelWeights` is the whole model, taken from a ``DecoderModel``
-(dense ``Linear`` or ``app.quant.modules.QuantLinear``), made up with random packed values
+(dense ``Linear`` or ``app.engine.quantized.modules.QuantLinear``), made up with random packed values
 for benchmarks (:func:`synthetic_weights`), or quantized from a dense model for tests.
 
 All tensors of a model live in ONE device allocation (:func:`pack_into_arena`): the caching
 allocator rounds every tensor above 1 MB up to its own segment, which on a 4 GB card would
 cost tens of megabytes the VRAM planner cannot see.
 
-Dequantization here (:func:`dequantize_rows`, :func:`lookup_rows`) is plain PyTorch on
-uint8 bytes, graph-safe (no host syncs, index tables built up front) and bit-equal to
-``app.quant`` (``fp16(q * scale)``): the embedding lookup inside the decode graph and the
-fallback of the prefill GEMM path.
+Dequantization here (:func:`dequantize_rows`, :func:`lookup_rows`) is the dequant kernel's
+one launch where one is given (app.kernels.dequant, the tile layout), else plain PyTorch on
+uint8 bytes, graph-safe (no host syncs, index tables built up front); both bit-equal to
+``app.formats`` (``fp16(q * scale)``): the embedding lookup inside the decode graph and the
+prefill GEMM path's weight tiles.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import nn
 
-from app.engine.spec import ModelSpec
 from app.errors import QwenTrayError
+from app.formats.core import GROUP_SIZE, even_odd_order
+from app.formats.spec import ModelSpec
+from app.formats.w4 import PERM4
+from app.kernels.dequant import DequantKernel
+from app.kernels.loader import KernelArgumentError
 from app.kernels.tiles import padded_rows
 from app.kernels.w3_tiles import tile_values, unpack_w3_tiles
 from app.kernels.w4_tiles import tile_words, unpack_w4_tiles
-from app.quant.core import GROUP_SIZE, even_odd_order
-from app.quant.w4 import PERM4
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ class LinearWeight:
 
     def checkpoint_words(self) -> tuple[torch.Tensor, ...]:
         """The packed words in the checkpoint's layout, (qweight,) or (qlow, qhigh): what
-        app.quant and the kernels' references read (unpacked from the tile layout if need be)."""
+        app.formats and the kernels' references read (unpacked from the tile layout if need be)."""
         if self.layout == "rows":
             return (self.qa,) if self.bits == 4 else (self.qa, self.qb)
         if self.bits == 4:
@@ -243,7 +246,7 @@ def module_to_arena(model: nn.Module, device: torch.device | str) -> torch.Tenso
 # -- reading a DecoderModel -----------------------------------------------------------------
 
 def linear_from_module(module, name: str) -> LinearWeight:
-    """A ``Linear`` (dense) or an ``app.quant.modules.QuantLinear`` (packed) as a LinearWeight."""
+    """A ``Linear`` (dense) or an ``app.engine.quantized.modules.QuantLinear`` (packed) as a LinearWeight."""
     bias = None if getattr(module, "bias", None) is None else module.bias.data.to(torch.float16)
     packed = getattr(module, "packed_tensors", None)
     if packed is None:  # dense Linear, or a tied embedding Parameter
@@ -343,7 +346,7 @@ def _tile_values(w: LinearWeight, ids: torch.Tensor, tables: DequantTables) -> t
 
 def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
                       out: torch.Tensor | None = None) -> torch.Tensor:
-    """u uint8 [R, K] and fp16 scales [R, K/128] -> fp16(q * scale) [R, K] (exact as app.quant)."""
+    """u uint8 [R, K] and fp16 scales [R, K/128] -> fp16(q * scale) [R, K] (exact as app.formats)."""
     r, k = u.shape
     w = out if out is not None else torch.empty((r, k), dtype=torch.float16, device=u.device)
     w.copy_(u)  # small integers: exact in fp16
@@ -353,16 +356,25 @@ def dequantize_values(u: torch.Tensor, scales: torch.Tensor, bits: int,
 
 
 def dequantize_rows(w: LinearWeight, start: int, stop: int, tables: DequantTables,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows start..stop-1 of W as fp16 [R, K]."""
+                    out: torch.Tensor | None = None, kernel: DequantKernel | None = None) -> torch.Tensor:
+    """Rows start..stop-1 of W as fp16 [R, K]; through ``kernel`` into ``out`` where given."""
     if not w.quantized:
         return w.dense[start:stop]
+    if kernel is not None:
+        if w.layout != "tiles":
+            raise KernelArgumentError(f"{w.name}: the dequantizer reads the tile layout "
+                                      "(app.engine.cuda.layout.to_kernel_layout)")
+        return kernel.rows(w.bits, w.qa, w.qb, w.scales, start, stop, out)
     rows = slice(start, stop)
     return dequantize_values(unsigned_values(w, rows, tables), w.scales[rows], w.bits, out)
 
 
-def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: torch.Tensor) -> torch.Tensor:
-    """Embedding rows ``ids`` (int32 [B]) of table ``w`` into ``out`` fp16 [B, H] (graph-safe)."""
+def lookup_rows(w: LinearWeight, ids: torch.Tensor, tables: DequantTables, out: torch.Tensor,
+                kernel: DequantKernel | None = None) -> torch.Tensor:
+    """Embedding rows ``ids`` (int32 [B]) of table ``w`` into ``out`` fp16 [B, H] (graph-safe):
+    ``kernel``'s one launch where it reads ``w`` (packed, tile layout), else PyTorch (the same bits)."""
+    if kernel is not None and w.quantized and w.layout == "tiles" and ids.dtype == torch.int32:
+        return kernel.lookup(w.bits, w.qa, w.qb, w.scales, ids, out)
     if not w.quantized:
         return torch.index_select(w.dense, 0, ids, out=out)
     if w.layout == "tiles":

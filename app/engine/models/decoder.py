@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.engine.layers import DecoderLayer, Linear, RMSNorm, rope_tables
-from app.engine.spec import ModelSpec
+from app.formats.spec import ModelSpec
 
 
 class DecoderModel(nn.Module):

@@ -14,49 +14,17 @@ from __future__ import annotations
 
 import os
 import sys
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
 from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
-
-
-class HotkeyBackend(ABC):
-    """Registers system-wide hotkeys for one platform."""
-
-    name = "none"
-
-    def __init__(self, on_activate: Callable[[str], None]):
-        self._on_activate = on_activate
-
-    @abstractmethod
-    def register(self, binding_id: str, hotkey: Hotkey) -> None:
-        """Grab ``hotkey``; raise HotkeyConflictError when the OS refuses it."""
-
-    @abstractmethod
-    def unregister_all(self) -> None: ...
-
-    def close(self) -> None:
-        self.unregister_all()
-
-
-class UnavailableHotkeys(HotkeyBackend):
-    """Used where no backend works (Wayland without X, missing library): every hotkey is reported."""
-
-    def __init__(self, on_activate: Callable[[str], None], reason: str):
-        super().__init__(on_activate)
-        self.reason = reason
-
-    def register(self, binding_id: str, hotkey: Hotkey) -> None:
-        raise HotkeyConflictError(f"global hotkeys are unavailable: {self.reason}")
-
-    def unregister_all(self) -> None:
-        pass
+from app.ui.platform.hotkeys_base import HotkeyBackend, UnavailableHotkeys
 
 
 def create_hotkey_backend(on_activate: Callable[[str], None]) -> HotkeyBackend:
     """The backend for this platform, or UnavailableHotkeys saying why none works."""
+    # each backend is imported on its own platform only (win32 ctypes, pynput, python-xlib)
     if sys.platform == "win32":
         from app.ui.platform.hotkeys_win import WindowsHotkeys
 

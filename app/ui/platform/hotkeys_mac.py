@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.ui.platform.hotkeys import HotkeyBackend
 from app.settings.keys import Hotkey
+from app.ui.platform.hotkeys_base import HotkeyBackend
 
 _MOD_TOKENS = {"ctrl": "<ctrl>", "alt": "<alt>", "shift": "<shift>", "super": "<cmd>"}
 _KEY_TOKENS = {

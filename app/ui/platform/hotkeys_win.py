@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QAbstractNativeEventFilter, QCoreApplication
 
-from app.ui.platform.hotkeys import HotkeyBackend
 from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError
+from app.ui.platform.hotkeys_base import HotkeyBackend
 
 WM_HOTKEY = 0x0312
 MOD_ALT, MOD_CONTROL, MOD_SHIFT, MOD_WIN, MOD_NOREPEAT = 0x1, 0x2, 0x4, 0x8, 0x4000

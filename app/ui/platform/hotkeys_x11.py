@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from Xlib import XK, X, display, error
 
-from app.ui.platform.hotkeys import HotkeyBackend
 from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError
+from app.ui.platform.hotkeys_base import HotkeyBackend
 
 _MASKS = {"ctrl": X.ControlMask, "alt": X.Mod1Mask, "shift": X.ShiftMask, "super": X.Mod4Mask}
 # NumLock (Mod2) and CapsLock (Lock) must not stop a hotkey: grab every combination of them.

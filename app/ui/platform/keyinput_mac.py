@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pynput.keyboard import Controller, Key
 
-from app.ui.platform.keyinput import KeyInjector
 from app.settings.keys import Hotkey
+from app.ui.platform.keyinput_base import KeyInjector
 from app.ui.platform.macos_native import MacNative
 
 _MODIFIERS = {"ctrl": Key.ctrl, "alt": Key.alt, "shift": Key.shift, "super": Key.cmd}

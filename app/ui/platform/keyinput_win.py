@@ -8,9 +8,9 @@ import ctypes
 import ntpath
 from ctypes import wintypes
 
-from app.ui.platform.hotkeys_win import virtual_key_for
-from app.ui.platform.keyinput import KeyInjector
 from app.settings.keys import Hotkey
+from app.ui.platform.hotkeys_win import virtual_key_for
+from app.ui.platform.keyinput_base import KeyInjector
 
 INPUT_KEYBOARD, KEYEVENTF_EXTENDEDKEY, KEYEVENTF_KEYUP = 1, 0x0001, 0x0002
 PROCESS_QUERY_LIMITED_INFORMATION = 0x1000

@@ -13,9 +13,9 @@ from Xlib import XK, X, display, error
 from Xlib.ext import xfixes, xtest
 from Xlib.protocol import event as xevent
 
-from app.ui.platform.hotkeys_x11 import keysym_for
-from app.ui.platform.keyinput import KeyInjector
 from app.settings.keys import Hotkey
+from app.ui.platform.hotkeys_x11 import keysym_for
+from app.ui.platform.keyinput_base import KeyInjector
 
 _MODIFIER_KEYSYMS = ("Control_L", "Control_R", "Alt_L", "Alt_R", "Shift_L", "Shift_R",
                      "Super_L", "Super_R", "Meta_L", "Meta_R", "ISO_Level3_Shift")

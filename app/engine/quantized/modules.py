@@ -5,10 +5,10 @@
   fp16-or-wider ``bias``. ``forward`` calls ``self.backend(self, x)``, a function chosen at
   load: the dense backend (:func:`use_dense_backend`, the float32 reference) dequantizes once
   into ``dense_weight`` and runs ``F.linear``; the CPU in bfloat16 keeps 4-bit codes for
-  PyTorch's int4 kernel (:func:`use_int4_backend`, app.quant.cpu_int4; :func:`default_backend`
-  picks); the CUDA path sets a backend that calls the GEMV kernels on the packed
-  tensors directly (``module.packed_tensors()``, ``module.in_features``,
-  ``module.padded_in_features``).
+  PyTorch's int4 kernel (:func:`use_int4_backend`, cpu_int4.py; :func:`default_backend`
+  picks); "packed" (:func:`keep_packed`, the CUDA runner's load) makes no copy: the runner
+  reads the packed tensors directly (``module.packed_tensors()``, ``module.in_features``,
+  ``module.padded_in_features``) for its GEMV kernels.
 - :class:`QuantEmbedding` is a QuantLinear over the ``[vocab, hidden]`` table with a row
   lookup as well; a tied ``lm_head`` is its linear ``forward``.
 - :class:`QuantizedDecoderModel` is a DecoderModel whose ``embed``/``logits`` go through
@@ -29,10 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.engine.models.decoder import DecoderModel
-from app.engine.spec import ModelSpec
+from app.engine.quantized import cpu_int4
 from app.engine.weights import Target, hf_weight_map
 from app.errors import ModelLoadError
-from app.quant.tensor import FORMATS, QuantizedTensor
+from app.formats.spec import ModelSpec
+from app.formats.tensor import FORMATS, QuantizedTensor
 
 Backend = Callable[["QuantLinear", torch.Tensor], torch.Tensor]
 LookupBackend = Callable[["QuantEmbedding", torch.Tensor], torch.Tensor]
@@ -145,23 +146,39 @@ def use_dense_backend(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def use_int4_backend(model: nn.Module, dtype: torch.dtype) -> None:
-    """Keep the weights at 4 bits for PyTorch's CPU int4 kernel (app.quant.cpu_int4)."""
-    from app.quant.cpu_int4 import use_int4_backend as repack
+    """Keep the weights at 4 bits for PyTorch's CPU int4 kernel (app.engine.quantized.cpu_int4):
+    every quantized module (on the CPU) is repacked for it. A linear's checkpoint tensors are
+    dropped once repacked (the kernel's copy replaces them); an embedding keeps them for its
+    row lookups."""
+    for module in model.modules():
+        if not isinstance(module, QuantLinear):
+            continue
+        packed, scales_zeros = cpu_int4.pack_codes(cpu_int4.signed_codes(module), module.scales, dtype)
+        module.register_buffer("int4_packed", packed)
+        module.register_buffer("int4_scales_zeros", scales_zeros)
+        module.backend = cpu_int4.int4_linear
+        if isinstance(module, QuantEmbedding):
+            module.lookup_backend = cpu_int4.packed_lookup
+            module.compute_dtype = dtype
+        else:
+            for key in FORMATS[module.format][1]:
+                delattr(module, key)
 
-    repack(model, dtype)
+
+def keep_packed(model: nn.Module, dtype: torch.dtype) -> None:
+    """No dense copies: the CUDA runner reads the packed tensors and sets its own compute."""
 
 
-BACKENDS: dict[str, Callable[[nn.Module, torch.dtype], None]] = {"dense": use_dense_backend, "int4": use_int4_backend}
+BACKENDS: dict[str, Callable[[nn.Module, torch.dtype], None]] = {
+    "dense": use_dense_backend, "int4": use_int4_backend, "packed": keep_packed,
+}
 
 
 def default_backend(device: torch.device, dtype: torch.dtype) -> str:
     """"int4" for bfloat16 on the CPU where PyTorch's int4 kernel passes its check (a quarter of
     the dense backend's memory and traffic), else "dense" (also the float32 reference)."""
-    if torch.device(device).type == "cpu" and dtype == torch.bfloat16:
-        from app.quant import cpu_int4
-
-        if cpu_int4.available():
-            return "int4"
+    if torch.device(device).type == "cpu" and dtype == torch.bfloat16 and cpu_int4.available():
+        return "int4"
     return "dense"
 
 

@@ -24,9 +24,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from app.quant.core import GROUP_SIZE
-from app.quant.w3 import unpack_w3
-from app.quant.w4 import unpack_w4
+from app.formats.core import GROUP_SIZE
+from app.formats.w3 import unpack_w3
+from app.formats.w4 import unpack_w4
 
 INNER_K_TILES = 2  # the CPU packing's K blocking (K must be a multiple of 16 * this: 128 is)
 ROW_MULTIPLE = 16  # the CPU packing takes N in multiples of 16: pad rows with zero weights
@@ -91,25 +91,3 @@ def int4_linear(module, x: torch.Tensor) -> torch.Tensor:
 def packed_lookup(module, ids: torch.Tensor) -> torch.Tensor:
     """Embedding rows from the packed table (only the rows asked for are unpacked)."""
     return module.quantized().lookup_rows(ids, module.compute_dtype)[..., : module.embedding_dim]
-
-
-def use_int4_backend(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Repack every quantized module of ``model`` (on the CPU) for the int4 kernel. A linear's
-    checkpoint tensors are dropped once repacked (the kernel's copy replaces them); an
-    embedding keeps them for its row lookups."""
-    from app.quant.modules import QuantEmbedding, QuantLinear
-    from app.quant.tensor import FORMATS
-
-    for module in model.modules():
-        if not isinstance(module, QuantLinear):
-            continue
-        packed, scales_zeros = pack_codes(signed_codes(module), module.scales, dtype)
-        module.register_buffer("int4_packed", packed)
-        module.register_buffer("int4_scales_zeros", scales_zeros)
-        module.backend = int4_linear
-        if isinstance(module, QuantEmbedding):
-            module.lookup_backend = packed_lookup
-            module.compute_dtype = dtype
-        else:
-            for key in FORMATS[module.format][1]:
-                delattr(module, key)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from app.quant.core import (
+from app.formats.core import (
     DEFAULT_CHUNK_ELEMENTS,
     check_k,
     check_scales,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from app.quant.core import (
+from app.formats.core import (
     DEFAULT_CHUNK_ELEMENTS,
     check_k,
     check_scales,
@@ -57,7 +57,7 @@ def quantize_w3(w: torch.Tensor, scales: torch.Tensor | None = None, *, name: st
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float W [N, K] -> (qlow [N, K/16], qhigh [N, K/32], scales fp16 [N, K/128]).
 
-    ``scales=None`` uses round-to-nearest scales; see :func:`app.quant.w4.quantize_w4`.
+    ``scales=None`` uses round-to-nearest scales; see :func:`app.formats.w4.quantize_w4`.
     """
     n, k = check_weight(w, name)
     qlow = torch.empty((n, k // 16), dtype=torch.int32, device=w.device)

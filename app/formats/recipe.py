@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import QwenTrayError
-from app.quant.core import GROUP_SIZE, quantized_nbytes
+from app.formats.core import GROUP_SIZE, quantized_nbytes
 
 VALID_BITS = (3, 4, 16)
 FP16_BYTES = 2

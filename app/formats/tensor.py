@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from app.errors import QwenTrayError
-from app.quant import w3, w4
-from app.quant.core import GROUP_SIZE, check_k
-from app.quant.search import search_scales
+from app.formats import w3, w4
+from app.formats.core import GROUP_SIZE, check_k
 
 # Format name -> (bits, names of its tensors in checkpoint order).
 FORMATS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -105,21 +104,12 @@ class QuantizedTensor:
         return cls(fmt, shape, {key: entries[f"{prefix}.{key}"] for key in keys}, name=prefix)
 
 
-def quantize(w: torch.Tensor, bits: int, *, name: str = "weight", method: str = "search",
-             importance: torch.Tensor | None = None,
-             device: torch.device | str | None = None) -> QuantizedTensor:
-    """Quantize W [N, K] to ``bits`` (4 -> "w4", 3 -> "w3").
-
-    ``method="search"`` uses the clipping search (:mod:`app.quant.search`), ``"rtn"`` plain
-    round-to-nearest. ``importance`` [K] weights the search's error per input channel.
-    """
+def encode(w: torch.Tensor, bits: int, scales: torch.Tensor | None = None, *,
+           name: str = "weight") -> QuantizedTensor:
+    """W [N, K] as ``bits`` (4 -> "w4", 3 -> "w3") with the given fp32 ``scales`` [N, K/128],
+    or round-to-nearest scales when None (the clipping search lives in app.quant.search)."""
     if bits not in FORMAT_OF_BITS:
         raise QwenTrayError(f"{name}: cannot quantize to {bits} bits (supported: 3, 4)")
-    if method not in ("search", "rtn"):
-        raise ValueError(f"method must be 'search' or 'rtn', got {method!r}")
-    scales = None
-    if method == "search":
-        scales = search_scales(w, bits, name=name, importance=importance, device=device)
     if bits == 4:
         qweight, scales = w4.quantize_w4(w, scales, name=name)
         tensors = {"qweight": qweight, "scales": scales}

@@ -1,4 +1,4 @@
-"""Layered quantized checkpoints: manifest, atomic file writes, validation, loading.
+"""Layered quantized checkpoints: manifest, atomic file writes, validation, reading.
 
 A checkpoint folder (docs/FORMATS.md, "Checkpoint layout") holds ``manifest.json``, one
 safetensors file per decoder layer (``layer_000.safetensors`` ...), ``embeddings.safetensors``
@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +26,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from app import __version__
-from app.engine.spec import ModelSpec
 from app.errors import ModelLoadError, QwenTrayError
-from app.quant.core import GROUP_SIZE
-from app.quant.recipe import Recipe
-from app.quant.tensor import FORMATS, QuantizedTensor
-from app.quant.verified import VerifiedFiles
+from app.formats.core import GROUP_SIZE
+from app.formats.recipe import Recipe
+from app.formats.spec import ModelSpec
+from app.formats.tensor import FORMATS, QuantizedTensor
+from app.formats.verified import VerifiedFiles
 
 FORMAT_NAME = "qwen-tray-checkpoint"
 FORMAT_VERSION = 1
@@ -259,7 +259,7 @@ def verify_files(folder: Path, files: dict[str, FileEntry], *, checksum: bool = 
                  reuse_verified: bool = True) -> None:
     """Check every file (sizes first, then checksums on all cores); first error wins.
 
-    ``reuse_verified``: files verified before and unchanged since (app.quant.verified) are
+    ``reuse_verified``: files verified before and unchanged since (app.formats.verified) are
     not hashed again; False hashes every file."""
     for name, entry in files.items():
         check_file(folder / name, entry, checksum=False)
@@ -352,30 +352,3 @@ def dequantized_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
             out[name] = weight.float()
     return out
 
-
-def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
-                         dtype: torch.dtype | None = None, max_context: int | None = None,
-                         progress: Callable[[str, int, int], None] | None = None, backend: str | None = None):
-    """Load a checkpoint folder into a :class:`~app.engine.loading.LoadedModel`.
-
-    Every file is verified first (size and sha256). ``backend`` picks how the quantized
-    modules compute (``app.quant.modules.BACKENDS``; "dense" dequantizes once at load, "int4"
-    keeps 4 bits for PyTorch's CPU kernel); default: ``modules.default_backend``.
-    """
-    from app.engine.loading import LoadedModel, context_length, default_dtype
-    from app.engine.tokenizer import Tokenizer
-    from app.quant.modules import build_quantized_model, default_backend
-
-    path = Path(path)
-    if adapter:
-        raise ModelLoadError(f"{path}: a quantized checkpoint cannot take a LoRA adapter at load; "
-                             "merge it when quantizing (qwen-tray quantize --adapter)")
-    manifest = open_checkpoint(path)
-    tokenizer = Tokenizer.from_folder(path)
-    dtype = dtype or default_dtype(manifest.spec, device)
-    max_positions = context_length(manifest.spec.max_position_embeddings, max_context)
-    weights = ((name, entry.shape, weight) for name, entry, weight in iter_weights(path, manifest))
-    model = build_quantized_model(manifest.spec, weights, len(manifest.tensors), max_positions, device, dtype,
-                                  backend=backend or default_backend(device, dtype), progress=progress,
-                                  where=str(path / MANIFEST))
-    return LoadedModel(path, path.name, manifest.spec, tokenizer, model, dtype)
