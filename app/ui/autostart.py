@@ -60,6 +60,20 @@ def desktop_entry(command: list[str], icon: str) -> str:
         "Categories=Utility;TextTools;", "StartupNotify=false", "X-GNOME-Autostart-enabled=true", ""])
 
 
+def _write(path: Path, text: str) -> None:
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        raise AutostartError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise AutostartError(f"cannot remove {path}: {e.strerror or e}") from None
+
+
 class XdgAutostart:
     def __init__(self, config_home: Path | None = None, data_home: Path | None = None):
         home = Path.home()
@@ -84,16 +98,10 @@ class XdgAutostart:
 
     def enable(self, command: list[str]) -> None:
         icon = self._installed_icon if self._installed_icon.is_file() else resources_dir() / "icons" / "qwen-tray.png"
-        try:
-            atomic_write_text(self.path, desktop_entry(command, str(icon)))
-        except OSError as e:
-            raise AutostartError(f"cannot write {self.path}: {e.strerror or e}") from None
+        _write(self.path, desktop_entry(command, str(icon)))
 
     def disable(self) -> None:
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError as e:
-            raise AutostartError(f"cannot remove {self.path}: {e.strerror or e}") from None
+        _remove(self.path)
 
 
 class LaunchAgentAutostart:
@@ -112,16 +120,10 @@ class LaunchAgentAutostart:
 
     def enable(self, command: list[str]) -> None:
         agent = {"Label": AGENT_LABEL, "ProgramArguments": command, "RunAtLoad": True, "ProcessType": "Interactive"}
-        try:
-            atomic_write_text(self.path, plistlib.dumps(agent).decode("utf-8"))
-        except OSError as e:
-            raise AutostartError(f"cannot write {self.path}: {e.strerror or e}") from None
+        _write(self.path, plistlib.dumps(agent).decode("utf-8"))
 
     def disable(self) -> None:
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError as e:
-            raise AutostartError(f"cannot remove {self.path}: {e.strerror or e}") from None
+        _remove(self.path)
 
 
 class WindowsAutostart:
