@@ -1,7 +1,7 @@
 """The ``qwen-tray`` command line.
 
-``qwen-tray`` alone starts the tray app; subcommands: tray, ask, models, doctor, serve,
-quantize, checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
+``qwen-tray`` alone starts the tray app (or hands its arguments to the running one); subcommands:
+tray, action, ask, models, doctor, serve, quantize, checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     # The tray's own options work without "tray" too: `qwen-tray --language zh_CN`.
     parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language of the tray app for this run")
+    parser.add_argument("--replace", action="store_true", help="quit the running tray app and start this one")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from app.commands import ask, doctor, models, tray
+    from app.commands import action, ask, doctor, models, tray
 
     tray.register(sub)
+    action.register(sub)
     ask.register(sub)
     models.register(sub)
     doctor.register(sub)

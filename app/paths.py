@@ -44,6 +44,11 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
+def log_file() -> Path:
+    """The tray's log (it runs without a console): ``<data>/qwen-tray.log``, rotated at 1 MB."""
+    return data_dir() / "qwen-tray.log"
+
+
 def downloads_dir() -> Path:
     """Model sources being downloaded (app/hub): removed once quantized unless kept."""
     return data_dir() / "downloads"

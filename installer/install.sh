@@ -6,7 +6,7 @@
 #   installer/install.sh --cpu                # CPU-only PyTorch
 #   installer/install.sh --autostart          # also start Qwen Tray at login
 #   installer/install.sh --source /path/to/checkout   # install from a checkout or wheel instead of PyPI
-#   installer/install.sh --offline            # use the packages the base Python already has (no downloads)
+#   installer/install.sh --offline            # use the packages PYTHON already has (no downloads)
 #   installer/install.sh --uninstall          # remove the menu entry, autostart entry, icons and venv
 set -euo pipefail
 
@@ -54,11 +54,36 @@ fi
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
     || die "$PYTHON is older than Python 3.10; pass --python /path/to/python3.10+"
 
+if [ "$OFFLINE" = 1 ]; then
+    # PYTHON builds the wheel itself (no download): say in one sentence what it lacks for that.
+    MISSING=$("$PYTHON" - <<'PY'
+import importlib.metadata, importlib.util
+if importlib.util.find_spec("pip") is None:
+    print("has no pip")
+elif importlib.util.find_spec("setuptools") is None:
+    print("has no setuptools")
+else:
+    version = importlib.metadata.version("setuptools")
+    major, minor = (int(part) for part in version.split(".")[:2])
+    # setuptools before 70.1 builds a wheel only with the separate wheel package.
+    if (major, minor) < (70, 1) and importlib.util.find_spec("wheel") is None:
+        print(f"has setuptools {version}, which cannot build a wheel without the wheel package")
+PY
+    )
+    [ -z "$MISSING" ] || die "--offline builds Qwen Tray with $PYTHON, which $MISSING: run $PYTHON -m pip install 'setuptools>=70.1'"
+fi
+
 # 1. The virtual environment.
 if [ ! -x "$PREFIX/bin/python" ]; then
     if [ "$OFFLINE" = 1 ]; then
-        # No pip/setuptools of its own: the base Python's (newer) ones build and install the app.
+        # No packages of its own: it uses PYTHON's (pip too).
         "$PYTHON" -m venv --system-site-packages --without-pip "$PREFIX"
+        # Where PYTHON is itself a virtual environment, --system-site-packages reaches only its base
+        # Python's packages: a .pth file adds the environment's own, ahead of those.
+        OWN_SITE=$("$PYTHON" -c 'import sys, sysconfig
+if sys.prefix != sys.base_prefix: print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))')
+        VENV_SITE=$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        [ -z "$OWN_SITE" ] || printf '%s\n' "$OWN_SITE" > "$VENV_SITE/qwen_tray_offline.pth"
     else
         "$PYTHON" -m venv "$PREFIX"
     fi
@@ -68,8 +93,13 @@ PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check)
 # 2. PyTorch, then the app with its extras (CuPy and NVRTC for the CUDA major version PyTorch was built with).
 EXTRAS="ui"
 if [ "$OFFLINE" = 1 ]; then
-    # Everything the app needs must already be importable by the base Python.
-    "${PIP[@]}" install --no-deps --no-build-isolation --no-index "$SOURCE"
+    # Everything the app needs must already be importable by PYTHON, which builds the wheel
+    # with its own setuptools (checked above).
+    WHEELS=$(mktemp -d)
+    trap 'rm -rf "$WHEELS"' EXIT
+    "$PYTHON" -m pip --disable-pip-version-check wheel -q --no-deps --no-build-isolation --no-index \
+        -w "$WHEELS" "$SOURCE"
+    "${PIP[@]}" install --no-deps --no-index --force-reinstall "$WHEELS"/*.whl
 else
     if [ "$CUDA" = 1 ]; then
         "${PIP[@]}" install "torch>=2.4"  # PyPI's Linux x86_64 wheels are the CUDA 12 builds

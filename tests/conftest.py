@@ -19,6 +19,22 @@ import pytest
 # Tests never touch the user's real config/data/cache folders.
 os.environ.setdefault("QWEN_TRAY_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"qwen-tray-test-home-{os.getpid()}"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# API keys: a keyring in a file (keyrings.alt), never the developer's own keyring; also in child processes.
+os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
+
+
+@pytest.fixture(autouse=True)
+def test_keyring(tmp_path_factory):
+    """This test's own keyring: a real keyring backend (keyrings.alt's file) in a folder of its own."""
+    import keyring
+    from keyrings.alt.file import PlaintextKeyring
+
+    backend = PlaintextKeyring()
+    backend.file_path = str(tmp_path_factory.mktemp("keyring") / "keyring_pass.cfg")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
 
 
 def _package_dir(name: str) -> Path:
@@ -105,6 +121,47 @@ def _engine_parts(model_dir: Path, slots: int, max_context: int, device: str):
         loaded, engine_type = reference.loaded, type(reference)
     weights = weights_from_model(loaded.model).map_tensors(lambda t: t.half().to(device))
     return loaded, engine_type, CudaRunner(weights, num_slots=slots, max_context=max_context)
+
+
+@pytest.fixture(scope="session")
+def w4_weights():
+    """w4_weights(seed): a tiny random Qwen2's W4 runtime weights on the CPU, quantized once per
+    seed for the whole run (quantizing is most of an engine's set-up: test_lookup and
+    test_device_sampling build engines over the same seeds again and again)."""
+    from test_cuda_runtime import random_model, runtime_weights, tiny_spec
+
+    made = {}
+
+    def weights(seed: int):
+        if seed not in made:
+            made[seed] = runtime_weights(random_model(tiny_spec(), seed=seed), "w4")
+        return made[seed]
+
+    return weights
+
+
+@pytest.fixture
+def engine_on(tiny_qwen_dir, w4_weights):
+    """engine_on(device, lookup_draft, seed, max_context, options): an Engine over a CudaRunner on
+    ``device`` (reference ops on the CPU; ``options``: its RunnerOptions) with a tiny random Qwen2 (W4)
+    and the real tokenizer."""
+    import torch
+    from test_cuda_runtime import tiny_spec
+
+    from app.engine import Engine
+    from app.engine.cuda.runner import CudaRunner
+    from app.engine.loading import LoadedModel
+    from app.engine.tokenizer import Tokenizer
+
+    def make(device: str, lookup_draft: int, seed: int, max_context: int = 160, options=None):
+        # A copy per engine: a runner may lay its weights out anew in place.
+        weights = w4_weights(seed).map_tensors(lambda t: t.clone().to(device))
+        loaded = LoadedModel(tiny_qwen_dir, "tiny", tiny_spec(), Tokenizer.from_folder(tiny_qwen_dir), None,
+                             torch.float16)
+        runner = CudaRunner(weights, num_slots=2, max_context=max_context, options=options)
+        return Engine(loaded, runner, 2, lookup_draft)
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -211,17 +211,17 @@ def test_tokens_rows_draw_each_row_as_the_host_draws_it(engine_parts, model_dir,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_guessing_on_the_device_gives_the_host_text(tiny_qwen_dir, device):
+def test_sampled_guessing_on_the_device_gives_the_host_text(engine_on, device):
     """Seeded sampled requests on tiny models whose output repeats itself (test_lookup's), with
     guesses kept and missed: the text is the same with guessing off, and with every token
     drawn on the host."""
-    from test_lookup import PROMPT, SEEDS, engine_on
+    from test_lookup import PROMPT, SEEDS
 
     cases = [SamplingParams(max_tokens=80, temperature=0.1, seed=5, ignore_eos=True),
              SamplingParams(max_tokens=80, temperature=0.1, top_p=0.9, seed=6, ignore_eos=True)]
 
     def run(model_seed: int, draft: int = 7, options: RunnerOptions | None = None) -> tuple[list[list[int]], dict]:
-        with engine_on(tiny_qwen_dir, device, draft, model_seed, options=options) as engine:
+        with engine_on(device, draft, model_seed, options=options) as engine:
             return [list(engine.generate(PROMPT, p).result.token_ids) for p in cases], engine.stats()
 
     kept = 0

@@ -112,22 +112,8 @@ def test_guess_length_grows_on_full_hits_and_shrinks_on_misses():
 
 SEEDS = (1, 5)  # tiny random models whose greedy output repeats spans of itself (vocabulary 1,000)
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 5, 17, 99]
-
-
-def engine_on(tiny_qwen_dir, device: str, lookup_draft: int, seed: int, max_context: int = 160, options=None):
-    """An Engine over a CudaRunner on ``device`` (reference ops on the CPU) with a tiny random
-    Qwen2 (W4) and the real tokenizer; ``options``: the runner's RunnerOptions."""
-    from test_cuda_runtime import random_model, runtime_weights, tiny_spec
-
-    from app.engine import Engine
-    from app.engine.cuda.runner import CudaRunner
-    from app.engine.loading import LoadedModel
-    from app.engine.tokenizer import Tokenizer
-
-    spec = tiny_spec()
-    weights = runtime_weights(random_model(spec, seed=seed), "w4").map_tensors(lambda t: t.to(device))
-    loaded = LoadedModel(tiny_qwen_dir, "tiny", spec, Tokenizer.from_folder(tiny_qwen_dir), None, torch.float16)
-    return Engine(loaded, CudaRunner(weights, num_slots=2, max_context=max_context, options=options), 2, lookup_draft)
+# engine_on(device, lookup_draft, seed, max_context, options) (tests/conftest.py): an Engine over
+# the tiny random W4 Qwen2 of that seed.
 
 
 GREEDY = {"plain": {}, "penalties": dict(repetition_penalty=1.05)}
@@ -135,7 +121,7 @@ GREEDY = {"plain": {}, "penalties": dict(repetition_penalty=1.05)}
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("penalties", GREEDY.values(), ids=GREEDY.keys())
-def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device, penalties):
+def test_greedy_output_is_the_same_with_guessed_tokens(engine_on, device, penalties):
     """Plain greedy checks the guesses by the argmax on the device; with penalties the logits
     come back and each row is penalized by the tokens kept before it."""
     from app.engine import SamplingParams
@@ -145,7 +131,7 @@ def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device, pe
     for seed in SEEDS:
         results, stats = {}, {}
         for draft in (0, 7):
-            with engine_on(tiny_qwen_dir, device, draft, seed) as engine:
+            with engine_on(device, draft, seed) as engine:
                 results[draft] = engine.generate(PROMPT, params).result
                 stats[draft] = engine.stats()
         assert results[7].token_ids == results[0].token_ids
@@ -157,11 +143,11 @@ def test_greedy_output_is_the_same_with_guessed_tokens(tiny_qwen_dir, device, pe
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir, device):
+def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(engine_on, device):
     from app.engine import SamplingParams
 
     seed = SEEDS[1]
-    with engine_on(tiny_qwen_dir, device, 0, seed, max_context=64) as engine:
+    with engine_on(device, 0, seed, max_context=64) as engine:
         plain = engine.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)).result
     stop = plain.text[len(plain.text) // 2:][:3]
     cases = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (1, 2, 9, 13, 31)]
@@ -169,7 +155,7 @@ def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir
     cases.append(SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))  # runs into the context
     outputs, guessed = {}, {}
     for draft in (0, 7):
-        with engine_on(tiny_qwen_dir, device, draft, seed, max_context=64) as engine:
+        with engine_on(device, draft, seed, max_context=64) as engine:
             outputs[draft] = [engine.generate(PROMPT, p).result for p in cases]
             guessed[draft] = engine.stats()["lookup_guessed"]
     assert guessed[0] == 0 and guessed[7] > 0
@@ -181,7 +167,7 @@ def test_guessing_stops_at_max_tokens_stop_strings_and_the_context(tiny_qwen_dir
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sampled_requests_guess_too_and_give_the_text_of_guessing_off(tiny_qwen_dir, device):
+def test_sampled_requests_guess_too_and_give_the_text_of_guessing_off(engine_on, device):
     """Sampling: each checked row draws the token of its position, so a seeded request gives
     the same text with guessing on and off, and again. (A low temperature: the tiny random
     models' distributions are flat; test_device_sampling has cases where guesses are kept.)"""
@@ -191,7 +177,7 @@ def test_sampled_requests_guess_too_and_give_the_text_of_guessing_off(tiny_qwen_
     for model_seed in SEEDS:
         texts = {}
         for draft in (7, 0):
-            with engine_on(tiny_qwen_dir, device, draft, model_seed) as engine:
+            with engine_on(device, draft, model_seed) as engine:
                 for seed in (5, 6):
                     params = SamplingParams(max_tokens=80, temperature=0.1, seed=seed, ignore_eos=True)
                     first = engine.generate(PROMPT, params).result

@@ -7,10 +7,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from app.secrets import get_api_key
 from app.settings.actions import Action
 from app.settings.document import Settings
 from app.settings.jsonfile import SettingsFileError, keep_aside
@@ -56,9 +58,11 @@ def test_everything_round_trips_in_one_human_readable_file(config):
     assert data["models"][0] == {"name": LOCAL.name, "kind": "local", "path": LOCAL.path}  # no noise to edit around
     assert data["actions"] == [{"id": "user-formal", "name": "Formal", "prompt": "Make it formal: {text}",
                                 "hotkey": "Ctrl+Alt+F"}]
+    assert "sk-1" not in settings_path().read_text(encoding="utf-8")  # the API key is in the keyring
     settings, notices = load()
     assert notices == []
-    assert settings.models == [LOCAL, GGUF, REMOTE] and settings.default_model == "DashScope"
+    assert settings.models == [LOCAL, GGUF, replace(REMOTE, api_key="")] and settings.default_model == "DashScope"
+    assert get_api_key("DashScope") == "sk-1"
     assert settings.preferences.hotkeys == {"summarize": "Ctrl+Alt+Q"} and settings.actions == [FORMAL]
 
 
@@ -141,13 +145,14 @@ def test_a_file_without_read_permission_is_reported_as_such_not_as_corrupt(confi
 
 
 def test_one_bad_value_costs_that_value_and_the_file_is_kept_before_it_is_rewritten(config):
+    remote = replace(REMOTE, api_key="")  # (a key would be moved into the keyring at once: tests/test_secrets.py)
     write(settings_path(), {"version": 2, "default_model": LOCAL.name,
-                            "models": [LOCAL.to_dict(), {"name": "broken", "kind": "remote"}, REMOTE.to_dict()],
+                            "models": [LOCAL.to_dict(), {"name": "broken", "kind": "remote"}, remote.to_dict()],
                             "preferences": {"language": "en", "max_tokens": 99999,
                                             "hotkeys": {"summarize": "Ctrl+Alt+Q", "todos": "S"}}})
     original = settings_path().read_text()
     settings, notices = load()
-    assert settings.models == [LOCAL, REMOTE] and settings.default_model == LOCAL.name
+    assert settings.models == [LOCAL, remote] and settings.default_model == LOCAL.name
     assert settings.preferences == Preferences(language="en", hotkeys={"summarize": "Ctrl+Alt+Q"})
     assert len(notices) == 3
     assert "models item #2" in notices[0] and "base_url" in notices[0]

@@ -15,7 +15,6 @@ import platform
 from pathlib import Path
 
 from app import __version__
-from app.engine.cuda.fit import FLOAT16_FOLDER, TRAY_SLOTS, folder_weights as model_weights  # noqa: F401 (doctor's API)
 from app.errors import QwenTrayError
 
 
@@ -93,7 +92,17 @@ def _kernel_cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR") or str(Path.home() / ".cupy" / "kernel_cache")
 
 
+def model_weights(path: Path):
+    """(spec, weight bytes, kind) of a model folder, from its files alone."""
+    # (fit imports torch: imported here, not by every `qwen-tray` command that builds the parser)
+    from app.engine.cuda.fit import folder_weights
+
+    return folder_weights(path)
+
+
 def _print_models(settings, gpu, reason: str | None) -> None:
+    from app.engine.cuda.fit import TRAY_SLOTS
+
     if not settings.models:
         print("Models: none registered; run `qwen-tray models add-starter`")
         return
@@ -111,7 +120,7 @@ def _print_models(settings, gpu, reason: str | None) -> None:
 
 
 def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:
-    from app.engine.cuda.fit import Machine, model_fit
+    from app.engine.cuda.fit import FLOAT16_FOLDER, Machine, model_fit
     from app.engine.cuda.memory import gib
 
     if not path.is_dir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from app.commands.display import display_problem
 from app.errors import QwenTrayError
 
 
@@ -14,6 +15,8 @@ def register(sub) -> None:
     # SUPPRESS: no default of its own, so `qwen-tray --language zh_CN tray` keeps the top-level choice.
     p.add_argument("--language", choices=("auto", "en", "zh_CN"), default=argparse.SUPPRESS,
                    help="UI language for this run")
+    p.add_argument("--replace", action="store_true", default=argparse.SUPPRESS,
+                   help="quit the running Qwen Tray and start this one")
     p.set_defaults(func=run)
 
 
@@ -24,7 +27,20 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "language", None):
         argv += ["--language", args.language]
     try:
-        from app.ui.app import run_tray
+        from app.ui.single_instance import claim_instance
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
-    return run_tray(argv)
+    # A running tray takes the arguments (no display needed for that); else this one starts.
+    instance = claim_instance(argv, replace=getattr(args, "replace", False))
+    if instance is None:
+        return 0
+    problem = display_problem()
+    if problem is not None:
+        instance.release()
+        raise QwenTrayError(problem)
+    try:
+        from app.ui.app import run_tray
+    except ImportError as e:
+        instance.release()
+        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+    return run_tray(argv, instance)

@@ -12,6 +12,7 @@ written again unchanged.
 from __future__ import annotations
 
 import copy
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -109,6 +110,24 @@ def application_styles(value) -> tuple[dict[str, str], list[str]]:
     return named, problems + [f"{name!r}: an empty application name" for name in kept if not name.strip()]
 
 
+def proxy_url(value) -> tuple[str, list[str]]:
+    """"" (the system's proxy), "direct" (none) or an http(s)://host:port proxy."""
+    what = "empty (the system's proxy), 'direct' or a proxy URL such as http://proxy.example:3128"
+    if not isinstance(value, str):
+        raise ValueError(f"must be {what}")
+    value = value.strip()
+    if value in ("", "direct"):
+        return value, []
+    url = urllib.parse.urlsplit(value)
+    try:
+        url.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise ValueError(f"must be {what}") from None
+    if url.scheme not in ("http", "https") or not url.hostname or url.netloc.endswith(":"):
+        raise ValueError(f"must be {what}")
+    return value, []
+
+
 def pref(default: Any, check: Check) -> Any:
     """A preference field: its default and its check."""
     if isinstance(default, (dict, list)):
@@ -137,6 +156,9 @@ class Preferences:
     # application (lowercased X11 WM_CLASS, Windows window class or program name) -> the keys it
     # copies and pastes with; wins over the built-in terminal table
     copy_shortcuts: dict[str, str] = pref({}, application_styles)
+    # remote endpoints: "" the system's proxy (HTTPS_PROXY, ...), "direct" none, or a proxy URL
+    network_proxy: str = pref("", proxy_url)
+    keep_history: bool = pref(True, boolean)  # chats and action results on disk; False keeps none
     model_source: str = pref("hf", one_of(MODEL_SOURCES))  # Settings -> Models downloads from it
     # a Hugging Face mirror such as https://hf-mirror.com ("": HF_ENDPOINT or the hub itself)
     hf_mirror: str = pref("", url_or_empty)

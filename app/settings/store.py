@@ -11,6 +11,11 @@ A change is load, change, save (:meth:`SettingsStore.edit`), so the tray and a C
 never undo each other's changes; a lock serializes the edits of one process (the tray's
 worker and UI threads).
 
+API keys of remote endpoints do not stay in the file: saving moves them into the OS keyring
+(app/secrets.py), and a file that still holds some (an earlier version's) is saved again at
+once; removing an endpoint deletes its key. Where no keyring exists they stay in the file and
+the user is told so.
+
 Version-1 files (app/settings/migrate.py) are read on the first load and written as one
 version-2 file; the old files are then kept beside it as ``NAME.v1-backup-<time>.json``:
 not deleted, since a value the migration could not use is still in them; not left under
@@ -25,13 +30,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
+from app import secrets
 from app.paths import config_dir
 from app.settings.document import Settings, settings_from_json
 from app.settings.jsonfile import (CORRUPT, OK, UNREADABLE, JsonRead, SettingsFileError, cannot_write, keep_aside,
                                    os_reason, read_json, write_json)
 from app.settings.migrate import ACTIONS_V1, PREFERENCES_V1, is_version_1, settings_from_v1
+from app.settings.models import ModelEntry
 from app.settings.notices import Notice
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,8 @@ UNREADABLE_FILE = ("{file} cannot be read ({error}); the defaults are used for n
 LEFT_OUT = "{file}: {problem}"
 KEPT_BEFORE_SAVE = "{file} had values that could not be used; the file as it was is kept as {backup}"
 MIGRATED = "The settings of an earlier version were moved into {file}; the old files are kept as {backups}"
+KEYS_MOVED = "The API keys of {models} were moved from {file} into the system keyring ({keyring})"
+KEYS_IN_FILE = "The API keys of {models} stay in {file} as plain text: {reason}"
 
 
 def settings_path() -> Path:
@@ -61,6 +71,7 @@ class SettingsStore:
         self._blocked: tuple[str, str] | None = None  # why saving would lose a file's contents, what to do
         self._invalid = False  # the file on disk has values the last load left out
         self._v1_files: list[Path] = []  # version-1 files the last load read: kept aside by the next save
+        self._remote_names: set[str] = set()  # the remote endpoints on disk: a removed one's key is deleted
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> Settings:
@@ -74,6 +85,8 @@ class SettingsStore:
                 settings, problems = settings_from_json(read.data)
                 self._left_out(self.path, problems)
                 self._invalid = bool(problems)
+                self._remote_names = _remote_names(settings.models)
+                self._keys_out_of_file(settings)
                 return settings
             return self._migrate(read.data if read.state == OK else None)
 
@@ -128,6 +141,51 @@ class SettingsStore:
                 log.info("version-1 settings read again next time: %s", e)
         return settings
 
+    def _keys_out_of_file(self, settings: Settings) -> None:
+        """A file that still holds API keys (an earlier version's) is saved again: into the keyring."""
+        keyed = [m.name for m in settings.models if _keyed(m)]
+        if not keyed:
+            return
+        if self._blocked is not None or secrets.unavailable_reason() is not None:
+            self._store_keys(settings.models)  # (says why they stay)
+            return
+        try:
+            self.save(settings)
+        except SettingsFileError as e:
+            log.info("API keys moved into the keyring next time: %s", e)
+            return
+        moved = [name for name in keyed if not any(m.name == name and _keyed(m) for m in settings.models)]
+        if moved:
+            self._tell(Notice(KEYS_MOVED, {"models": ", ".join(moved), "file": str(self.path),
+                                           "keyring": secrets.backend_name()}))
+
+    def _store_keys(self, models: list[ModelEntry]) -> list[ModelEntry]:
+        """``models`` with their API keys in the keyring (the file keeps them where none exists); the
+        keys of endpoints removed since the last load are deleted."""
+        for name in self._remote_names - _remote_names(models):
+            try:
+                secrets.delete_api_key(name)
+            except secrets.SecretsError as e:
+                log.warning("%s", e)
+        keyed = [m for m in models if _keyed(m)]
+        if not keyed:
+            return models
+        reason = secrets.unavailable_reason()
+        if reason is not None:
+            self._tell(Notice(KEYS_IN_FILE, {"models": ", ".join(m.name for m in keyed), "file": str(self.path),
+                                             "reason": reason}))
+            return models
+        stored = []
+        for entry in models:
+            if _keyed(entry):
+                try:
+                    secrets.set_api_key(entry.name, entry.api_key)
+                    entry = replace(entry, api_key="")
+                except secrets.SecretsError as e:
+                    self._tell(Notice(KEYS_IN_FILE, {"models": entry.name, "file": str(self.path), "reason": str(e)}))
+            stored.append(entry)
+        return stored
+
     def _left_out(self, path: Path, problems: list[str]) -> None:
         for problem in problems:
             self._tell(Notice(LEFT_OUT, {"file": str(path), "problem": problem}))
@@ -153,7 +211,9 @@ class SettingsStore:
             kept = []
             if self._invalid or self.path in self._v1_files:  # the file being replaced is kept as it was
                 kept.append(self._keep(self.path, "v1-backup" if self._v1_files else "invalid", copy=True))
+            settings.models = self._store_keys(settings.models)
             write_json(self.path, settings.to_json())
+            self._remote_names = _remote_names(settings.models)
             kept += [backup for path in self._v1_files if path != self.path
                      if (backup := self._keep_written(path)) is not None]
             if self._v1_files:
@@ -188,3 +248,11 @@ class SettingsStore:
             yield settings
             if settings.to_json() != before:
                 self.save(settings)
+
+
+def _keyed(entry: ModelEntry) -> bool:
+    return entry.kind == "remote" and bool(entry.api_key)
+
+
+def _remote_names(models: list[ModelEntry]) -> set[str]:
+    return {m.name for m in models if m.kind == "remote"}

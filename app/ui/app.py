@@ -17,12 +17,15 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
 from app.hub.job import GotModel
+from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
+from app.ui.controllers.history_keeper import HistoryKeeper
+from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
@@ -30,7 +33,9 @@ from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
 from app.ui.preferences import NOT_SAVED, PreferencesStore
+from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
+from app.ui.widgets.system_page import open_folder
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +57,10 @@ class TrayApp(QObject):
         self.user_actions, renamed = with_unique_ids(self.store.settings.actions, self.builtin_actions)
         self.actions = [*self.builtin_actions, *self.user_actions]
         # A local model loads on the device the preferences name when its load starts.
-        self.host = EngineHost(lambda entry, progress=None: opener(entry, progress=progress,
-                                                                   device=self.store.prefs.device), parent=self)
+        # (a remote one through the proxy they name)
+        self.host = EngineHost(lambda entry, progress=None: opener(
+            entry, progress=progress, device=self.store.prefs.device, proxy=self.store.prefs.network_proxy),
+            parent=self)
         self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
                                                                      message=message)))
         self.host.loaded.connect(self._notice_without_kernels)
@@ -64,6 +71,8 @@ class TrayApp(QObject):
                                                   qapp.clipboard(), lambda: self.actions, parent=self)
         self.action_controller.notify.connect(self.notify)
         self.action_controller.continueInChat.connect(self.continue_in_chat)
+        self.history = HistoryKeeper(lambda: self.store.prefs, self.notify, self.open_conversation, parent=self)
+        self.action_controller.completed.connect(self.history.keep)
         self.model_jobs = ModelJobs(machine=self.machine, parent=self)  # downloads, GGUF imports
         self.model_jobs.finished.connect(self._model_ready)
         self.model_jobs.failed.connect(lambda message: self.notify(tr("Could not get the model: {message}",
@@ -184,13 +193,26 @@ class TrayApp(QObject):
         if self.chat_window is None:
             from app.ui.widgets.chat import ChatWindow
 
-            self.chat_window = ChatWindow(self.host, self.store)
+            self.chat_window = ChatWindow(self.host, self.store, self.history.chats)
             for notice in self.chat_window.notices:
                 self.notify(notice)
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
         self.chat_window.input.setFocus()
+
+    def open_conversation(self, conversation_id: str) -> None:
+        """A conversation from the History window, in the chat window."""
+        self.open_chat()
+        self.chat_window.open_conversation(conversation_id)
+
+    def open_history(self) -> None:
+        self.history.open_window()
+
+    def open_log_folder(self) -> None:
+        if not open_folder(log_file().parent):
+            self.notify(tr("Could not open {folder}; the log is {file}", folder=str(log_file().parent),
+                           file=str(log_file())))
 
     def continue_in_chat(self, messages: list[dict]) -> None:
         """A popup's request and answer become a new conversation in the chat window."""
@@ -269,6 +291,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="qwen-tray", description="Qwen Tray desktop assistant (tray app)")
     parser.add_argument("--model", help="load this model folder instead of the configured one")
     parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    parser.add_argument("--replace", action="store_true", help="quit the running Qwen Tray and start this one")
     return parser.parse_args(argv)
 
 
@@ -276,10 +299,8 @@ def _log_to_file() -> logging.Handler:
     """The tray runs without a console (pythonw on Windows): keep a log under the data folder."""
     from logging.handlers import RotatingFileHandler
 
-    from app.paths import data_dir
-
-    data_dir().mkdir(parents=True, exist_ok=True)
-    handler = RotatingFileHandler(data_dir() / "qwen-tray.log", maxBytes=1_000_000, backupCount=2, encoding="utf-8")
+    log_file().parent.mkdir(parents=True, exist_ok=True)
+    handler = RotatingFileHandler(log_file(), maxBytes=1_000_000, backupCount=2, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
@@ -287,10 +308,23 @@ def _log_to_file() -> logging.Handler:
     return handler
 
 
-def run_tray(argv: list[str]) -> int:
-    """Start the tray app; returns the exit status."""
+def run_tray(argv: list[str], instance: InstanceLock | None = None) -> int:
+    """Start the tray app; returns the exit status. ``instance``: the single-instance lock, when
+    the caller claimed it; else it is claimed here (a running tray takes ``argv`` instead)."""
     args = parse_args(argv)
+    instance = instance or claim_instance([a for a in argv if a != "--replace"], replace=args.replace)
+    if instance is None:
+        return 0
     log_handler = _log_to_file()
+    try:
+        return _run_tray(args, instance)
+    finally:
+        instance.release()  # (also when it failed to start: the next start must not wait for it)
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
+
+
+def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
     qapp = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "qwen-tray"])
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
@@ -303,8 +337,9 @@ def run_tray(argv: list[str]) -> int:
     else:
         tray_app.start()
     qapp.aboutToQuit.connect(tray_app.shutdown)
+    # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.
+    server = InstanceServer(instance, InstanceRequests(tray_app, parse_args).handle, parent=tray_app)
     try:
         return qapp.exec()
     finally:
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        server.close()

@@ -1,16 +1,21 @@
-"""Chat history on disk: one JSON file per conversation under ``<data>/chats/``.
+"""History on disk: chats (``<data>/chats/``) and hotkey action results (``<data>/action-results/``,
+app/ui/action_history.py), one JSON file per conversation or result.
 
-One file each keeps a save small and atomic; a file that does not parse is moved aside
-with a notice and the rest of the history still loads (the settings' file policy,
-app/settings/jsonfile.py; a file that cannot be read is left as it is).
+One file each keeps a save small and atomic (app.paths.atomic_write_text); a file that does not
+parse is moved aside with a notice and the rest of the history still loads (the settings' file
+policy, app/settings/jsonfile.py; a file that cannot be read is left as it is). With the
+``keep_history`` preference off nothing new is written. Listeners hear of every change (the
+History window, the chat window's list).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from app.paths import data_dir
 from app.settings.jsonfile import CORRUPT, MISSING, UNREADABLE, keep_aside, os_reason, read_json, write_json
@@ -18,10 +23,11 @@ from app.settings.notices import Notice
 
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
+T = TypeVar("T")
 
 
 class CorruptFileError(ValueError):
-    """A conversation file that parses but is not a conversation."""
+    """A history file that parses but is not what it should hold."""
 
 
 @dataclass
@@ -56,6 +62,10 @@ class Conversation:
         """The conversation in the engine's message format."""
         return [{"role": m.role, "content": m.content} for m in self.messages]
 
+    def text(self) -> str:
+        """Everything a search looks at."""
+        return "\n".join([self.title, *(m.content for m in self.messages)])
+
     @classmethod
     def from_dict(cls, data: object) -> Conversation:
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
@@ -68,41 +78,88 @@ class Conversation:
             raise CorruptFileError(f"conversation field is missing or wrong: {e}") from e
 
 
-class ChatHistory:
-    def __init__(self, folder: Path | None = None):
-        self.folder = folder or data_dir() / "chats"
+class HistoryFolder(Generic[T]):
+    """One JSON file per entry in ``folder``; ``parse`` turns a file's data into an entry (or raises
+    CorruptFileError). ``enabled`` says whether anything may be written (the keep_history preference)."""
 
-    def _path(self, conversation_id: str) -> Path:
-        return self.folder / f"{conversation_id}.json"
+    def __init__(self, folder: Path, parse: Callable[[object], T], enabled: Callable[[], bool] | None = None):
+        self.folder = folder
+        self._parse = parse
+        self._enabled = enabled or (lambda: True)
+        self._listeners: list[Callable[[], None]] = []
 
-    def save(self, conversation: Conversation) -> None:
-        if conversation.messages:  # an empty "new chat" is not worth a file
-            write_json(self._path(conversation.id), asdict(conversation))
+    @property
+    def enabled(self) -> bool:
+        return self._enabled()
 
-    def delete(self, conversation_id: str) -> None:
-        self._path(conversation_id).unlink(missing_ok=True)
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after every save and delete."""
+        self._listeners.append(listener)
 
-    def load_all(self) -> tuple[list[Conversation], list[Notice]]:
-        """Every saved conversation, newest first, plus notices for files that were broken."""
-        conversations, notices = [], []
-        if not self.folder.is_dir():
-            return [], []
-        for path in sorted(self.folder.glob("*.json")):
-            if ".corrupt-" in path.name:
-                continue
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def _path(self, entry_id: str) -> Path:
+        return self.folder / f"{entry_id}.json"
+
+    def write(self, entry_id: str, data: dict) -> bool:
+        """Save one entry (atomically); False when history is off."""
+        if not self.enabled:
+            return False
+        write_json(self._path(entry_id), data)
+        self._changed()
+        return True
+
+    def delete(self, entry_id: str) -> None:
+        self._path(entry_id).unlink(missing_ok=True)
+        self._changed()
+
+    def delete_all(self) -> None:
+        """Every entry (the files set aside as corrupt stay: they are the user's to look at)."""
+        for path in self._entry_files():
+            path.unlink(missing_ok=True)
+        self._changed()
+
+    def ids(self) -> set[str]:
+        """The entries on disk now (a listing, nothing read)."""
+        return {path.stem for path in self._entry_files()}
+
+    def _entry_files(self) -> Iterator[Path]:
+        if self.folder.is_dir():
+            yield from (p for p in sorted(self.folder.glob("*.json")) if ".corrupt-" not in p.name)
+
+    def load_all(self) -> tuple[list[T], list[Notice]]:
+        """Every saved entry, plus notices for files that were broken."""
+        entries, notices = [], []
+        for path in self._entry_files():
             read = read_json(path)
             if read.state == MISSING:
                 continue  # deleted since the listing
             if read.state == UNREADABLE:
-                notices.append(Notice("A chat history file cannot be read and is left as it is: {file} ({error})",
+                notices.append(Notice("A history file cannot be read and is left as it is: {file} ({error})",
                                       {"file": str(path), "error": read.problem}))
                 continue
             try:
                 if read.state == CORRUPT:
                     raise CorruptFileError(read.problem)
-                conversations.append(Conversation.from_dict(read.data))
+                entries.append(self._parse(read.data))
             except CorruptFileError as e:
                 notices.append(_moved_aside(path, str(e)))
+        return entries, notices
+
+
+class ChatHistory(HistoryFolder[Conversation]):
+    def __init__(self, folder: Path | None = None, enabled: Callable[[], bool] | None = None):
+        super().__init__(folder or data_dir() / "chats", Conversation.from_dict, enabled)
+
+    def save(self, conversation: Conversation) -> None:
+        if conversation.messages:  # an empty "new chat" is not worth a file
+            self.write(conversation.id, asdict(conversation))
+
+    def load_all(self) -> tuple[list[Conversation], list[Notice]]:
+        """Every saved conversation, newest first, plus notices for files that were broken."""
+        conversations, notices = super().load_all()
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations, notices
 
@@ -111,7 +168,7 @@ def _moved_aside(path: Path, error: str) -> Notice:
     try:
         backup = keep_aside(path)
     except OSError as e:
-        return Notice("A chat history file was unreadable and could not be moved aside: {file} ({error})",
+        return Notice("A history file was unreadable and could not be moved aside: {file} ({error})",
                       {"file": str(path), "error": f"{error}; {os_reason(e)}"})
-    return Notice("A chat history file was unreadable and has been moved to {backup} ({error})",
+    return Notice("A history file was unreadable and has been moved to {backup} ({error})",
                   {"backup": str(backup), "error": error})

@@ -42,12 +42,12 @@ ZH_CN: dict[str, str] = {
         "未能从所选内容复制到任何东西（{keys}），剪贴板中也没有文本",
     "The selection cannot be copied here, and the clipboard holds no text": "此处无法复制所选内容，剪贴板中也没有文本",
     "The clipboard holds no text": "剪贴板中没有文本",
-    "A chat history file was unreadable and has been moved to {backup} ({error})":
-        "一个对话记录文件无法读取，已移至 {backup}（{error}）",
-    "A chat history file was unreadable and could not be moved aside: {file} ({error})":
-        "一个对话记录文件无法读取，也无法移开：{file}（{error}）",
-    "A chat history file cannot be read and is left as it is: {file} ({error})":
-        "一个对话记录文件无法读取，保持原样未动：{file}（{error}）",
+    "A history file was unreadable and has been moved to {backup} ({error})":
+        "一个历史记录文件无法读取，已移至 {backup}（{error}）",
+    "A history file was unreadable and could not be moved aside: {file} ({error})":
+        "一个历史记录文件无法读取，也无法移开：{file}（{error}）",
+    "A history file cannot be read and is left as it is: {file} ({error})":
+        "一个历史记录文件无法读取，保持原样未动：{file}（{error}）",
     # settings file (app/settings/store.py)
     "{file} could not be used ({error}); it was moved to {backup} and the defaults are used":
         "{file} 无法使用（{error}）；已移至 {backup}，现使用默认设置",
@@ -213,4 +213,42 @@ ZH_CN: dict[str, str] = {
     "Add model": "添加模型",
     "Model folder": "模型文件夹",
     "a model named {name} already exists": "已存在名为 {name} 的模型",
+    # API keys in the keyring (app/settings/store.py)
+    "The API keys of {models} were moved from {file} into the system keyring ({keyring})":
+        "{models} 的 API 密钥已从 {file} 移入系统密钥环（{keyring}）",
+    "The API keys of {models} stay in {file} as plain text: {reason}": "{models} 的 API 密钥仍以明文保存在 {file} 中：{reason}",
+    # history (app/ui/widgets/history_window.py, history_export.py)
+    "History…": "历史记录…",
+    "Qwen Tray history": "Qwen 托盘助手历史记录",
+    "Search chats and action results": "搜索对话和操作结果",
+    "Chat: {title}": "对话：{title}",
+    "Open in chat": "在对话中打开",
+    "Delete": "删除",
+    "Delete all…": "全部删除…",
+    "Delete all history": "删除全部历史记录",
+    "Delete all {n} chats and action results? This cannot be undone.": "删除全部 {n} 条对话和操作结果？此操作无法撤销。",
+    "Could not delete from the history: {error}": "无法从历史记录中删除：{error}",
+    "Export to Markdown…": "导出为 Markdown…",
+    "Export to Markdown": "导出为 Markdown",
+    "Exported {n} entries to {file}": "已将 {n} 条记录导出到 {file}",
+    "Exported {when}": "导出于 {when}",
+    "Could not write {file}: {error}": "无法写入 {file}：{error}",
+    "History is off (Settings → System): nothing new is kept": "历史记录已关闭（设置 → 系统）：不再保存新内容",
+    "{shown} of {total} shown": "显示 {shown} / {total} 条",
+    "Instructions": "指令",
+    "Text": "文本",
+    "The action result is not kept in the history: {error}": "操作结果未保存到历史记录：{error}",
+    "This conversation is not kept in the history: {error}": "此对话未保存到历史记录：{error}",
+    # Settings → System, tray menu
+    "System": "系统",
+    "Start Qwen Tray when I log in": "登录时启动 Qwen 托盘助手",
+    "Keep chats and action results in the history": "在历史记录中保存对话和操作结果",
+    "Network proxy for remote models": "远程模型的网络代理",
+    "Empty: the system's proxy; direct: none; or http://proxy:3128": "留空：使用系统代理；direct：不使用代理；或 http://proxy:3128",
+    "API keys": "API 密钥",
+    "API keys are kept in the system keyring ({keyring})": "API 密钥保存在系统密钥环中（{keyring}）",
+    "API keys stay in settings.json as plain text: {reason}": "API 密钥以明文保存在 settings.json 中：{reason}",
+    "Log file": "日志文件",
+    "Open log folder": "打开日志文件夹",
+    "Could not open {folder}; the log is {file}": "无法打开 {folder}；日志文件为 {file}",
 }

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.model_import import convert_gguf_into_models, register_model
+from app.secrets import get_api_key
 from app.settings.jsonfile import SettingsFileError
 from app.settings.models import ModelEntry, ModelEntryError
 from app.ui.backend.base import ChatBackend
@@ -32,14 +33,16 @@ def configured_models(registry: list[ModelEntry]) -> list[ModelEntry]:
     return list(registry) if any(e.name == STARTER_NAME for e in registry) else [starter_entry(), *registry]
 
 
-def open_backend(entry: ModelEntry, progress: Progress | None = None, device: str = "auto") -> ChatBackend:
+def open_backend(entry: ModelEntry, progress: Progress | None = None, device: str = "auto",
+                 proxy: str = "") -> ChatBackend:
     """Load/connect the model of ``entry`` (slow: call on the worker thread); a local one on
-    ``device`` ("auto": the GPU when there is one; "cpu")."""
+    ``device`` ("auto": the GPU when there is one; "cpu"), a remote one through ``proxy`` (the
+    network_proxy preference) with its API key from the OS keyring (app/secrets.py)."""
     if entry.kind == "remote":
         from app.ui.backend.remote import RemoteBackend
 
-        return RemoteBackend(entry.base_url, entry.model, api_key=entry.api_key,
-                             max_context=entry.max_context, name=entry.name)
+        return RemoteBackend(entry.base_url, entry.model, api_key=entry.api_key or get_api_key(entry.name),
+                             max_context=entry.max_context, name=entry.name, proxy=proxy)
     from app.ui.backend.local import LocalEngineBackend
 
     if entry.kind == "starter":

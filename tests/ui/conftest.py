@@ -14,9 +14,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 @pytest.fixture(autouse=True)
 def ui_home(tmp_path, monkeypatch) -> Path:
-    """Config/data/cache of the app under this test's own temporary folder."""
+    """Config/data/cache of the app under this test's own temporary folder; the desktop's own
+    folders (XDG autostart entries, installed icons) too."""
     home = tmp_path / "qwen-tray-home"
     monkeypatch.setenv("QWEN_TRAY_HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     return home
 
 

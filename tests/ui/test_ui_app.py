@@ -97,7 +97,7 @@ def test_menu_is_built_from_state(qtbot, make_app):
     assert texts[0] == f"Ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
                           "Rewrite / polish\tCtrl+Alt+R", "Explain"]
-    assert texts[6:] == ["Open chat", "Model", "Local API", "Settings…", "Quit"]
+    assert texts[6:] == ["Open chat", "History…", "Model", "Local API", "Settings…", "Open log folder", "Quit"]
     models = _submenu(app.tray.menu, "Model")
     assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, True)]
     api = _submenu(app.tray.menu, "Local API")

@@ -99,6 +99,6 @@ def test_language_option_works_with_and_without_the_tray_command(monkeypatch, ar
     from app.ui import app as app_module
 
     seen = []
-    monkeypatch.setattr(app_module, "run_tray", lambda tray_argv: seen.append(tray_argv) or 0)
+    monkeypatch.setattr(app_module, "run_tray", lambda tray_argv, instance=None: seen.append(tray_argv) or 0)
     assert cli.main(argv) == 0
     assert seen == [["--language", "zh_CN"]]

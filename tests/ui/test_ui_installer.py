@@ -1,10 +1,15 @@
 """The Linux installer, run for real into a temporary HOME: venv, app, menu entry, autostart,
-uninstall. ``--offline`` reuses this machine's packages so the test downloads nothing."""
+uninstall. ``--offline`` reuses this machine's packages so the test downloads nothing; it builds
+the wheel with the setuptools the dev extra installed. A fresh Python (a venv from ensurepip:
+an old setuptools, no wheel package, no pip cache) gets one sentence saying what it lacks, and
+builds once it has what the dev extra declares."""
 
 from __future__ import annotations
 
 import configparser
 import os
+import tomllib
+import venv
 import shutil
 import subprocess
 import sys
@@ -19,20 +24,35 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "installer" / "install.sh"
 
 
+BUILD_INPUTS = ("pyproject.toml", "README.md", "app")  # what building the wheel reads
+
+
 def _checkout_copy(dest: Path) -> Path:
-    """The tracked files of the working tree (pip builds in-tree: keep the shared checkout clean)."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout.split(b"\0")
-    for name in filter(None, files):
-        src = REPO / name.decode()
-        if src.is_file():
-            (dest / name.decode()).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name.decode())
+    """The files a build reads (pip builds in-tree: keep the shared checkout clean): the tracked
+    ones in a git checkout, else (a copy of the source without .git) the build inputs as they are."""
+    if (REPO / ".git").exists() and shutil.which("git"):
+        listed = subprocess.run(["git", "ls-files", "-z", *BUILD_INPUTS], cwd=REPO, check=True,
+                                capture_output=True).stdout.split(b"\0")
+        names = [name.decode() for name in listed if name]
+    else:
+        names = [str(path.relative_to(REPO)) for top in BUILD_INPUTS for path in
+                 ([REPO / top] if (REPO / top).is_file() else (REPO / top).rglob("*"))
+                 if path.is_file() and "__pycache__" not in path.parts]
+    for name in names:
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
     return dest
 
 
-def _run(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "QWEN_TRAY_", "PYTHONPATH"))}
-    env.update(HOME=str(home), PYTHON=sys.executable)
+def _clean_env() -> dict[str, str]:
+    """The environment without this checkout on the path and without the test's own folders."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "QWEN_TRAY_", "PYTHONPATH"))}
+
+
+def _run(*args: str, home: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+    env = _clean_env()
+    env.update(HOME=str(home), PYTHON=python, PIP_NO_CACHE_DIR="1")
     return subprocess.run(["bash", str(INSTALLER), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -44,8 +64,6 @@ def _desktop(path: Path) -> configparser.SectionProxy:
 
 
 def test_install_into_a_temporary_home_then_uninstall(tmp_path):
-    if shutil.which("git") is None:
-        pytest.skip("needs git to list the checkout's files")
     home = tmp_path / "home"
     home.mkdir()
     source = _checkout_copy(tmp_path / "src")
@@ -62,13 +80,22 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     assert Path(app_entry["Icon"]).is_file() and Path(app_entry["Icon"]).read_bytes()[:4] == b"\x89PNG"
     autostart = _desktop(home / ".config/autostart/qwen-tray.desktop")
     assert autostart["Exec"] == app_entry["Exec"] and autostart["X-GNOME-Autostart-enabled"] == "true"
+    # Settings → System reads this file as "on" and would write it line for line the same.
+    same = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import sys; from app.ui.autostart import XdgAutostart, desktop_entry; "
+         "print(XdgAutostart().enabled()); sys.stdout.write(desktop_entry([sys.argv[1]], sys.argv[2]))",
+         f"{venv}/bin/qwen-tray", autostart["Icon"]],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**_clean_env(), "HOME": str(home)})
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert same.stdout == "True\n" + (home / ".config/autostart/qwen-tray.desktop").read_text(encoding="utf-8")
 
-    version = subprocess.run([str(venv / "bin/qwen-tray"), "--version"], capture_output=True, text=True, timeout=120)
+    version = subprocess.run([str(venv / "bin/qwen-tray"), "--version"], capture_output=True, text=True, timeout=120,
+                             env=_clean_env())
     assert version.returncode == 0 and version.stdout.startswith("qwen-tray "), version.stderr
     probe = subprocess.run(
         [str(venv / "bin/python"), "-c",
          "import app, app.ui.app; from app.paths import resources_dir; print(app.__file__); print(resources_dir())"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_clean_env())
     assert probe.returncode == 0, probe.stderr[-2000:]
     installed_at, resources = probe.stdout.split()
     assert installed_at.startswith(str(venv))  # the installed copy, not the checkout
@@ -86,3 +113,51 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
 def test_installer_refuses_unknown_options(tmp_path):
     done = _run("--frobnicate", home=tmp_path)
     assert done.returncode != 0 and "unknown option --frobnicate" in done.stderr
+
+
+def _dev_build_requirements() -> list[str]:
+    """The build tools the dev extra declares (what scripts/test.sh installs before the suite)."""
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    return [req for req in dev if req.split(">")[0].split("=")[0].strip() in ("setuptools", "wheel")]
+
+
+def test_a_fresh_python_is_told_what_it_lacks_then_builds_with_the_dev_extra(tmp_path):
+    """A fresh machine's Python (ensurepip's setuptools, no wheel package, nothing cached)."""
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=True)
+    python = str(fresh / "bin" / "python")
+    source = _checkout_copy(tmp_path / "src")
+    can_build = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, importlib.util as u; v = m.version('setuptools'); "
+         "raise SystemExit(0 if tuple(map(int, v.split('.')[:2])) >= (70, 1) or u.find_spec('wheel') else 1)"],
+        capture_output=True, timeout=120).returncode == 0
+    if not can_build:  # (a newer Python's ensurepip may bring a setuptools that can)
+        home = tmp_path / "home-before"
+        home.mkdir()
+        refused = _run("--offline", "--cpu", "--source", str(source), home=home, python=python)
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            f"install.sh: error: --offline builds Qwen Tray with {python}, which has setuptools "
+            f"{_version(python, 'setuptools')}, which cannot build a wheel without the wheel package: "
+            f"run {python} -m pip install 'setuptools>=70.1'"]
+
+    requirements = _dev_build_requirements()
+    assert requirements, "the dev extra must bring a setuptools that builds wheels"
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", *requirements], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    home = tmp_path / "home"
+    home.mkdir()
+    done = _run("--offline", "--cpu", "--source", str(source), home=home, python=python)
+    assert done.returncode == 0, done.stderr[-3000:]
+    venv_python = home / ".local/share/qwen-tray/venv/bin/python"
+    files = subprocess.run([str(venv_python), "-c", "import importlib.metadata as m; "
+                            "print('\\n'.join(str(f) for f in m.files('qwen-tray')))"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_clean_env())
+    assert files.returncode == 0, files.stderr[-2000:]
+    assert "app/resources/actions.toml" in files.stdout.split()
+
+
+def _version(python: str, package: str) -> str:
+    return subprocess.run([python, "-c", f"import importlib.metadata as m; print(m.version({package!r}))"],
+                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()

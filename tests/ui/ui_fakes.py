@@ -173,7 +173,7 @@ class FakeOpener:
         self.backends: list[FakeBackend] = []
         self.devices: list[str] = []  # the device each open was asked for
 
-    def __call__(self, entry, progress=None, device="auto"):
+    def __call__(self, entry, progress=None, device="auto", proxy=""):
         from app.errors import ModelLoadError
 
         self.log.append(("open", entry.name))

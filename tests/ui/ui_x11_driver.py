@@ -3,7 +3,9 @@
 ``--model PATH`` loads that folder with the real engine; ``--fake`` uses the fake backend.
 Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
 came from), answer (with the Replace button's screen position and the popup's state),
-pasted, notice. stdin: "quit".
+pasted, notice. stdin: "quit". Like the real tray it answers other ``qwen-tray`` processes
+(``qwen-tray action``) through the single-instance server. Offscreen (no DISPLAY) with
+``--fake`` it needs no X server.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ def main() -> int:
     qapp = QApplication(sys.argv[:1])
     qapp.setQuitOnLastWindowClosed(False)
 
-    from app.ui.app import TrayApp
+    from app.ui.app import TrayApp, parse_args
+    from app.ui.controllers.instance_requests import InstanceRequests
     from app.ui.models import ModelEntry
+    from app.ui.single_instance import InstanceServer, claim_instance
 
     opener_kwargs = {}
     if args.fake:
@@ -42,6 +46,12 @@ def main() -> int:
 
         opener_kwargs["opener"] = FakeOpener()
     tray = TrayApp(with_tray_icon=False, **opener_kwargs)
+    # What run_tray does too: other qwen-tray processes (`qwen-tray action`) reach this one.
+    instance = claim_instance([])
+    if instance is None:
+        emit(event="not_started", reason="another tray runs with this QWEN_TRAY_HOME")
+        return 1
+    server = InstanceServer(instance, InstanceRequests(tray, parse_args).handle, parent=tray)
     for notice in tray.notices:
         emit(event="notice", text=notice)
     tray.notified.connect(lambda text: emit(event="notice", text=text))
@@ -70,7 +80,10 @@ def main() -> int:
     commands.received.connect(lambda line: qapp.quit() if line == "quit" else None)
     threading.Thread(target=lambda: [commands.received.emit(line.strip()) for line in sys.stdin], daemon=True).start()
     qapp.aboutToQuit.connect(tray.shutdown)
-    return qapp.exec()
+    try:
+        return qapp.exec()
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ class CopyKeys(QObject):
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt)
         if event.type() not in (QEvent.KeyPress, QEvent.ShortcutOverride) or not isinstance(event, QKeyEvent):
             return False
-        mods = event.modifiers() & (Qt.ControlModifier | Qt.ShiftModifier | Qt.AltModifier)
+        # Meta (Super) too: an application takes Super+Ctrl+C for another shortcut, not for copy.
+        mods = event.modifiers() & (Qt.ControlModifier | Qt.ShiftModifier | Qt.AltModifier | Qt.MetaModifier)
         if event.key() != Qt.Key_C or not mods & Qt.ControlModifier:
             return False
         if event.type() == QEvent.ShortcutOverride:

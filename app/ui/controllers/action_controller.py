@@ -8,6 +8,7 @@
    streams into the popup; a free-form instruction from the popup runs on the same text.
 3. Copy / Replace selection (paste back, clipboard restored again) / Undo / Retry / Stop /
    Continue in chat; "replace" actions paste as soon as the answer is complete.
+4. A complete answer is handed on (``completed``) to be kept in the history.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from PySide6.QtGui import QClipboard
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.engine.request import PRIORITY_INTERACTIVE
+from app.ui.action_history import ActionRecord
 from app.ui.actions import Action, build_messages
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
@@ -71,6 +73,7 @@ class ActionController(QObject):
     answered = Signal(str)  # final answer text (tests and the e2e driver watch it)
     started = Signal(object)  # the CapturedText an action runs on
     continueInChat = Signal(list)  # chat messages: the request and its answer, to carry on with
+    completed = Signal(object)  # an ActionRecord: an answer to keep in the history
 
     def __init__(self, host: EngineHost, prefs: Callable[[], Preferences], injector: KeyInjector,
                  clipboard: QClipboard, actions: Callable[[], list[Action]], parent: QObject | None = None):
@@ -194,6 +197,10 @@ class ActionController(QObject):
     def _finished(self, result: GenerationResult) -> None:
         self.popup.finish(result)
         self.answered.emit(result.text)
+        action, captured, backend = self._action, self._captured, self._host.backend
+        if result.finish_reason != "cancelled" and result.text.strip() and action and captured and backend:
+            self.completed.emit(ActionRecord(action.label(current_language()), captured.text, result.text,
+                                             backend.name, action.id, captured.origin))
         if result.finish_reason != "cancelled" and self._action is not None and self._captured is not None \
                 and self._captured.replaceable and self.mode_of(self._action) == "replace" and result.text.strip():
             self.replace_selection()

@@ -19,11 +19,15 @@ from app.engine.request import PRIORITY_NORMAL
 from app.ui.backend.base import ChatBackend
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
+from app.settings.jsonfile import SettingsFileError
 from app.ui.history import ChatHistory, Conversation
 from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
+
+
+NOT_KEPT = "This conversation is not kept in the history: {error}"
 
 
 def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tokens: int) -> tuple[list[dict], int]:
@@ -49,6 +53,7 @@ class ChatWindow(QWidget):
         self.host, self.store = host, store
         self.history = history or ChatHistory()
         self.conversations, self.notices = self.history.load_all()
+        self.history.subscribe(self._history_changed)  # the History window deleted some
         self.conversation = Conversation()
         self.task: StreamTask | None = None
         self._answer_widget: MessageWidget | None = None
@@ -156,8 +161,21 @@ class ChatWindow(QWidget):
 
     def open_conversation(self, conversation_id: str) -> None:
         self.stop()
-        self.conversation = next(c for c in self.conversations if c.id == conversation_id)
+        if not any(c.id == conversation_id for c in self.conversations):
+            self.conversations, _notices = self.history.load_all()  # kept since this window opened
+            self._refresh_list()
+        self.conversation = next((c for c in self.conversations if c.id == conversation_id), Conversation())
         self._show_messages()
+
+    def _history_changed(self) -> None:
+        """Conversations deleted elsewhere leave the list; the one shown, too."""
+        if not self.history.enabled:
+            return  # nothing is written: the list is this window's own
+        kept = self.history.ids()
+        if self.conversation in self.conversations and self.conversation.id not in kept:
+            self.new_chat()
+        self.conversations = [c for c in self.conversations if c.id in kept]
+        self._refresh_list()
 
     def _show_messages(self) -> None:
         while self.messages_layout.count() > 1:
@@ -236,7 +254,10 @@ class ChatWindow(QWidget):
             self.task.cancel()
 
     def _save(self) -> None:
-        self.history.save(self.conversation)
+        try:
+            self.history.save(self.conversation)
+        except SettingsFileError as e:  # a full disk, a read-only folder: the chat goes on, unsaved
+            self.status.setText(tr(NOT_KEPT, error=str(e)))
         if self.conversation not in self.conversations:
             self.conversations.insert(0, self.conversation)
         self._refresh_list()

@@ -1,4 +1,5 @@
-"""The Settings dialog: general options, hotkeys (with what the OS refused), actions, models."""
+"""The Settings dialog: general options, hotkeys (with what the OS refused), actions, models, system
+(start at login, history, proxy, where keys and the log are)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from app.ui.widgets.catalog_page import CatalogPage
 from app.ui.widgets.hotkeys_page import BindingRow, HotkeysPage
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.settings_pages import ActionsPage, ModelsPage
+from app.ui.widgets.system_page import SystemPage
 
 TRANSLATE_TARGETS = ("auto", "English", "Simplified Chinese", "Traditional Chinese", "Japanese", "Korean",
                      "French", "German", "Spanish")
@@ -54,6 +56,8 @@ class SettingsDialog(QDialog):
         self.models_page = ModelsPage(builtin_models, user_models, jobs=model_jobs)
         self.catalog_page = CatalogPage(model_jobs, store) if model_jobs is not None else None
         self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
+        self.system_page = SystemPage(store.prefs)
+        self.tabs.addTab(self.system_page, tr("System"))
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Apply | QDialogButtonBox.Cancel)
@@ -131,13 +135,14 @@ class SettingsDialog(QDialog):
                        chat_send_key=self.chat_send_key.currentData(),
                        copy_shortcuts=self.hotkeys_page.copy_rules(),
                        hotkeys=hotkeys, action_modes=modes,
-                       models=self.models_page.user)
+                       models=self.models_page.user, **self.system_page.values())
         return changes, list(self.actions_page.actions)
 
     def apply(self) -> bool:
         try:
             changes, actions = self.collect()
             self._on_apply(changes, actions)
+            self.system_page.apply_autostart()
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False

@@ -19,6 +19,7 @@ from app.ui.actions import new_action_id
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import tr
 from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
+from app.ui.widgets.system_page import key_storage_text
 
 
 class ActionsPage(QWidget):
@@ -129,6 +130,7 @@ class ModelsPage(QWidget):
         self.name, self.path = QLineEdit(), QLineEdit()
         self.base_url, self.api_key, self.model = QLineEdit(), QLineEdit(), QLineEdit()
         self.api_key.setEchoMode(QLineEdit.Password)
+        self.api_key.setToolTip(key_storage_text())  # the system keyring, or why it is plain text
         self.base_url.setPlaceholderText("https://api.example.com/v1")
         self.max_context = QSpinBox(minimum=256, maximum=1_048_576, value=32768, singleStep=1024)
         self.kind = QComboBox()

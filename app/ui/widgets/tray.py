@@ -1,6 +1,7 @@
 """The tray icon and its menu, rebuilt from the app's state every time it opens (Vorta style).
 
-Menu: status line · the actions · Open chat · Model ▸ · Local API ▸ · Settings · Quit.
+Menu: status line · the actions · Open chat · History · Model ▸ · Local API ▸ · Settings · Open log
+folder · Quit.
 The icon shows the engine state (loading with progress, ready, busy, error); the tooltip
 names the model and the device.
 """
@@ -82,10 +83,12 @@ class TrayIcon(QSystemTrayIcon):
             item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
         menu.addSeparator()
         menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
+        menu.addAction(tr("History…")).triggered.connect(app.open_history)
         self._model_menu(menu.addMenu(tr("Model")))
         self._api_menu(menu.addMenu(tr("Local API")))
         menu.addSeparator()
         menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
+        menu.addAction(tr("Open log folder")).triggered.connect(app.open_log_folder)
         menu.addAction(tr("Quit")).triggered.connect(app.quit)
 
     def _model_menu(self, sub: QMenu) -> None:

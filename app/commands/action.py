@@ -1,0 +1,73 @@
+"""``qwen-tray action NAME [--text TEXT | -]``: run an action in the running tray.
+
+Without text the tray copies the selection of the focused window, as the action's hotkey would;
+with ``--text`` or ``-`` (standard input) it works on that text. The answer streams into the
+tray's popup. This is what a desktop's own shortcut calls where the tray cannot grab global
+hotkeys (Wayland), or a launcher on Windows and macOS (README: "Actions from a shortcut").
+``qwen-tray action --list`` lists the actions from the settings; it needs no running tray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.errors import QwenTrayError
+from app.settings.actions import Action
+from app.settings.console import console_store
+from app.ui.actions import load_builtin_actions, with_unique_ids
+
+NOT_RUNNING = "Qwen Tray is not running: start it first (`qwen-tray`); `qwen-tray action --list` works without it"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("action", help="run an action in the running tray (on the selection, or on given text)",
+                       description="Run an action in the running tray app, as its hotkey would: on the selection "
+                       "of the focused window, or on the given text. The answer shows in the tray's popup.")
+    p.add_argument("name", metavar="NAME", nargs="?", help="the action's id (see --list)")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("--text", metavar="TEXT", help="work on TEXT instead of the selection")
+    given.add_argument("stdin", metavar="-", nargs="?", choices=("-",), help="work on the text read from standard input")
+    p.add_argument("--list", action="store_true", help="list the actions (works without a running tray)")
+    p.set_defaults(func=run)
+
+
+def configured_actions() -> list[Action]:
+    """The built-in actions and the user's own, as the tray has them (a clashing id renamed)."""
+    builtin = load_builtin_actions()
+    user, _renamed = with_unique_ids(console_store().load().actions, builtin)
+    return [*builtin, *user]
+
+
+def run(args: argparse.Namespace) -> int:
+    actions = configured_actions()
+    if args.list:
+        return print_actions(actions)
+    if not args.name:
+        raise QwenTrayError("name an action (`qwen-tray action --list` shows them)")
+    if not any(a.id == args.name for a in actions):
+        raise QwenTrayError(f"there is no action {args.name!r} (`qwen-tray action --list` shows them)")
+    text = sys.stdin.read() if args.stdin == "-" else args.text
+    if text is not None and not text.strip():
+        raise QwenTrayError("the text to work on is empty")
+    try:
+        from app.ui.single_instance import InstanceLock, request_running
+    except ImportError as e:
+        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+    reply = request_running({"command": "action", "id": args.name, "text": text}, InstanceLock())
+    if reply is None:
+        raise QwenTrayError(NOT_RUNNING)
+    if not reply.get("ok"):
+        raise QwenTrayError(str(reply.get("error")))
+    print(reply.get("message", ""))
+    return 0
+
+
+def print_actions(actions: list[Action]) -> int:
+    hotkeys = console_store().load().preferences.hotkeys
+    width = max(len(a.id) for a in actions)
+    for action in actions:
+        hotkey = hotkeys.get(action.id, action.hotkey)
+        name = f"{action.name} / {action.name_zh}" if action.name_zh else action.name
+        print(f"{action.id:<{width}}  {name}" + (f"  [{hotkey}]" if hotkey else ""))
+    return 0

@@ -1,0 +1,76 @@
+"""API keys of remote endpoints in the OS keyring, not in settings.json.
+
+The ``keyring`` package picks the system's store: Windows Credential Manager, the macOS
+Keychain, the Secret Service (GNOME Keyring, KeePassXC) or KWallet. Each key is stored under
+the service ``qwen-tray`` and the account ``model:NAME``. Where no store exists (a bare Linux
+without a keyring daemon: keyring's "fail" backend) the key stays in settings.json as before
+and the user is told once, in one sentence, why and what to install.
+
+The settings store moves keys here when it saves (app/settings/store.py, also migrating a file
+that still has keys in it); the tray reads a key only when it connects to that endpoint.
+"""
+
+from __future__ import annotations
+
+import keyring
+import keyring.backends.fail
+import keyring.backends.null
+import keyring.errors
+
+from app.errors import QwenTrayError
+
+SERVICE = "qwen-tray"
+NO_BACKEND = ("no system keyring is available ({reason}): a desktop keyring (GNOME Keyring, KWallet, KeePassXC) "
+              "or `pip install keyrings.alt` provides one")
+
+
+class SecretsError(QwenTrayError):
+    """The keyring refused to read, store or delete a key (one sentence)."""
+
+
+def _account(model_name: str) -> str:
+    return f"model:{model_name}"
+
+
+def backend_name() -> str:
+    """The keyring in use, in words ("SecretService Keyring", "Windows WinVaultKeyring", ...)."""
+    return keyring.get_keyring().name
+
+
+def unavailable_reason() -> str | None:
+    """Why keys cannot go into a keyring here (one sentence), or None when they can."""
+    backend = keyring.get_keyring()
+    if isinstance(backend, keyring.backends.fail.Keyring):
+        return NO_BACKEND.format(reason="the keyring package found no backend")
+    if isinstance(backend, keyring.backends.null.Keyring):
+        return NO_BACKEND.format(reason="the keyring package is switched off (null backend)")
+    return None
+
+
+def get_api_key(model_name: str) -> str:
+    """The key stored for ``model_name`` ("" when none is)."""
+    if unavailable_reason() is not None:
+        return ""
+    try:
+        return keyring.get_password(SERVICE, _account(model_name)) or ""
+    except keyring.errors.KeyringError as e:
+        raise SecretsError(f"cannot read the API key of {model_name!r} from {backend_name()}: {e}") from None
+
+
+def set_api_key(model_name: str, key: str) -> None:
+    try:
+        keyring.set_password(SERVICE, _account(model_name), key)
+    except keyring.errors.KeyringError as e:
+        raise SecretsError(f"cannot store the API key of {model_name!r} in {backend_name()}: {e}") from None
+
+
+def delete_api_key(model_name: str) -> None:
+    """Forget the key of ``model_name`` (nothing happens when none is stored)."""
+    if unavailable_reason() is not None:
+        return
+    try:
+        keyring.delete_password(SERVICE, _account(model_name))
+    except keyring.errors.PasswordDeleteError:
+        pass  # none was stored
+    except keyring.errors.KeyringError as e:
+        raise SecretsError(f"cannot delete the API key of {model_name!r} from {backend_name()}: {e}") from None

@@ -1,0 +1,136 @@
+"""History: hotkey action results kept beside chats; the History window searches both, opens a
+chat, deletes one or all, exports Markdown; the keep_history preference keeps nothing; a broken
+file is set aside and the user told."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QMessageBox
+from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
+
+from app.paths import data_dir
+from app.ui.action_history import ActionHistory, ActionRecord
+from app.ui.app import TrayApp
+from app.ui.history import ChatHistory, Conversation
+from app.ui.history_export import entries
+
+
+@pytest.fixture
+def tray(qtbot):
+    clipboard = QGuiApplication.clipboard()
+    app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys, injector=RecordingInjector(clipboard, "words"),
+                  with_tray_icon=False)
+    with qtbot.waitSignal(app.host.loaded, timeout=5000):
+        app.start()
+    yield app
+    app.shutdown()
+
+
+def _run_action(qtbot, app: TrayApp, action_id: str, text: str) -> str:
+    with qtbot.waitSignal(app.action_controller.answered, timeout=5000) as answered:
+        app.run_action(action_id, text)
+    return answered.args[0]
+
+
+def test_an_action_result_is_kept_with_its_action_text_answer_and_model(qtbot, tray):
+    answer = _run_action(qtbot, tray, "summarize", "The budget review moved to Friday afternoon.")
+    records, notices = ActionHistory().load_all()
+    assert notices == [] and len(records) == 1
+    record = records[0]
+    assert (record.action, record.action_id, record.source, record.answer, record.model, record.origin) == (
+        "Summarize", "summarize", "The budget review moved to Friday afternoon.", answer, "SmolLM2-135M-Instruct",
+        "given")
+    assert answer == "Summary: to Friday afternoon."
+    files = list((data_dir() / "action-results").iterdir())
+    assert [f.name for f in files] == [f"{record.id}.json"]  # one file each, no temp file left
+    assert json.loads(files[0].read_text(encoding="utf-8"))["answer"] == answer
+
+
+def test_with_history_off_nothing_is_written(qtbot, tray):
+    tray.store.update(keep_history=False)
+    _run_action(qtbot, tray, "translate", "会议改到周五。")
+    tray.open_chat()
+    chat = tray.chat_window
+    chat.input.setPlainText("hello")
+    chat.send_button.click()
+    qtbot.waitUntil(lambda: len(chat.conversation.messages) == 2, timeout=5000)
+    assert chat.list.count() == 1  # the conversation is there for this run
+    assert not (data_dir() / "action-results").exists() and not (data_dir() / "chats").exists()
+    tray.open_history()
+    assert tray.history.window.status.text() == "History is off (Settings → System): nothing new is kept"
+
+
+def _keep_chat(title: str, answer: str, updated: float) -> Conversation:
+    conversation = Conversation(updated=updated)
+    conversation.add("user", title)
+    conversation.add("assistant", answer)
+    conversation.updated = updated
+    ChatHistory().save(conversation)
+    return conversation
+
+
+def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_path):
+    chat = _keep_chat("What is a KV cache?", "It keeps the keys and values of earlier tokens.", 1000.0)
+    ActionHistory().save(ActionRecord("Translate", "会议改到周五下午。", "The meeting moved to Friday afternoon.",
+                                      "Qwen2.5-3B", "translate", created=2000.0))
+    ActionHistory().save(ActionRecord("Summarize", "Invoices are due on the 30th.", "Pay by the 30th.",
+                                      "Qwen2.5-3B", "summarize", created=3000.0))
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    assert [window.list.item(i).text() for i in range(window.list.count())] == [
+        "Summarize: Invoices are due on the 30th.", "Translate: 会议改到周五下午。", "Chat: What is a KV cache?"]
+
+    window.search.setText("friday MEETING")  # every word, any case, in the text or the answer
+    assert [e.title() for e in window.shown] == ["Translate: 会议改到周五下午。"]
+    assert "The meeting moved to Friday afternoon." in window.view.markdown_text()
+    window.search.setText("keys values")
+    assert [e.id for e in window.shown] == [chat.id] and window.open_button.isEnabled()
+    window.open_button.click()
+    assert tray.chat_window.isVisible() and tray.chat_window.conversation.id == chat.id
+
+    window.search.clear()
+    exported = tmp_path / "out" / "history.md"
+    exported.parent.mkdir()
+    window.export_to(exported)
+    text = exported.read_text(encoding="utf-8")
+    assert text.startswith("# Qwen Tray history\n")
+    assert text.index("## Summarize") < text.index("## Translate") < text.index("## Chat: What is a KV cache?")
+    assert "> 会议改到周五下午。" in text and "**Assistant:**\n\nIt keeps the keys" in text
+    assert [p.name for p in exported.parent.iterdir()] == ["history.md"]  # written atomically: no temp file left
+    assert window.status.text() == f"Exported 3 entries to {exported}"
+
+    window.list.setCurrentRow(0)
+    window.delete_button.click()
+    assert [r.action for r in ActionHistory().load_all()[0]] == ["Translate"]
+    window.delete_all_button.click()
+    assert window.confirm.isVisible()
+    window.confirm.button(QMessageBox.Yes).click()
+    assert ActionHistory().load_all()[0] == [] and ChatHistory().load_all()[0] == []
+    assert window.list.count() == 0
+    assert tray.chat_window.conversation.messages == [] and tray.chat_window.list.count() == 0  # gone there too
+
+
+def test_a_broken_result_file_is_set_aside_and_the_user_told(qtbot, tray):
+    folder = data_dir() / "action-results"
+    ActionHistory().save(ActionRecord("Explain", "ok text", "ok answer", "m"))
+    (folder / "broken.json").write_text('{"action": "Explain"', encoding="utf-8")
+    (folder / "wrong.json").write_text(json.dumps({"action": 3, "source": "", "answer": "", "model": ""}),
+                                       encoding="utf-8")
+    told = []
+    tray.notified.connect(told.append)
+    tray.open_history()
+    assert tray.history.window.list.count() == 1
+    backups = sorted(p.name for p in folder.glob("*.corrupt-*.json"))
+    assert [b.split(".corrupt-")[0] for b in backups] == ["broken", "wrong"]
+    assert len(told) == 2 and all("A history file was unreadable and has been moved to" in t for t in told)
+    assert (folder / backups[0]).read_text(encoding="utf-8") == '{"action": "Explain"'  # kept as it was
+
+
+def test_entries_of_both_kinds_sort_newest_first():
+    old = Conversation(updated=10.0)
+    new = ActionRecord("Explain", "a", "b", "m", created=20.0)
+    assert [e.id for e in entries([old], [new])] == [new.id, old.id]

@@ -1,0 +1,163 @@
+"""One tray per user and settings folder, and `qwen-tray action`, with real second processes.
+
+The trays run offscreen without an X display (no hotkeys grabbed); each test has its own
+QWEN_TRAY_HOME, so its lock and socket are its own. `qwen-tray` is the real CLI; the tray that
+answers `qwen-tray action` is ui_x11_driver.py on the fake backend (its events show what
+reached the popup), which serves requests exactly as run_tray does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ui_children import TIMEOUT, Child
+
+from app.ui.single_instance import InstanceLock, lock_path, send_request
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+
+@pytest.fixture
+def env(ui_home) -> dict[str, str]:
+    """The environment of a user's processes: this test's settings folder, no X display."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env.update(QWEN_TRAY_HOME=str(ui_home), QT_QPA_PLATFORM="offscreen",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def qwen_tray(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, input=stdin, capture_output=True,
+                          text=True, timeout=TIMEOUT * 2, cwd=REPO)
+
+
+def start_tray(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def answering_pid(proc: subprocess.Popen) -> int:
+    """The pid of the tray that answers, once ``proc`` does (fails if it exits first)."""
+    deadline = time.monotonic() + TIMEOUT * 2
+    while time.monotonic() < deadline:
+        reply = send_request({"command": "ping"})
+        if reply is not None and reply["pid"] == proc.pid:
+            return reply["pid"]
+        assert proc.poll() is None, f"the tray exited ({proc.returncode}): {proc.stderr.read()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError("the tray never answered")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        send_request({"command": "quit"})
+    try:
+        return proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(TIMEOUT)
+        raise
+
+
+def test_a_second_qwen_tray_hands_over_and_exits_then_replace_restarts(env, tmp_path):
+    model = ["tray", "--model", str(tmp_path / "no-model-here")]  # the tray runs (and says the load failed)
+    first = start_tray(env, *model)
+    second = third = None
+    try:
+        answering_pid(first)
+        second = qwen_tray(env)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.strip() == f"Qwen Tray is already running (process {first.pid}): it opened its chat window"
+        assert first.poll() is None and send_request({"command": "ping"})["pid"] == first.pid
+
+        third = start_tray(env, *model, "--replace")
+        assert first.wait(TIMEOUT) == 0  # asked to quit, it quit cleanly
+        answering_pid(third)
+        assert stop(third) == 0
+        assert send_request({"command": "ping"}) is None  # gone, and it gave the lock up
+        assert InstanceLock().try_claim()
+    finally:
+        for proc in (first, third):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+
+
+def test_a_tray_killed_outright_leaves_nothing_in_the_way(env, tmp_path):
+    first = start_tray(env, "tray", "--model", str(tmp_path / "no-model-here"))
+    answering_pid(first)
+    assert lock_path().exists()
+    first.send_signal(signal.SIGKILL)
+    first.wait(TIMEOUT)
+    assert lock_path().exists()  # left behind, with a socket file: both are taken over
+    again = start_tray(env, "tray", "--model", str(tmp_path / "no-model-here"))
+    try:
+        answering_pid(again)
+    finally:
+        assert stop(again) == 0
+
+
+@pytest.fixture
+def running_tray(env):
+    """The tray (fake backend: answers "Summary: <last three words>"), up and with its model."""
+    tray = Child(["ui_x11_driver.py", "--fake"], env)
+    try:
+        tray.wait_for("ready")
+        yield tray
+    finally:
+        tray.stop()
+
+
+def test_qwen_tray_action_runs_on_given_text_and_streams_into_the_popup(env, running_tray):
+    done = qwen_tray(env, "action", "summarize", "--text", "The budget review moved to Friday afternoon.")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "Summarize runs on the given text; the answer shows in its popup\n"
+    captured = running_tray.wait_for("captured")
+    assert (captured["origin"], captured["text"]) == ("given", "The budget review moved to Friday afternoon.")
+    answer = running_tray.wait_for("answer")
+    assert answer["popup_visible"] and answer["popup_text"] == answer["text"] == "Summary: to Friday afternoon."
+    assert answer["source"] == "Given text: The budget review moved to Friday afternoon."
+    assert not answer["replace_enabled"]  # not the selection: nothing to replace
+
+    piped = qwen_tray(env, "action", "translate", "-", stdin="会议改到周五下午三点。\n")
+    assert piped.returncode == 0, piped.stderr
+    assert running_tray.wait_for("captured")["text"] == "会议改到周五下午三点。\n"
+    running_tray.wait_for("answer")
+
+
+def test_qwen_tray_action_errors_are_one_line(env, running_tray):
+    unknown = qwen_tray(env, "action", "summarise", "--text", "x")
+    assert unknown.returncode == 1
+    assert unknown.stderr == "qwen-tray: error: there is no action 'summarise' (`qwen-tray action --list` shows them)\n"
+    empty = qwen_tray(env, "action", "summarize", "-", stdin="  \n")
+    assert (empty.returncode, empty.stderr) == (1, "qwen-tray: error: the text to work on is empty\n")
+
+
+def test_qwen_tray_action_without_a_running_tray(env):
+    done = qwen_tray(env, "action", "summarize", "--text", "hello")
+    assert done.returncode == 1
+    assert done.stderr == ("qwen-tray: error: Qwen Tray is not running: start it first (`qwen-tray`); "
+                           "`qwen-tray action --list` works without it\n")
+
+
+def test_action_list_needs_no_tray_and_shows_the_users_actions(env, ui_home):
+    from app.settings.actions import Action
+    from app.settings.store import SettingsStore
+
+    store = SettingsStore()
+    with store.edit() as settings:
+        settings.actions = [Action(id="formal", name="Make formal", prompt="Formal: {text}", hotkey="Ctrl+Alt+F")]
+        settings.preferences.hotkeys = {"summarize": "Ctrl+Alt+1"}
+    done = qwen_tray(env, "action", "--list")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "summarize  Summarize / 总结  [Ctrl+Alt+1]"  # the user's own hotkey for it
+    assert lines[-1] == "formal     Make formal  [Ctrl+Alt+F]"
+    assert "explain    Explain / 解释" in lines  # no hotkey
