@@ -33,11 +33,16 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def param_count(spec: ModelSpec) -> int:
+def layer_param_count(spec: ModelSpec) -> int:
+    """Weights of the decoder layers' linears (what every token of a prompt multiplies with)."""
     per_layer = (spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size
                  + 3 * spec.hidden_size * spec.intermediate_size)
+    return spec.num_layers * per_layer
+
+
+def param_count(spec: ModelSpec) -> int:
     embeddings = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
-    return spec.num_layers * per_layer + embeddings
+    return layer_param_count(spec) + embeddings
 
 
 def default_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
