@@ -300,13 +300,15 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
 
 
-def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None) -> LoadedModel:
+def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None,
+                verify: bool = False) -> LoadedModel:
     """Load on the CPU in fp16; a quantized checkpoint keeps only its packed tensors."""
     cpu = torch.device("cpu")
     if checkpoint.is_checkpoint(path):
         return load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context,
-                                    progress=progress, backend="packed")
-    return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress)
+                                    progress=progress, backend="packed", verify=verify)
+    return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress,
+                      verify=verify)
 
 
 def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
