@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Head-of-line blocking on the CPU: the time to first token of a short request sent while a
+"""Head-of-line blocking: the time to first token of a short request sent while a
 long prompt is being prefilled, for this tree and for another commit (``--peer-commit``, the
 scheduler before chunked prefill) in the same run.
 
-One measurement: an engine on the CPU with 4 slots (as ``qwen-tray serve``), a
+One measurement: an engine on the CPU (``--device cuda``: the GPU) with 4 slots (as ``qwen-tray serve``), a
 ``--long-tokens`` prompt submitted, then ``--delay`` seconds later a ``--short-tokens`` prompt
 asking for ``--short-max-tokens`` tokens, both at the server's priority and greedy. Recorded:
 the short request's time to first token and to its last token, the long one's time to first
@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--short-max-tokens", type=int, default=4, help="tokens the short request asks for (default 4)")
     p.add_argument("--delay", type=float, default=3.0, help="seconds between the long and the short request")
     p.add_argument("--threads", type=int, help="torch threads in each measurement (default: torch's)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the engine runs (default cpu; on cuda pass --out docs/results/head_of_line_<gpu>.json)")
     p.add_argument("--peer-commit", help="also measure the engine of this commit (e.g. c3dae59, before chunked "
                                          "prefill)")
     p.add_argument("--rounds", type=int, default=2, help="rounds, each measuring both trees (default 2)")
@@ -70,7 +72,7 @@ def measure_here(args: argparse.Namespace) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine.load(args.model, device="cpu", max_batch_size=4,
+    engine = Engine.load(args.model, device=args.device, max_batch_size=4,
                          max_context=args.long_tokens + args.short_max_tokens + 64)
     with engine:
         text_ids = engine.tokenizer.encode(TEXT)
@@ -88,7 +90,8 @@ def measure_here(args: argparse.Namespace) -> dict:
         short_done = time.perf_counter() - started
         long_result = long.wait(3600)
         load_after = os.getloadavg()
-        return {"app": str(Path(app.__file__).parent), "torch_threads": torch.get_num_threads(),
+        return {"app": str(Path(app.__file__).parent), "device": engine.device,
+                "torch_threads": torch.get_num_threads(),
                 "runner_capabilities": dataclasses.asdict(engine.runner.capabilities),
                 "long_prompt_tokens": len(long_ids), "short_prompt_tokens": len(short_ids),
                 "short_ttft_s": short_result.time_to_first_token_s,
@@ -103,7 +106,7 @@ def measure(label: str, source: Path, args: argparse.Namespace, model: Path) -> 
     """One measurement in a fresh process whose `app` is ``source``/app."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--model", str(model),
                "--long-tokens", str(args.long_tokens), "--short-tokens", str(args.short_tokens),
-               "--short-max-tokens", str(args.short_max_tokens), "--delay", str(args.delay)]
+               "--short-max-tokens", str(args.short_max_tokens), "--delay", str(args.delay), "--device", args.device]
     if args.threads:
         command += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(source)}
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "head_of_line", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "commit": args.commit or git_commit(), "machine": machine(),
               "settings": {k: getattr(args, k) for k in ("long_tokens", "short_tokens", "short_max_tokens", "delay",
-                                                         "threads", "peer_commit", "rounds")},
+                                                         "threads", "device", "peer_commit", "rounds")},
               "runs": []}
     with tempfile.TemporaryDirectory() as work:
         model = args.model or starter_model(Path(work))
