@@ -67,7 +67,8 @@ def test_layout_manifest_and_side_files(tiny_checkpoint, tiny_qwen_dir):
     assert (down.format, down.shape, down.stored_k) == ("w3", (64, 160), 256)
     assert m.tensors["model.layers.0.self_attn.q_proj.bias"].format == "fp16"
     assert m.tensors["model.norm.weight"].file == "embeddings.safetensors"
-    assert m.tensors["lm_head.weight"].format == "w3" and m.tensors["model.embed_tokens.weight"].format == "w4"
+    # the head at 4 bits in every recipe (issue 36); mixed keeps an untied embedding at 3 to stay the same size
+    assert m.tensors["lm_head.weight"].format == "w4" and m.tensors["model.embed_tokens.weight"].format == "w3"
     # exactly the source's tensors, stored fp16 or under the FORMATS.md names
     with safe_open(str(tiny_qwen_dir / "model.safetensors"), "pt") as f:
         assert set(m.tensors) == set(f.keys())
@@ -172,6 +173,7 @@ CORRUPTIONS = {
     "format version": (lambda d: _rewrite_manifest(d, lambda m: m.update(format_version=2)), "manifest.json",
                        "format version 2"),
     "manifest not json": (lambda d: (d / MANIFEST).write_text("{nope"), "manifest.json", "JSON"),
+    "manifest deleted": (lambda d: (d / MANIFEST).unlink(), "manifest.json", "is missing"),
     "manifest field": (lambda d: _rewrite_manifest(d, lambda m: m.pop("tensors")), "manifest.json", "tensors"),
     "spec vs weights": (lambda d: _rewrite_manifest(d, lambda m: m["spec"].update(intermediate_size=192)),
                         "manifest.json", "up_proj.weight: lands at row 160"),
@@ -187,6 +189,19 @@ def test_broken_checkpoint_is_a_one_line_error_naming_the_file(kind, broken, cli
     message = str(err.value)
     assert "\n" not in message and str(broken / file_name) in message and words in message
     assert_one_line_error(cli("ask", "--model", str(broken), "--device", "cpu", "hi"), file_name, words)
+
+
+def test_a_deleted_manifest_is_named_as_missing_by_every_command(broken, cli):
+    """The weight files alone are still a checkpoint: every command says its manifest is
+    missing (not that the folder lacks a Hugging Face model.safetensors)."""
+    (broken / MANIFEST).unlink()
+    sentence = f"the manifest {broken / MANIFEST} is missing (the folder holds a checkpoint's weight files"
+    with pytest.raises(ModelLoadError) as err:
+        Engine.load(broken, device="cpu")
+    assert str(err.value).startswith(sentence)
+    for command in (("ask", "--model", str(broken), "--device", "cpu", "hi"), ("checkpoint", "info", str(broken)),
+                    ("models", "add", "broken", str(broken))):
+        assert_one_line_error(cli(*command), sentence)
 
 
 def test_adapter_with_a_checkpoint_is_refused(cli, tiny_checkpoint, tmp_path):

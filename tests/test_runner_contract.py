@@ -11,7 +11,9 @@ import pytest
 
 from app.engine import Engine, SamplingParams
 from app.engine.cuda.runner import ONE_SLOT_ROWS, CudaRunner
-from app.engine.runner import Runner, RunnerCapabilities, RunnerOptions, TorchRunner
+from app.engine.runner import (
+    GPU_PREFILL_CHUNK, Runner, RunnerCapabilities, RunnerOptions, TorchRunner, cpu_prefill_chunk,
+)
 from app.kernels.gemv import GemvOptions
 
 PIPELINED = ("set_sampling", "decode_tokens", "decode_tokens_launch", "decode_tokens_launch_next",
@@ -41,7 +43,8 @@ def test_the_reference_runner_declines_every_optional_ability(tiny_qwen_dir):
         runner = engine.runner
         assert isinstance(runner, TorchRunner)
         assert runner.capabilities == RunnerCapabilities(pipelined_decode=False, draw_on_device=False,
-                                                         max_verify_rows=1)
+                                                         max_verify_rows=1,
+                                                         prefill_chunk=cpu_prefill_chunk(runner.model.spec))
         calls = {"set_sampling": (0, None), "decode_tokens": ([0], [1], [0]), "decode_tokens_launch": ([0], [1], [0]),
                  "decode_tokens_launch_next": (), "decode_tokens_collect": (), "decode_tokens_in_flight": (),
                  "tokens_rows": (0, [1, 2], 0), "logits_rows": (0, [1, 2], 0)}
@@ -77,7 +80,8 @@ def test_the_cuda_runner_grants_each_ability_as_its_options_say():
     runner = tiny_cuda_runner()
     assert runner.options == RunnerOptions()
     assert runner.capabilities == RunnerCapabilities(pipelined_decode=True, draw_on_device=True,
-                                                     max_verify_rows=min(runner.buffers.rows, ONE_SLOT_ROWS))
+                                                     max_verify_rows=min(runner.buffers.rows, ONE_SLOT_ROWS),
+                                                     prefill_chunk=GPU_PREFILL_CHUNK)
     assert runner.max_verify_rows == runner.capabilities.max_verify_rows > 1
     on_host = tiny_cuda_runner(RunnerOptions(draw_on_device=False))
     assert on_host.capabilities.pipelined_decode and not on_host.capabilities.draw_on_device
@@ -100,13 +104,11 @@ def test_capabilities_refuse_a_device_draw_without_device_steps():
         RunnerCapabilities(max_verify_rows=0)
 
 
-def test_an_engine_passes_its_runner_options_on_to_the_scheduler(tiny_qwen_dir):
+def test_an_engine_passes_its_runner_options_on_to_the_scheduler(engine_on):
     """Sampled requests on a runner that draws on the host: their tokens never go through the
     device steps (set_sampling is never called with a sampled row)."""
-    from test_lookup import engine_on
-
     seen = []
-    with engine_on(tiny_qwen_dir, "cpu", 0, 1, options=RunnerOptions(draw_on_device=False)) as engine:
+    with engine_on("cpu", 0, 1, options=RunnerOptions(draw_on_device=False)) as engine:
         set_sampling = engine.runner.set_sampling
         engine.runner.set_sampling = lambda slot, row: seen.append(row) or set_sampling(slot, row)
         greedy = engine.generate([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))

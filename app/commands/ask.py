@@ -29,6 +29,9 @@ def register(sub) -> None:
                    help="tokens per request (default: model max, at most 4096, or what fits the GPU)")
     p.add_argument("--vram-budget", metavar="SIZE",
                    help="GPU memory the model may use, e.g. 3.2GiB (default: what is free minus a margin)")
+    p.add_argument("--verify", action="store_true",
+                   help="hash every file of a quantized checkpoint against its manifest, even those "
+                        "verified before and unchanged since (default: only files changed since)")
     p.set_defaults(func=run)
 
 
@@ -62,7 +65,7 @@ def _ask_local(args, messages, params) -> int:
         # Without --max-context the context is the default's or, on a small card, what fits.
         engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
                              adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
-                             fit_to_vram=args.max_context is None)
+                             fit_to_vram=args.max_context is None, verify=args.verify)
     with engine:
         generation = engine.chat(messages, params)
         try:

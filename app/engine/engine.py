@@ -68,13 +68,16 @@ class Engine:
              max_context: int | None = None, adapter: str | Path | None = None,
              dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
              vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT,
-             fit_to_vram: bool = False, runner_options: RunnerOptions | None = None) -> Engine:
+             fit_to_vram: bool = False, runner_options: RunnerOptions | None = None,
+             verify: bool = False) -> Engine:
         """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
         card's free memory minus a margin. A model or context that does not fit is refused, or
         with ``fit_to_vram`` loaded with fewer concurrent requests, then a shorter context (at
         least 1,024 tokens; ``max_batch_size`` and ``max_context`` then say what was chosen).
         ``lookup_draft``: see :class:`Engine` (0: never guess tokens). ``runner_options``: how
-        the CUDA runner builds its step (benchmarks; the reference runner has no options)."""
+        the CUDA runner builds its step (benchmarks; the reference runner has no options).
+        ``verify``: hash every file of a checkpoint, even those verified before and unchanged
+        since (app.formats.verified)."""
         if max_batch_size < 1:
             raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if lookup_draft < 0:
@@ -85,14 +88,14 @@ class Engine:
         on_gpu_machine = dev.type == "cuda"  # (dev may become the CPU below)
         if reason is None:
             loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget,
-                                           fit_to_vram, runner_options)
+                                           fit_to_vram, runner_options, verify)
             max_batch_size = runner.num_slots
         else:
             if dev.type == "cuda":  # the GPU if the dense model fits it, else the CPU (auto) or an error
                 dev = _reference_device(Path(path), dev, device, reason, max_batch_size, max_context, vram_budget,
                                         dtype)
             loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
-                                progress=progress)
+                                progress=progress, verify=verify)
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
             runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
@@ -188,10 +191,10 @@ def _read_spec(path: Path) -> ModelSpec:
 
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
                   progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool,
-                  options: RunnerOptions | None):
+                  options: RunnerOptions | None, verify: bool):
     """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
-    loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
+    loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress, verify=verify)
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
                                 device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress,
                                 options=options)

@@ -33,11 +33,16 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def param_count(spec: ModelSpec) -> int:
+def layer_param_count(spec: ModelSpec) -> int:
+    """Weights of the decoder layers' linears (what every token of a prompt multiplies with)."""
     per_layer = (spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size
                  + 3 * spec.hidden_size * spec.intermediate_size)
+    return spec.num_layers * per_layer
+
+
+def param_count(spec: ModelSpec) -> int:
     embeddings = spec.vocab_size * spec.hidden_size * (1 if spec.tie_word_embeddings else 2)
-    return spec.num_layers * per_layer + embeddings
+    return layer_param_count(spec) + embeddings
 
 
 def default_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
@@ -48,14 +53,16 @@ def default_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
 
 def load_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
                dtype: torch.dtype | None = None, max_context: int | None = None,
-               progress: Callable[[str, int, int], None] | None = None) -> LoadedModel:
+               progress: Callable[[str, int, int], None] | None = None, verify: bool = False) -> LoadedModel:
+    """``verify``: hash every file of a checkpoint, even those verified before and unchanged
+    since (app.formats.verified); a Hugging Face folder has no recorded hashes to check."""
     if not path.exists():
         raise ModelLoadError(f"{path}: model folder not found")
     if not path.is_dir():
         raise ModelLoadError(f"{path}: not a folder (give the model's folder, not a file)")
     if checkpoint.is_checkpoint(path):  # a quantized checkpoint (qwen-tray quantize)
         return load_quantized_model(path, device, adapter=adapter, dtype=dtype, max_context=max_context,
-                                    progress=progress)
+                                    progress=progress, verify=verify)
     spec = ModelSpec.from_hf_folder(path)
     tokenizer = Tokenizer.from_folder(path)
     lora = LoraAdapter(adapter) if adapter else None
@@ -77,10 +84,11 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
 def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Path | None = None,
                          dtype: torch.dtype | None = None, max_context: int | None = None,
                          progress: Callable[[str, int, int], None] | None = None,
-                         backend: str | None = None) -> LoadedModel:
+                         backend: str | None = None, verify: bool = False) -> LoadedModel:
     """Load a checkpoint folder (app.formats.checkpoint) into a :class:`LoadedModel`.
 
-    Every file is verified first (size and sha256). ``backend`` picks how the quantized
+    Every file is verified first (size and sha256; ``verify``: hashed even where verified
+    before and unchanged since). ``backend`` picks how the quantized
     modules compute (``app.engine.quantized.modules.BACKENDS``; "dense" dequantizes once at
     load, "int4" keeps 4 bits for PyTorch's CPU kernel); default: ``modules.default_backend``.
     """
@@ -88,7 +96,7 @@ def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Pat
     if adapter:
         raise ModelLoadError(f"{path}: a quantized checkpoint cannot take a LoRA adapter at load; "
                              "merge it when quantizing (qwen-tray quantize --adapter)")
-    manifest = checkpoint.open_checkpoint(path)
+    manifest = checkpoint.open_checkpoint(path, reuse_verified=not verify)
     tokenizer = Tokenizer.from_folder(path)
     dtype = dtype or default_dtype(manifest.spec, device)
     max_positions = context_length(manifest.spec.max_position_embeddings, max_context)

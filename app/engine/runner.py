@@ -7,7 +7,8 @@ methods; they raise :class:`NotImplementedError` naming the capability it declin
 
 ``TorchRunner`` is the reference (CPU) backend: each sequence segment runs through the
 plain-PyTorch model on its own, so a request's arithmetic never depends on what else is in
-the batch (greedy output is batch-invariant). It declines every optional ability. The CUDA
+the batch (greedy output is batch-invariant). It declines every optional ability; its prefill
+chunk is sized to the model, so one chunk takes a fraction of a second on a slow CPU. The CUDA
 backend (app.engine.cuda.runner.CudaRunner) implements them with batched kernels and CUDA
 graphs, set up by :class:`RunnerOptions`.
 """
@@ -20,10 +21,21 @@ from typing import Protocol
 import torch
 
 from app.engine.kv_cache import StaticKVCache
+from app.engine.loading import layer_param_count
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized.modules import quantized_nbytes
 from app.engine.sampling import RowSampling
+from app.formats.spec import ModelSpec
 from app.kernels.gemv import NORM_PROLOGUE_BYTES, GemvOptions
+
+# Tokens of one prompt per prefill step at most, on a GPU: bounds the activation memory and how
+# long the other requests' decode waits for the chunk.
+GPU_PREFILL_CHUNK = 512
+# On a CPU a chunk is sized by its work instead: about this many FLOPs of matmul (2 per weight
+# per token), ~0.2-0.3 s on a slow laptop core pair (50-80 GFLOP/s). The starter model
+# (SmolLM2-135M) gets 64 tokens, a 0.5B model or larger the floor of 16.
+CPU_PREFILL_CHUNK_FLOPS = 16e9
+CPU_PREFILL_CHUNK_RANGE = (16, 512)
 
 
 @dataclass(frozen=True)
@@ -36,15 +48,22 @@ class RunnerCapabilities:
     always; sampled rows (without penalties) too where ``draw_on_device``.
     ``max_verify_rows``: tokens of one sequence one step can check (``tokens_rows`` /
     ``logits_rows``: guessed tokens, app.engine.lookup); 1 means none are guessed.
+    ``prefill_chunk``: tokens of one prompt the scheduler hands to ``prefill`` per step at
+    most (and a step's prefill tokens in all, unless one chunk is larger): a long prompt takes
+    several steps, with other requests' chunks and decode steps between them. A prompt is cut
+    at the same positions whatever else runs, so its arithmetic is the same as alone.
     """
 
     pipelined_decode: bool = False
     draw_on_device: bool = False
     max_verify_rows: int = 1
+    prefill_chunk: int = GPU_PREFILL_CHUNK
 
     def __post_init__(self) -> None:
         if self.max_verify_rows < 1:
             raise ValueError(f"max_verify_rows must be >= 1, got {self.max_verify_rows}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.draw_on_device and not self.pipelined_decode:
             raise ValueError("draw_on_device needs pipelined_decode (the draw runs in the decode_tokens steps)")
 
@@ -112,25 +131,40 @@ def declined(runner: object, capability: str) -> NotImplementedError:
     return NotImplementedError(f"{type(runner).__name__} declines {capability} (see its capabilities)")
 
 
-class TorchRunner:
-    capabilities = RunnerCapabilities()  # the reference path: logits to the host, one token per step
+def cpu_prefill_chunk(spec: ModelSpec) -> int:
+    """Tokens per prefill step on a CPU: a power of two near CPU_PREFILL_CHUNK_FLOPS of work."""
+    low, high = CPU_PREFILL_CHUNK_RANGE
+    tokens = int(CPU_PREFILL_CHUNK_FLOPS // (2 * layer_param_count(spec)))
+    return min(high, max(low, 1 << max(0, tokens.bit_length() - 1)))
 
-    def __init__(self, model: DecoderModel, cache: StaticKVCache, device: torch.device):
+
+class TorchRunner:
+    def __init__(self, model: DecoderModel, cache: StaticKVCache, device: torch.device,
+                 prefill_chunk: int | None = None):
+        """``prefill_chunk``: tokens per prefill step (default: sized to the model on a CPU,
+        GPU_PREFILL_CHUNK on a GPU)."""
         self.model = model
         self.cache = cache
         self.device = device
         self.max_context = cache.max_context
         self.num_slots = cache.num_slots
+        if prefill_chunk is None:
+            prefill_chunk = GPU_PREFILL_CHUNK if device.type == "cuda" else cpu_prefill_chunk(model.spec)
+        # the reference path: logits to the host, one token per step
+        self.capabilities = RunnerCapabilities(prefill_chunk=prefill_chunk)
 
     @torch.inference_mode()
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
-        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return self.model(tokens, start, slot, self.cache)
+        return self._last_logits(slot, ids, start)
 
     @torch.inference_mode()
     def decode(self, slots: list[int], ids: list[int], positions: list[int]) -> torch.Tensor:
-        rows = [self.prefill(slot, [tok], pos) for slot, tok, pos in zip(slots, ids, positions)]
+        rows = [self._last_logits(slot, [tok], pos) for slot, tok, pos in zip(slots, ids, positions)]
         return torch.stack(rows)
+
+    def _last_logits(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return self.model(tokens, start, slot, self.cache)
 
     @torch.inference_mode()
     def all_logits(self, slot: int, ids: list[int], start: int = 0) -> torch.Tensor:

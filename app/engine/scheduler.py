@@ -2,8 +2,11 @@
 
 Each step: admit waiting requests into free slots (lowest priority value first, then
 arrival), preempting a lower-priority running request if an interactive one is waiting and
-no slot is free; run one prefill chunk; run one decode step for every sequence that is
-decoding; sample, stream, and retire finished or cancelled requests.
+no slot is free; prefill a chunk of the prompts still prefilling (at most the runner's
+``prefill_chunk`` tokens in all: most urgent first, then the fewest tokens left, so a short
+request that arrives during a long prompt's prefill is served between its chunks); run one
+decode step for every sequence that is decoding; sample, stream, and retire finished or
+cancelled requests.
 
 The runner's optional abilities (tokens taken on the device and steps launched ahead,
 sampled tokens drawn there, guessed tokens checked) are used exactly where its
@@ -26,7 +29,6 @@ from app.errors import EngineClosedError
 
 log = logging.getLogger(__name__)
 
-PREFILL_CHUNK = 512  # tokens per prefill step: bounds activation memory and decode stalls
 # Decode steps whose tokens the device takes (argmax, or a draw without penalties) are chained
 # on the device for at most this many sequences (decode_tokens_launch_next).
 # Through the HTTP server chaining paid at 1, 2 and 4 streams; at 8 streams it measured lower in
@@ -40,13 +42,13 @@ LOOKUP_MAX_DRAFT = 7
 
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, vocab_size: int, eos_ids: frozenset[int],
-                 prefill_chunk: int = PREFILL_CHUNK, lookup_draft: int = LOOKUP_MAX_DRAFT):
+                 lookup_draft: int = LOOKUP_MAX_DRAFT):
         self.runner = runner
         self.capabilities = runner.capabilities
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = self.capabilities.prefill_chunk
         self._cond = threading.Condition()
         self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (priority, arrival, seq)
         self._arrival = itertools.count()
@@ -138,10 +140,27 @@ class Scheduler:
         prefilling = [s for s in self._running if not s.is_decoding]
         if prefilling:
             self._settle_in_flight()  # before a slot's new owner runs: no stale match below
-            self._prefill_chunk(min(prefilling, key=lambda s: (s.priority, s.submitted_at)))
+            self._prefill(prefilling)
         decoding = [s for s in self._running if s.is_decoding and s.finished is None]
         if decoding:
             self._decode(decoding)
+
+    def _prefill(self, prefilling: list[Sequence]) -> None:
+        """This step's prefill: the next chunk of each prompt in turn, most urgent first, then
+        the fewest tokens left (a short prompt is not kept waiting behind a long one; two long
+        ones go in arrival order, as the one ahead has fewer left), while the chunks fit in
+        ``prefill_chunk`` tokens (the first always runs). A prompt is always cut every
+        ``prefill_chunk`` tokens from its start, whatever runs beside it: its arithmetic, so
+        its output, is the same as alone."""
+        budget = self.prefill_chunk
+        for seq in sorted(prefilling, key=lambda s: (s.priority, len(s.pending), s.submitted_at)):
+            size = min(len(seq.pending), self.prefill_chunk)
+            if size > budget and budget < self.prefill_chunk:
+                continue  # a smaller one further on may still fit
+            self._prefill_chunk(seq)
+            budget -= size
+            if budget <= 0:
+                return
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         chunk = seq.pending[: self.prefill_chunk]

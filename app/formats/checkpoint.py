@@ -178,7 +178,14 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # -- reading and validation ---------------------------------------------------------------
 
 def is_checkpoint(folder: Path) -> bool:
-    return (Path(folder) / MANIFEST).is_file()
+    """Whether ``folder`` holds a checkpoint: its manifest, or its weight files alone (the
+    manifest deleted: :func:`read_manifest` then says that it is missing)."""
+    folder = Path(folder)
+    return (folder / MANIFEST).is_file() or _has_weight_files(folder)
+
+
+def _has_weight_files(folder: Path) -> bool:
+    return (folder / EMBEDDINGS_FILE).is_file() or (folder / layer_file(0)).is_file()
 
 
 def read_manifest(folder: str | Path) -> Manifest:
@@ -186,7 +193,9 @@ def read_manifest(folder: str | Path) -> Manifest:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelLoadError(f"{path}: file not found (not a qwen-tray checkpoint folder)") from None
+        why = ("the folder holds a checkpoint's weight files without it; quantize the model again"
+               if _has_weight_files(Path(folder)) else "not a qwen-tray checkpoint folder")
+        raise ModelLoadError(f"the manifest {path} is missing ({why})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
@@ -238,8 +247,8 @@ def sha256_file(path: Path) -> str:
 def check_file(path: Path, entry: FileEntry, *, checksum: bool = True, verified: VerifiedFiles | None = None) -> None:
     """Raise ModelLoadError naming ``path`` if it is missing, of another size or changed.
 
-    ``verified``: skip the hash of a file remembered there as verified and unchanged since,
-    and remember the file once it passes."""
+    ``verified``: skip the hash of a file remembered there as verified and unchanged since
+    (app.formats.verified: its stat and sampled blocks), and remember the file once it passes."""
     if not path.is_file():
         raise ModelLoadError(f"{path}: checkpoint file is missing (listed in {MANIFEST})")
     size = path.stat().st_size
@@ -247,12 +256,16 @@ def check_file(path: Path, entry: FileEntry, *, checksum: bool = True, verified:
         raise ModelLoadError(f"{path}: file is truncated ({size} bytes, {MANIFEST} says {entry.bytes})")
     if size != entry.bytes:
         raise ModelLoadError(f"{path}: file has {size} bytes, {MANIFEST} says {entry.bytes} (changed after quantization?)")
-    if not checksum or (verified is not None and verified.is_verified(path, entry.sha256)):
+    if not checksum:
+        return
+    # taken before the hash: a file changed while it is hashed no longer matches next time
+    stamp = verified.stamp(path) if verified is not None else None
+    if stamp is not None and verified.is_verified(path, entry.sha256, stamp):
         return
     if sha256_file(path) != entry.sha256:
         raise ModelLoadError(f"{path}: sha256 checksum mismatch (the file is corrupt or was changed after quantization)")
-    if verified is not None:
-        verified.remember(path, entry.sha256)
+    if stamp is not None:
+        verified.remember(path, entry.sha256, stamp)
 
 
 def verify_files(folder: Path, files: dict[str, FileEntry], *, checksum: bool = True,

@@ -45,6 +45,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per request, prompt + answer (default: model max, at most 4096)")
     parser.add_argument("--vram-budget", default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
+    parser.add_argument("--verify", action="store_true",
+                        help="hash every file of a quantized checkpoint against its manifest, even those "
+                             "verified before and unchanged since (default: only files changed since)")
     parser.add_argument("--lookup-draft", type=int, default=None, metavar="N",
                         help="GPU: at most N tokens guessed per step from the request's own text and checked "
                              "in one step: the same output, faster when the answer repeats text (0 = off; "
@@ -109,7 +112,8 @@ def _load_engine(args: argparse.Namespace):
     batch = DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size
     return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
                        max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
-                       fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
+                       fit_to_vram=fit, verify=args.verify,
+                       **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ from app.engine.cuda.weights import (
 from app.engine.kv_cache import StaticKVCache
 from app.engine.layers import rope_tables
 from app.engine.loading import LoadedModel, load_model, load_quantized_model
-from app.engine.runner import RunnerCapabilities, RunnerOptions
+from app.engine.runner import GPU_PREFILL_CHUNK, RunnerCapabilities, RunnerOptions
 from app.engine.sampling import RowSampling
 from app.errors import QwenTrayError
 from app.formats import checkpoint
@@ -71,7 +71,10 @@ log = logging.getLogger(__name__)
 class CudaRunner:
     def __init__(self, weights: ModelWeights, *, num_slots: int, max_context: int, plan: MemoryPlan | None = None,
                  ops=None, use_graphs: bool | None = None, prefill_mode: str | None = None,
-                 dequant_kernel=None, options: RunnerOptions | None = None):
+                 dequant_kernel=None, options: RunnerOptions | None = None,
+                 prefill_chunk: int = GPU_PREFILL_CHUNK):
+        """``prefill_chunk``: tokens of one prompt the scheduler prefills per step (its
+        ``capabilities``); the GEMM prefill still runs them ``plan.prefill_chunk`` at a time."""
         check_slots(num_slots)
         weights = to_kernel_layout(weights, in_place=False)  # no-op when the builder converted in place
         self.weights = weights
@@ -97,7 +100,7 @@ class CudaRunner:
         # Sampled tokens drawn after the step (every kind: the kernels need no sort).
         self.draw = DeviceDraw(rows, self.device, ops=self.ops)
         self.capabilities = RunnerCapabilities(pipelined_decode=True, draw_on_device=options.draw_on_device,
-                                               max_verify_rows=min(rows, ONE_SLOT_ROWS))
+                                               max_verify_rows=min(rows, ONE_SLOT_ROWS), prefill_chunk=prefill_chunk)
         self.step = DecodeStep(weights, self.ops, self.cache, self.rope, self.buffers, self.tables, dequant_kernel,
                                options)
         invariant = all(w.quantized for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up,
@@ -297,13 +300,15 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()  # "cuda" has no index
 
 
-def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None) -> LoadedModel:
+def load_packed(path: Path, *, adapter=None, max_context: int | None = None, progress=None,
+                verify: bool = False) -> LoadedModel:
     """Load on the CPU in fp16; a quantized checkpoint keeps only its packed tensors."""
     cpu = torch.device("cpu")
     if checkpoint.is_checkpoint(path):
         return load_quantized_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context,
-                                    progress=progress, backend="packed")
-    return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress)
+                                    progress=progress, backend="packed", verify=verify)
+    return load_model(path, cpu, adapter=adapter, dtype=torch.float16, max_context=max_context, progress=progress,
+                      verify=verify)
 
 
 def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: int, device: torch.device,
