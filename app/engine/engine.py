@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,6 +63,10 @@ class Engine:
         self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids),
                                     lookup_draft=lookup_draft)
         self.closed = False
+        # Stops the scheduler thread when close() is not called: when the engine is collected, or
+        # at interpreter exit (weakref.finalize runs before daemon threads are frozen; one that is
+        # then still inside PyTorch aborts the process: "terminate called without an active exception").
+        self._shutdown = weakref.finalize(self, _shut_down, self._scheduler, runner)
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
@@ -143,8 +148,7 @@ class Engine:
         if self.closed:
             return
         self.closed = True
-        self._scheduler.close()
-        self.runner.close()  # not held in a local: it would keep the runner alive below
+        self._shutdown()  # the scheduler, then the runner
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
         if torch.cuda.is_available():
@@ -155,6 +159,11 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _shut_down(scheduler: Scheduler, runner) -> None:
+    scheduler.close()
+    runner.close()
 
 
 def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path: Path) -> str | None:

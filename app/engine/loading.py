@@ -12,7 +12,7 @@ from app.engine.lora import LoraAdapter
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized.modules import build_quantized_model, default_backend
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import TensorSource, load_hf_weights
+from app.engine.weights import TensorSource, load_hf_weights, materialize
 from app.errors import ModelLoadError, QwenTrayError
 from app.formats import checkpoint
 from app.formats.spec import ModelSpec
@@ -63,7 +63,7 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
     # Build on the meta device, then allocate once on the target: weights are never held twice.
     with torch.device("meta"):
         model = DecoderModel(spec, context_length(spec.max_position_embeddings, max_context))
-    model = model.to_empty(device=device).to(dtype)
+    materialize(model, device, dtype)
     model.init_rope()
     step = (lambda done, total: progress("weights", done, total)) if progress else None
     with TensorSource(path) as source:

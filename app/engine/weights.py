@@ -80,6 +80,20 @@ class TensorSource:
             raise ModelLoadError(f"{path}: tensor {name!r} is unreadable ({e})") from None
 
 
+def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every parameter and buffer still on the meta device fresh ``dtype`` memory on ``device``
+    (uninitialized: the weights are copied in next). Not ``Module.to_empty``: its meta path
+    imports torch.fx's symbolic shapes (and sympy), seconds of start-up."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = torch.nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
+                                                              requires_grad=False)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty(b.shape, device=device, dtype=dtype)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where one HF tensor goes: a parameter name and the row offset inside a fused matrix."""
@@ -152,7 +166,7 @@ def _copy_into(param: torch.Tensor, tensor: torch.Tensor, target: Target, name: 
     if dest.shape != tensor.shape:
         raise ModelLoadError(
             f"{folder}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)} from config.json")
-    dest.copy_(tensor.to(param.dtype))
+    dest.copy_(tensor)  # converts to the parameter's dtype in the same pass: no temporary
 
 
 def _short(names: list[str], limit: int = 4) -> str:

@@ -30,7 +30,7 @@ from torch import nn
 
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized import cpu_int4
-from app.engine.weights import Target, hf_weight_map
+from app.engine.weights import Target, hf_weight_map, materialize
 from app.errors import ModelLoadError
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMATS, QuantizedTensor
@@ -240,7 +240,7 @@ def _build(spec, weights, total, max_positions, device, dtype, backend, progress
         raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     for param, parts in quantized.items():
         _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
-    _materialize(model, device, dtype)
+    materialize(model, device, dtype)  # norms, fp16 weights, biases
     model.init_rope()
     _copy_dense(model, dense)
     BACKENDS[backend](model, dtype)
@@ -288,18 +288,6 @@ def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTen
     bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
     parent, _, attr = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear(qt, k, bias))
-
-
-def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Allocate every parameter/buffer still on the meta device (norms, fp16 weights, biases)."""
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None and p.is_meta:
-                data = torch.empty(p.shape, device=device, dtype=dtype)
-                module._parameters[name] = nn.Parameter(data, requires_grad=False)
-        for name, b in list(module._buffers.items()):
-            if b is not None and b.is_meta:
-                module._buffers[name] = torch.empty(b.shape, device=device, dtype=dtype)
 
 
 def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]]) -> None:
