@@ -8,6 +8,8 @@ from contextlib import contextmanager
 
 from tqdm import tqdm
 
+# The load stage that reads the weights: done / total are decoder layers.
+LAYERS_STAGE = "layers"
 # The load stage after the weights are read: moving them to the GPU, compiling the kernels (the
 # first run; cached on disk after it) and capturing the CUDA graphs. One step, no percentage.
 GPU_STAGE = "preparing the GPU"

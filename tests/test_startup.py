@@ -85,6 +85,42 @@ def test_loading_a_checkpoint_and_answering_imports_no_compiler(tiny_checkpoint,
     assert seen["backend"] == (["int4_linear"] if dtype == "bfloat16" else ["dense_linear"])
 
 
+GPU_LOAD_ON_THE_HOST = """
+import json, sys
+import torch
+from app.engine.cuda.weights import module_to_arena, weights_from_model
+from app.engine.skeleton import load_skeleton
+skeleton = load_skeleton(sys.argv[1], max_context=64)
+weights_from_model(skeleton.loaded.model)  # what the VRAM plan reads: shapes only
+module_to_arena(skeleton.loaded.model, torch.device("cpu"))  # the arena (on the GPU there)
+skeleton.fill()
+weights_from_model(skeleton.loaded.model)
+print(json.dumps([m for m in {watched} if m in sys.modules]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["folder", "checkpoint"])
+def test_the_gpu_loads_host_side_imports_no_compiler(kind, tiny_qwen_dir, tiny_checkpoint):
+    """Engine.load(device="cuda") up to the runner, with the arena on the CPU: the skeleton on
+    the meta device (where torch.cat and empty_like would import torch._dynamo), the plan's view
+    of it, the weights read in. (The runner's own imports: test_cuda_runtime's gpu tests.)"""
+    path = tiny_qwen_dir if kind == "folder" else tiny_checkpoint
+    proc = run_python(GPU_LOAD_ON_THE_HOST.format(watched=COMPILER_MODULES + OPTIONAL_MODULES), str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["folder", "checkpoint"])
+def test_loading_on_the_gpu_and_answering_imports_no_compiler(kind, tiny_qwen_kernel_dir, tiny_checkpoint):
+    """The whole GPU load: the kernels built (or taken from CuPy's cache), graphs captured."""
+    code = LOAD_AND_ANSWER.replace('device="cpu"', 'device="cuda"').format(
+        watched=COMPILER_MODULES + OPTIONAL_MODULES, backend="[]", close="engine.close()")
+    proc = run_python(code, str(tiny_qwen_kernel_dir if kind == "folder" else tiny_checkpoint), "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["imported"] == []
+
+
 def test_a_script_that_never_closes_its_engine_exits_cleanly(tiny_qwen_dir):
     """The scheduler thread is stopped at exit: a daemon thread still inside PyTorch when the
     interpreter finalizes aborts the process ("terminate called without an active exception")."""

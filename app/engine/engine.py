@@ -15,13 +15,14 @@ from app import kernels
 from app.engine.cuda.memory import GpuInfo, parse_size
 from app.engine.cuda.ops import unsupported_shape
 from app.engine.cuda.reference_fit import reference_device
-from app.engine.cuda.runner import create_cuda_runner, load_packed
+from app.engine.cuda.runner import create_cuda_runner
 from app.engine.kv_cache import StaticKVCache
 from app.engine.loading import LoadedModel, context_length, load_model
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_NORMAL, Generation, Request
 from app.engine.runner import RunnerOptions, TorchRunner
 from app.engine.scheduler import LOOKUP_MAX_DRAFT, Scheduler
+from app.engine.skeleton import load_skeleton
 from app.engine.tokenizer import Message, Tokenizer
 from app.errors import ContextLengthError, QwenTrayError
 from app.formats import checkpoint
@@ -198,11 +199,13 @@ def _read_spec(path: Path) -> ModelSpec:
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
                   progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool,
                   options: RunnerOptions | None):
-    """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
+    """Plan the VRAM from the model's shapes, then read each weight from its file straight into
+    its place on the GPU (app.engine.skeleton): the host never holds the model."""
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
-    loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress)
+    skeleton = load_skeleton(path, adapter=adapter, max_context=max_context)
+    loaded = skeleton.loaded
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
                                 device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress,
-                                options=options)
+                                options=options, fill=skeleton.fill)
     return loaded, runner
 

@@ -355,8 +355,10 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
 def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
                        use_graphs: bool = True, fit: bool = False, progress=None,
-                       options: RunnerOptions | None = None) -> CudaRunner:
-    """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
+                       options: RunnerOptions | None = None, fill=None) -> CudaRunner:
+    """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner; or,
+    with ``fill(progress)`` (app.engine.skeleton), give the tensors of a ``model`` on the meta
+    device their places in VRAM and let ``fill`` read the weights into them.
 
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
     when the model, the cache or the runtime do not fit. ``fit``: load with fewer slots or a
@@ -372,9 +374,11 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
     del module_tensors, weights  # the CPU copies go once the arena holds the weights
 
     def build() -> CudaRunner:
+        module_to_arena(model, device)
+        if fill is not None:
+            fill(progress)
         if progress:  # the kernels compile here on a first run, which may take a while
             progress(GPU_STAGE, 0, 1)
-        module_to_arena(model, device)
         runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
         if progress:
             progress(GPU_STAGE, 1, 1)

@@ -30,7 +30,7 @@ from torch import nn
 
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized import cpu_int4
-from app.engine.weights import Target, hf_weight_map, materialize
+from app.engine.weights import LayerProgress, Target, hf_weight_map, materialize
 from app.errors import ModelLoadError
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMATS, QuantizedTensor
@@ -194,7 +194,7 @@ def quantized_nbytes(model: nn.Module) -> int:
 WeightItem = tuple[str, tuple[int, ...], "QuantizedTensor | torch.Tensor"]  # HF name, logical shape, weight
 
 
-def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total: int, max_positions: int,
+def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], max_positions: int,
                           device: torch.device, dtype: torch.dtype, *, backend: str = "dense",
                           progress: Callable[[str, int, int], None] | None = None,
                           where: str = "checkpoint") -> QuantizedDecoderModel:
@@ -209,7 +209,7 @@ def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total:
     if backend not in BACKENDS:
         raise ValueError(f"unknown quantized backend {backend!r} (known: {', '.join(BACKENDS)})")
     try:
-        return _build(spec, weights, total, max_positions, device, dtype, backend, progress)
+        return _build(spec, weights, max_positions, device, dtype, backend, progress)
     except _Mismatch as e:  # errors reading the weights name their file already and pass through
         raise ModelLoadError(f"{where}: {e}") from None
 
@@ -218,13 +218,14 @@ class _Mismatch(ModelLoadError):
     """The weights do not describe the model of the spec."""
 
 
-def _build(spec, weights, total, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
+def _build(spec, weights, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
     targets = hf_weight_map(spec)
     with torch.device("meta"):
-        model = QuantizedDecoderModel(spec, max_positions)
+        model = QuantizedDecoderModel(spec, max_positions).to(dtype)  # (the packed tensors keep theirs)
     quantized: dict[str, list[tuple[int, str, QuantizedTensor, int]]] = {}
     dense: list[tuple[str, Target, torch.Tensor]] = []
-    for done, (name, shape, weight) in enumerate(weights, 1):
+    layers = LayerProgress(spec.num_layers, progress)
+    for name, shape, weight in weights:
         target = targets.get(name)
         if target is None:
             raise _Mismatch(f"tensor {name!r} is not part of a {spec.architecture} model")
@@ -232,18 +233,18 @@ def _build(spec, weights, total, max_positions, device, dtype, backend, progress
             quantized.setdefault(target.param, []).append((target.row_offset, name, weight, shape[1]))
         else:
             dense.append((name, target, weight))
-        if progress is not None:
-            progress("weights", done, total)
+        layers.tensor_read(name)
     loaded = {name for parts in quantized.values() for _, name, _, _ in parts} | {name for name, _, _ in dense}
     missing = sorted(set(targets) - loaded)
     if missing:
         raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     for param, parts in quantized.items():
         _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
-    materialize(model, device, dtype)  # norms, fp16 weights, biases
+    materialize(model, device)  # norms, fp16 weights, biases (on the meta device: left as shapes)
     model.init_rope()
     _copy_dense(model, dense)
     BACKENDS[backend](model, dtype)
+    layers.finished()
     return model.eval()
 
 
@@ -265,9 +266,15 @@ def _fuse(param: str, parts: list[tuple[int, str, QuantizedTensor, int]], target
             raise _Mismatch(f"{name}: lands at row {rows} of {param}, the spec puts it at row {offset}")
         rows += qt.shape[0]
     keys = FORMATS[first.format][1]
-    tensors = {key: torch.cat([qt.tensors[key] for _, _, qt, _ in parts]).to(device) for key in keys}  # [sum N, .]
+    tensors = {key: _cat_rows([qt.tensors[key] for _, _, qt, _ in parts], device) for key in keys}  # [sum N, .]
     name = param.removesuffix(".weight")
     return QuantizedTensor(first.format, (rows, first.shape[1]), tensors, name=name), parts[0][3]
+
+
+def _cat_rows(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if device.type == "meta":  # shapes only: torch.cat of meta tensors runs a decomposition that imports torch._dynamo
+        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
+    return torch.cat(parts).to(device)
 
 
 def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int],
