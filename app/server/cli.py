@@ -99,17 +99,15 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 def _load_engine(args: argparse.Namespace):
     from app.engine import Engine
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if done == total:
-            log.info("loading: %s done", stage)
+    from app.progress import load_progress_bar
 
     # Given neither --max-batch-size nor --max-context, a small card gets what fits (logged).
     fit = args.max_batch_size is None and args.max_context is None
     batch = DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size
-    return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
-                       max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
-                       fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
+    with load_progress_bar(f"loading {args.model_path.name}") as progress:
+        return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
+                           max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
+                           fit_to_vram=fit, **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
 
 
 def run_serve(args: argparse.Namespace) -> int:

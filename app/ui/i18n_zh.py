@@ -20,6 +20,7 @@ ZH_CN: dict[str, str] = {
     "No model loaded": "未加载模型",
     "Loading {model}…": "正在加载 {model}…",
     "Loading {model}: preparing the GPU…": "正在加载 {model}：正在准备 GPU…",
+    "Loading {model}: building GPU kernels (first run)…": "正在加载 {model}：首次运行，正在编译 GPU 内核…",
     "Error: {message}": "错误：{message}",
     "empty": "未加载",
     "loading": "加载中",

@@ -49,9 +49,9 @@ from app.errors import QwenTrayError
 from app.formats import checkpoint
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
+from app.kernels.builds import kernel_builds
 from app.kernels.dequant import dequant_kernel_or_none
 from app.kernels.gemv import MAX_BATCH
-from app.progress import GPU_STAGE
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
@@ -363,7 +363,8 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
     when the model, the cache or the runtime do not fit. ``fit``: load with fewer slots or a
     shorter context where the asked ones do not fit (the runner's num_slots / max_context).
-    ``progress(stage, done, total)``: app.progress.GPU_STAGE 0 / 1 before the build, 1 / 1 after.
+    ``progress(stage, done, total)``: the layers read (with ``fill``), then the kernels built
+    (app.kernels.builds: app.progress.KERNELS_STAGE on a first run, else GPU_STAGE).
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
                       for t in store.values() if t is not None}
@@ -377,12 +378,8 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
         module_to_arena(model, device)
         if fill is not None:
             fill(progress)
-        if progress:  # the kernels compile here on a first run, which may take a while
-            progress(GPU_STAGE, 0, 1)
-        runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
-        if progress:
-            progress(GPU_STAGE, 1, 1)
-        return runner
+        with kernel_builds(device, progress):  # compiled on a first run, which takes a while
+            return _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
 
     return _build_capped(device, plan.budget_bytes, build)
 
