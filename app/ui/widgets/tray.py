@@ -31,6 +31,8 @@ def state_text(app: TrayApp) -> str:
         if stage == KERNELS_STAGE:  # a first run: NVRTC compiles every kernel (app.kernels.builds)
             return tr("Loading {model}: building GPU kernels (first run)…", model=model) + percent
         return tr("Loading {model}…", model=model) + percent
+    if host.state == "unloaded":
+        return tr("Model unloaded to free memory; it loads again when needed")
     if host.state == "error":
         return tr("Error: {message}", message=host.error)
     if host.busy:
