@@ -99,7 +99,8 @@ class Engine:
                                         dtype)
             loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
                                 progress=progress)
-            cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
+            cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev,
+                                  zeroed=False)  # (TorchRunner reads only what it wrote)
             runner = TorchRunner(loaded.model, cache, dev)
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         engine = cls(loaded, runner, max_batch_size, lookup_draft)
