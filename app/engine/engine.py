@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -102,6 +104,7 @@ class Engine:
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev,
                                   zeroed=False)  # (TorchRunner reads only what it wrote)
             runner = TorchRunner(loaded.model, cache, dev)
+        release_freed_memory()  # the load's temporaries
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         engine = cls(loaded, runner, max_batch_size, lookup_draft)
         if reason is not None and on_gpu_machine:
@@ -153,6 +156,7 @@ class Engine:
         self._shutdown()  # the scheduler, then the runner
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
+        release_freed_memory()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -161,6 +165,18 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def release_freed_memory() -> None:
+    """Give the heap that glibc keeps after large frees back to the system (a load's temporaries,
+    a closed model's weights on the CPU): measured on the 3B on the CPU, 0.9 GB of the resident
+    set was memory already freed. Elsewhere the allocators return it themselves."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim this way
+        pass
 
 
 def _shut_down(scheduler: Scheduler, runner) -> None:

@@ -220,30 +220,38 @@ class _Mismatch(ModelLoadError):
 
 def _build(spec, weights, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
     targets = hf_weight_map(spec)
+    parts_of: dict[str, int] = {}  # (fused) parameter -> how many checkpoint tensors make it
+    for target in targets.values():
+        parts_of[target.param] = parts_of.get(target.param, 0) + 1
     with torch.device("meta"):
         model = QuantizedDecoderModel(spec, max_positions).to(dtype)  # (the packed tensors keep theirs)
     quantized: dict[str, list[tuple[int, str, QuantizedTensor, int]]] = {}
     dense: list[tuple[str, Target, torch.Tensor]] = []
+    seen: set[str] = set()
     layers = LayerProgress(spec.num_layers, progress)
     for name, shape, weight in weights:
         target = targets.get(name)
         if target is None:
             raise _Mismatch(f"tensor {name!r} is not part of a {spec.architecture} model")
+        seen.add(name)
         if isinstance(weight, QuantizedTensor):
-            quantized.setdefault(target.param, []).append((target.row_offset, name, weight, shape[1]))
+            parts = quantized.setdefault(target.param, [])
+            parts.append((target.row_offset, name, weight, shape[1]))
+            if len(parts) == parts_of[target.param]:  # complete: fused and prepared now, so the file's
+                module = _swap_in(model, target.param, _fuse(target.param, parts, targets, device), dtype)
+                BACKENDS[backend](module, dtype)  # pages and the packed copy go before the next is read
+                del quantized[target.param]
         else:
             dense.append((name, target, weight))
         layers.tensor_read(name)
-    loaded = {name for parts in quantized.values() for _, name, _, _ in parts} | {name for name, _, _ in dense}
-    missing = sorted(set(targets) - loaded)
+    missing = sorted(set(targets) - seen)
     if missing:
         raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    for param, parts in quantized.items():
-        _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
+    for param, parts in quantized.items():  # some parts of it were not quantized: _fuse says so
+        _fuse(param, parts, targets, device)
     materialize(model, device)  # norms, fp16 weights, biases (on the meta device: left as shapes)
     model.init_rope()
     _copy_dense(model, dense)
-    BACKENDS[backend](model, dtype)
     layers.finished()
     return model.eval()
 
@@ -278,14 +286,14 @@ def _cat_rows(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 
 def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int],
-             dtype: torch.dtype) -> None:
+             dtype: torch.dtype) -> QuantLinear:
     qt, k = fused
     if param == "embed_tokens":
         if qt.shape[0] != model.spec.vocab_size or k != model.spec.hidden_size:
             raise _Mismatch(f"model.embed_tokens: shape ({qt.shape[0]}, {k}) does not match the spec")
         del model.embed_tokens  # the meta Parameter; a module takes its name
         model.embed_tokens = QuantEmbedding(qt, k)
-        return
+        return model.embed_tokens
     path = param.removesuffix(".weight")
     old = model.get_submodule(path)
     if (qt.shape[0], k) != (old.out_features, old.in_features):
@@ -294,7 +302,9 @@ def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTen
     # filled from the checkpoint's fp16 bias by _copy_dense
     bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
     parent, _, attr = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear(qt, k, bias))
+    module = QuantLinear(qt, k, bias)
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+    return module
 
 
 def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]]) -> None:

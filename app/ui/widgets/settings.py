@@ -30,6 +30,9 @@ def translate_target_labels() -> dict[str, str]:
             "Traditional Chinese": tr("Traditional Chinese"), "Japanese": tr("Japanese"), "Korean": tr("Korean"),
             "French": tr("French"), "German": tr("German"), "Spanish": tr("Spanish")}
 
+IDLE_UNLOAD_TIP = ("The model's VRAM and memory are given back after this long without use; "
+                   "the next request loads it again")
+
 
 class SettingsDialog(QDialog):
     def __init__(self, store: PreferencesStore, builtin_actions: list[Action], user_actions: list[Action],
@@ -93,8 +96,7 @@ class SettingsDialog(QDialog):
         # 0 = never: the spin box shows "Never" there
         self.idle_unload = QSpinBox(minimum=0, maximum=24 * 60, value=prefs.idle_unload_minutes, singleStep=5,
                                     suffix=tr(" min"), specialValueText=tr("Never"))
-        self.idle_unload.setToolTip(tr("The model's VRAM and memory are given back after this long without use; "
-                                       "the next request loads it again"))
+        self.idle_unload.setToolTip(tr(IDLE_UNLOAD_TIP))
         self.chat_send_key = QComboBox()
         for value, label in (("enter", tr("Enter (Shift+Enter for a new line)")),
                              ("ctrl_enter", tr("Ctrl+Enter (Enter for a new line)"))):
