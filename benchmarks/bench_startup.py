@@ -99,7 +99,8 @@ SYNTHETIC = {"3B": "w4", "7B": "mixed"}  # the shapes a synthetic checkpoint is 
 def run_child(path: Path | None, device: str, *, peer: bool, env: dict) -> dict:
     cfg = json.dumps({"path": None if path is None else str(path), "device": device, "peer": peer})
     spawned = time.time()
-    proc = subprocess.run([sys.executable, "-c", CHILD, cfg], capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", CHILD, cfg], capture_output=True, text=True, env=env, timeout=1800,
+                          check=False)
     if proc.returncode != 0:
         sys.exit(f"error: the {'peer' if peer else 'load'} process failed:\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -150,7 +151,11 @@ def median_of(runs: list[dict]) -> dict:
 def prepare(model: str, cache: Path) -> Path:
     """The model folder of a case, made once under ``cache``."""
     if model == "starter":
-        from app.engine.gguf_import import STARTER_MODEL_NAME, convert_gguf_to_hf, find_starter_gguf
+        from app.engine.gguf_import import (
+            STARTER_MODEL_NAME,
+            convert_gguf_to_hf,
+            find_starter_gguf,
+        )
 
         out = cache / "starter" / STARTER_MODEL_NAME
         if not (out / "model.safetensors").is_file():

@@ -46,7 +46,7 @@ BACKEND = "sorted({m.backend.__name__ for m in engine.loaded.model.modules() if 
 def run_python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT, check=False)
 
 
 def load_and_answer(path: Path, dtype: str = "auto", close: bool = True) -> tuple[subprocess.CompletedProcess, dict]:

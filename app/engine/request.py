@@ -117,7 +117,7 @@ class Generation:
         for callback in callbacks:
             try:
                 callback(self)
-            except Exception:  # noqa: BLE001 - a caller's bug must not stop the engine's thread
+            except Exception:  # a caller's bug must not stop the engine's thread
                 log.exception("a done callback of request %d failed", self.request_id)
 
 

@@ -23,7 +23,13 @@ from app.engine.lora import LoraAdapter
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized.modules import QuantLinear, WeightItem, build_quantized_model
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import LayerProgress, TensorSource, Target, hf_weight_map, load_hf_weights
+from app.engine.weights import (
+    LayerProgress,
+    Target,
+    TensorSource,
+    hf_weight_map,
+    load_hf_weights,
+)
 from app.errors import ModelLoadError
 from app.formats import checkpoint
 from app.formats.spec import ModelSpec

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +18,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from app.errors import ModelLoadError
-from app.progress import LAYERS_STAGE
 from app.formats.spec import ModelSpec
+from app.progress import LAYERS_STAGE
 
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
 # Tensors a checkpoint may carry that the model recomputes (rotary tables).
@@ -95,6 +95,20 @@ def materialize(model: torch.nn.Module, device: torch.device) -> None:
         for name, b in list(module._buffers.items()):
             if b is not None and b.is_meta:
                 module._buffers[name] = _empty(b, device)
+
+
+@contextmanager
+def one_copy_thread() -> Iterator[None]:
+    """Read weights in with one CPU thread. Copies and repacking are bound by memory, not
+    arithmetic, and PyTorch's parallel ops keep their OpenMP workers spinning between tensors: on
+    a machine whose cores are busy with other work (a desktop; the 2 shared cores of our test
+    machine) that made loads two to five times slower than one thread (benchmarks/bench_startup.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _empty(like: torch.Tensor, device: torch.device) -> torch.Tensor:

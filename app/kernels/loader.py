@@ -142,7 +142,7 @@ def _compiled(filename: str, name_expression: str, device_index: int):
             function = module.get_function(name_expression)
         except cupy.cuda.compiler.CompileException as e:
             raise KernelCompileError(f"NVRTC failed on {filename} ({name_expression}): {e}") from e
-    for listener in list(_build_listeners):  # (the caller holds _compile_lock)
+    for listener in _build_listeners:  # (the caller holds _compile_lock: no change meanwhile)
         listener(filename, name_expression)
     return function
 

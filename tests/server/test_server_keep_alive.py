@@ -8,12 +8,12 @@ import threading
 
 import openai
 import pytest
+from server_helpers import raw_request, wait_until
 
 from app.engine import Engine, SamplingParams
 from app.engine.keep_alive import ReloadingEngine, parse_keep_alive
 from app.errors import QwenTrayError
 from app.server import start_server_in_thread
-from server_helpers import raw_request, wait_until
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 

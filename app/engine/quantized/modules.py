@@ -153,7 +153,7 @@ def use_int4_backend(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if not isinstance(module, QuantLinear):
             continue
-        packed, scales_zeros = cpu_int4.pack_codes(cpu_int4.signed_codes(module), module.scales, dtype)
+        packed, scales_zeros = cpu_int4.pack_module(module, dtype)
         module.register_buffer("int4_packed", packed)
         module.register_buffer("int4_scales_zeros", scales_zeros)
         module.backend = cpu_int4.int4_linear
@@ -226,7 +226,6 @@ def _build(spec, weights, max_positions, device, dtype, backend, progress) -> Qu
     with torch.device("meta"):
         model = QuantizedDecoderModel(spec, max_positions).to(dtype)  # (the packed tensors keep theirs)
     quantized: dict[str, list[tuple[int, str, QuantizedTensor, int]]] = {}
-    dense: list[tuple[str, Target, torch.Tensor]] = []
     seen: set[str] = set()
     layers = LayerProgress(spec.num_layers, progress)
     for name, shape, weight in weights:
@@ -238,20 +237,19 @@ def _build(spec, weights, max_positions, device, dtype, backend, progress) -> Qu
             parts = quantized.setdefault(target.param, [])
             parts.append((target.row_offset, name, weight, shape[1]))
             if len(parts) == parts_of[target.param]:  # complete: fused and prepared now, so the file's
-                module = _swap_in(model, target.param, _fuse(target.param, parts, targets, device), dtype)
+                module = _swap_in(model, target.param, _fuse(target.param, parts, targets, device))
                 BACKENDS[backend](module, dtype)  # pages and the packed copy go before the next is read
                 del quantized[target.param]
-        else:
-            dense.append((name, target, weight))
+        else:  # into its place now: the file's pages go with the file, not at the end
+            _write_dense(model, name, target, weight, device)
         layers.tensor_read(name)
     missing = sorted(set(targets) - seen)
     if missing:
         raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     for param, parts in quantized.items():  # some parts of it were not quantized: _fuse says so
         _fuse(param, parts, targets, device)
-    materialize(model, device)  # norms, fp16 weights, biases (on the meta device: left as shapes)
+    materialize(model, device)  # the RoPE tables (on the meta device: left as shapes)
     model.init_rope()
-    _copy_dense(model, dense)
     layers.finished()
     return model.eval()
 
@@ -285,8 +283,7 @@ def _cat_rows(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.cat(parts).to(device)
 
 
-def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int],
-             dtype: torch.dtype) -> QuantLinear:
+def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int]) -> QuantLinear:
     qt, k = fused
     if param == "embed_tokens":
         if qt.shape[0] != model.spec.vocab_size or k != model.spec.hidden_size:
@@ -299,18 +296,23 @@ def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTen
     if (qt.shape[0], k) != (old.out_features, old.in_features):
         raise _Mismatch(f"{path}: shape ({qt.shape[0]}, {k}) does not match the spec "
                              f"({old.out_features}, {old.in_features})")
-    # filled from the checkpoint's fp16 bias by _copy_dense
-    bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
+    bias = None if old.bias is None else old.bias.data  # its fp16 values, if read already (_write_dense)
     parent, _, attr = path.rpartition(".")
     module = QuantLinear(qt, k, bias)
     setattr(model.get_submodule(parent) if parent else model, attr, module)
     return module
 
 
-def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]]) -> None:
-    params = dict(model.named_parameters())
-    for name, target, tensor in dense:
-        dest = params[target.param].data[target.row_offset:target.row_offset + tensor.shape[0]]
-        if dest.shape != tensor.shape:
-            raise _Mismatch(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
-        dest.copy_(tensor)
+def _write_dense(model: nn.Module, name: str, target: Target, tensor: torch.Tensor, device: torch.device) -> None:
+    """An fp16 checkpoint tensor (norm, bias, unquantized weight) into its rows of its parameter,
+    which gets its memory on the first write (a quantized module swapped in later keeps it)."""
+    path, _, attr = target.param.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    param = module._parameters[attr]
+    if param.is_meta:
+        param = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=False)
+        module._parameters[attr] = param
+    dest = param.data[target.row_offset:target.row_offset + tensor.shape[0]]
+    if dest.shape != tensor.shape:
+        raise _Mismatch(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
+    dest.copy_(tensor)
