@@ -183,6 +183,9 @@ def cli(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("QWEN_TRAY_HOME", str(tmp_path))
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    # Load progress shows once a load takes a moment, which on a busy machine a tiny model's may:
+    # off here, so stderr holds exactly what a test expects (tests/test_progress.py turns it on).
+    monkeypatch.setattr("app.progress.PROGRESS_DELAY_S", float("inf"))
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
         if stdin is not None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,13 +17,14 @@ from app import kernels
 from app.engine.cuda.memory import GpuInfo, parse_size
 from app.engine.cuda.ops import unsupported_shape
 from app.engine.cuda.reference_fit import reference_device
-from app.engine.cuda.runner import create_cuda_runner, load_packed
+from app.engine.cuda.runner import create_cuda_runner
 from app.engine.kv_cache import StaticKVCache
 from app.engine.loading import LoadedModel, context_length, load_model
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_NORMAL, Generation, Request
 from app.engine.runner import RunnerOptions, TorchRunner
 from app.engine.scheduler import LOOKUP_MAX_DRAFT, Scheduler
+from app.engine.skeleton import load_skeleton
 from app.engine.tokenizer import Message, Tokenizer
 from app.errors import ContextLengthError, QwenTrayError
 from app.formats import checkpoint
@@ -62,6 +66,10 @@ class Engine:
         self._scheduler = Scheduler(runner, self.tokenizer, self.spec.vocab_size, frozenset(self.spec.eos_token_ids),
                                     lookup_draft=lookup_draft)
         self.closed = False
+        # Stops the scheduler thread when close() is not called: when the engine is collected, or
+        # at interpreter exit (weakref.finalize runs before daemon threads are frozen; one that is
+        # then still inside PyTorch aborts the process: "terminate called without an active exception").
+        self._shutdown = weakref.finalize(self, _shut_down, self._scheduler, runner)
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "auto", max_batch_size: int = 4,
@@ -96,8 +104,10 @@ class Engine:
                                         dtype)
             loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
                                 progress=progress, verify=verify)
-            cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev)
+            cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev,
+                                  zeroed=False)  # (TorchRunner reads only what it wrote)
             runner = TorchRunner(loaded.model, cache, dev)
+        release_freed_memory()  # the load's temporaries
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         engine = cls(loaded, runner, max_batch_size, lookup_draft)
         if reason is not None and on_gpu_machine:
@@ -146,10 +156,10 @@ class Engine:
         if self.closed:
             return
         self.closed = True
-        self._scheduler.close()
-        self.runner.close()  # not held in a local: it would keep the runner alive below
+        self._shutdown()  # the scheduler, then the runner
         self.runner = self.loaded = None  # drop the last references to weights and cache
         gc.collect()
+        release_freed_memory()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -158,6 +168,23 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def release_freed_memory() -> None:
+    """Give the heap that glibc keeps after large frees back to the system (a load's temporaries,
+    a closed model's weights on the CPU): measured on the 3B on the CPU, 0.9 GB of the resident
+    set was memory already freed. Elsewhere the allocators return it themselves."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim this way
+        pass
+
+
+def _shut_down(scheduler: Scheduler, runner) -> None:
+    scheduler.close()
+    runner.close()
 
 
 def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path: Path) -> str | None:
@@ -192,11 +219,13 @@ def _read_spec(path: Path) -> ModelSpec:
 def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
                   progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool,
                   options: RunnerOptions | None, verify: bool):
-    """Load on the CPU in fp16 (quantized weights stay packed), plan the VRAM, then move."""
+    """Plan the VRAM from the model's shapes, then read each weight from its file straight into
+    its place on the GPU (app.engine.skeleton): the host never holds the model."""
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
-    loaded = load_packed(path, adapter=adapter, max_context=max_context, progress=progress, verify=verify)
+    skeleton = load_skeleton(path, adapter=adapter, max_context=max_context, verify=verify)
+    loaded = skeleton.loaded
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
                                 device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress,
-                                options=options)
+                                options=options, fill=skeleton.fill)
     return loaded, runner
 

@@ -12,7 +12,7 @@ from app.engine.lora import LoraAdapter
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized.modules import build_quantized_model, default_backend
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import TensorSource, load_hf_weights
+from app.engine.weights import LayerProgress, TensorSource, load_hf_weights, materialize, one_copy_thread
 from app.errors import ModelLoadError, QwenTrayError
 from app.formats import checkpoint
 from app.formats.spec import ModelSpec
@@ -69,12 +69,13 @@ def load_model(path: Path, device: torch.device, *, adapter: str | Path | None =
     dtype = dtype or default_dtype(spec, device)
     # Build on the meta device, then allocate once on the target: weights are never held twice.
     with torch.device("meta"):
-        model = DecoderModel(spec, context_length(spec.max_position_embeddings, max_context))
-    model = model.to_empty(device=device).to(dtype)
+        model = DecoderModel(spec, context_length(spec.max_position_embeddings, max_context)).to(dtype)
+    materialize(model, device)
     model.init_rope()
-    step = (lambda done, total: progress("weights", done, total)) if progress else None
-    with TensorSource(path) as source:
-        load_hf_weights(model, source, spec, transform=lora.merge if lora else None, progress=step)
+    layers = LayerProgress(spec.num_layers, progress)
+    with TensorSource(path) as source, one_copy_thread():
+        load_hf_weights(model, source, spec, transform=lora.merge if lora else None, on_tensor=layers.tensor_read)
+    layers.finished()
     if lora:
         lora.check_all_used()
     model.eval()
@@ -101,9 +102,10 @@ def load_quantized_model(path: Path, device: torch.device, *, adapter: str | Pat
     dtype = dtype or default_dtype(manifest.spec, device)
     max_positions = context_length(manifest.spec.max_position_embeddings, max_context)
     weights = ((name, entry.shape, weight) for name, entry, weight in checkpoint.iter_weights(path, manifest))
-    model = build_quantized_model(manifest.spec, weights, len(manifest.tensors), max_positions, device, dtype,
-                                  backend=backend or default_backend(device, dtype), progress=progress,
-                                  where=str(path / checkpoint.MANIFEST))
+    with one_copy_thread():
+        model = build_quantized_model(manifest.spec, weights, max_positions, device, dtype,
+                                      backend=backend or default_backend(device, dtype), progress=progress,
+                                      where=str(path / checkpoint.MANIFEST))
     return LoadedModel(path, path.name, manifest.spec, tokenizer, model, dtype)
 
 

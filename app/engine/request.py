@@ -8,14 +8,16 @@ call :meth:`Generation.cancel`.
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.errors import QwenTrayError
 
+log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 # Priorities: lower runs first. A hotkey action goes ahead of a chat, a chat ahead of the API.
@@ -40,6 +42,8 @@ class Generation:
         self._done = threading.Event()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Generation], None]] = []
+        self._callbacks_lock = threading.Lock()
 
     # -- consumer side ---------------------------------------------------------------
     def __iter__(self) -> Iterator[str]:
@@ -77,6 +81,15 @@ class Generation:
     def result(self) -> GenerationResult:
         return self.wait()
 
+    def add_done_callback(self, callback: Callable[[Generation], None]) -> None:
+        """Call ``callback(self)`` once the request has ended (finished, cancelled or failed): at
+        once if it already has, else on the engine's thread, which it must not block."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
     def text(self) -> str:
         """Consume the whole stream and return the final text."""
         for _ in self:
@@ -90,13 +103,22 @@ class Generation:
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result
-        self._done.set()
-        self._events.put(("end", None))
+        self._end(("end", None))
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
-        self._done.set()
-        self._events.put(("error", error))
+        self._end(("error", error))
+
+    def _end(self, event: tuple[str, object]) -> None:
+        with self._callbacks_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        self._events.put(event)
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:  # a caller's bug must not stop the engine's thread
+                log.exception("a done callback of request %d failed", self.request_id)
 
 
 @dataclass(slots=True)

@@ -8,8 +8,9 @@ twice in memory. Loading reports missing and leftover tensors by name.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from contextlib import ExitStack
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from safetensors import SafetensorError, safe_open
 
 from app.errors import ModelLoadError
 from app.formats.spec import ModelSpec
+from app.progress import LAYERS_STAGE
 
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.")
 # Tensors a checkpoint may carry that the model recomputes (rotary tables).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -80,6 +83,38 @@ class TensorSource:
             raise ModelLoadError(f"{path}: tensor {name!r} is unreadable ({e})") from None
 
 
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer still on the meta device fresh memory of its dtype on
+    ``device`` (uninitialized: the weights are copied in next). Not ``Module.to_empty``: its
+    meta path (``empty_like`` of a meta tensor) imports torch.fx's symbolic shapes and sympy,
+    seconds of start-up."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                module._parameters[name] = torch.nn.Parameter(_empty(p, device), requires_grad=False)
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = _empty(b, device)
+
+
+@contextmanager
+def one_copy_thread() -> Iterator[None]:
+    """Read weights in with one CPU thread. Copies and repacking are bound by memory, not
+    arithmetic, and PyTorch's parallel ops keep their OpenMP workers spinning between tensors: on
+    a machine whose cores are busy with other work (a desktop; the 2 shared cores of our test
+    machine) that made loads two to five times slower than one thread (benchmarks/bench_startup.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _empty(like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=like.dtype, device=device)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where one HF tensor goes: a parameter name and the row offset inside a fused matrix."""
@@ -116,22 +151,43 @@ TensorTransform = Callable[[str, torch.Tensor], torch.Tensor]
 
 def load_hf_weights(model: torch.nn.Module, source: TensorSource, spec: ModelSpec,
                     transform: TensorTransform | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> None:
+                    on_tensor: Callable[[str], None] | None = None) -> None:
     """Copy every expected tensor of ``source`` into ``model``'s parameters.
 
-    ``transform(name, tensor)`` may rewrite a tensor first (LoRA merge). Raises
-    ModelLoadError naming missing tensors, unexpected ones and shape mismatches.
+    ``transform(name, tensor)`` may rewrite a tensor first (LoRA merge); ``on_tensor(name)``
+    is told each tensor copied (:class:`LayerProgress`). Raises ModelLoadError naming missing
+    tensors, unexpected ones and shape mismatches.
     """
     params = dict(model.named_parameters())
     plan = hf_weight_map(spec)
     check_tensor_names(source, set(plan), spec)
-    for done, (name, target) in enumerate(plan.items(), 1):
+    for name, target in plan.items():
         tensor = source.get(name)
         if transform is not None:
             tensor = transform(name, tensor)
         _copy_into(params[target.param], tensor, target, name, source.folder)
-        if progress is not None:
-            progress(done, len(plan))
+        if on_tensor is not None:
+            on_tensor(name)
+
+
+class LayerProgress:
+    """``progress("layers", done, total)`` from the names of the tensors read, which come layer
+    by layer: a layer counts as done once a tensor of a later one is read (or at the end)."""
+
+    def __init__(self, num_layers: int, progress: Callable[[str, int, int], None] | None):
+        self.num_layers, self.progress = num_layers, progress
+        self.done = 0
+
+    def tensor_read(self, name: str) -> None:
+        match = _LAYER_NAME.match(name)
+        if match and int(match.group(1)) > self.done and self.progress is not None:
+            self.done = min(int(match.group(1)), self.num_layers)
+            self.progress(LAYERS_STAGE, self.done, self.num_layers)
+
+    def finished(self) -> None:
+        self.done = self.num_layers
+        if self.progress is not None:
+            self.progress(LAYERS_STAGE, self.num_layers, self.num_layers)
 
 
 def check_tensor_names(source: TensorSource, expected: set[str], spec: ModelSpec) -> None:
@@ -152,7 +208,7 @@ def _copy_into(param: torch.Tensor, tensor: torch.Tensor, target: Target, name: 
     if dest.shape != tensor.shape:
         raise ModelLoadError(
             f"{folder}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)} from config.json")
-    dest.copy_(tensor.to(param.dtype))
+    dest.copy_(tensor)  # converts to the parameter's dtype in the same pass: no temporary
 
 
 def _short(names: list[str], limit: int = 4) -> str:

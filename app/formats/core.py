@@ -177,13 +177,15 @@ def unpack_fields(words: torch.Tensor, width: int) -> torch.Tensor:
     """Inverse of :func:`pack_fields`: int32 words [R, W] -> unsigned int32 fields [R, W*F]."""
     per_word = 32 // width
     r, n_words = words.shape
-    shifts = torch.arange(per_word, dtype=torch.int32, device=words.device) * width
-    mask = (1 << width) - 1
-    fields = (words.unsqueeze(-1) >> shifts) & mask  # [R, W, F]; arithmetic shift is masked off
-    inverse = [0] * per_word
+    inverse = [0] * per_word  # k offset -> the field holding it
     for f, pos in enumerate(even_odd_order(per_word)):
         inverse[pos] = f
-    return fields[..., inverse].reshape(r, n_words * per_word)
+    # each k's field shifted down directly (k order: no gather pass over the [R, W, F] result)
+    shifts = torch.tensor(inverse, dtype=torch.int32, device=words.device) * width
+    mask = (1 << width) - 1
+    fields = words.unsqueeze(-1) >> shifts  # [R, W, F]
+    fields &= mask  # (in place: a new tensor per pass costs its page faults) arithmetic shift masked off
+    return fields.reshape(r, n_words * per_word)
 
 
 def quantized_nbytes(n: int, k: int, bits: int) -> int:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -112,6 +114,21 @@ def kernel_source(filename: str) -> str:
 
 
 _compile_lock = threading.Lock()
+BuildListener = Callable[[str, str], None]  # (filename, name_expression) of an instance just built
+_build_listeners: list[BuildListener] = []
+
+
+@contextmanager
+def watch_builds(listener: BuildListener) -> Iterator[None]:
+    """Tell ``listener`` each kernel instance built (compiled, or taken from CuPy's disk cache)
+    in this process, from any thread, while the block runs (app.kernels.builds)."""
+    with _compile_lock:
+        _build_listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _compile_lock:
+            _build_listeners.remove(listener)
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,9 +139,12 @@ def _compiled(filename: str, name_expression: str, device_index: int):
         module = cupy.RawModule(code=kernel_source(filename), options=COMPILE_OPTIONS,
                                 name_expressions=(name_expression,))
         try:
-            return module.get_function(name_expression)
+            function = module.get_function(name_expression)
         except cupy.cuda.compiler.CompileException as e:
             raise KernelCompileError(f"NVRTC failed on {filename} ({name_expression}): {e}") from e
+    for listener in _build_listeners:  # (the caller holds _compile_lock: no change meanwhile)
+        listener(filename, name_expression)
+    return function
 
 
 def get_kernel(filename: str, name_expression: str):

@@ -19,6 +19,10 @@ from app.server.provider import EngineSlot
 
 log = logging.getLogger("app.server")
 DEFAULT_BATCH = 4  # --max-batch-size unless given
+# The tray's default idle unload: a laptop's GPU goes back to the desktop (games, video) when the
+# API is not used, at the cost of one load (seconds, kernels cached) for the next request after a
+# pause. Ollama's default is 5m for a server that swaps models; ours holds one.
+DEFAULT_KEEP_ALIVE = "10m"
 
 
 def register(sub) -> None:
@@ -52,6 +56,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU: at most N tokens guessed per step from the request's own text and checked "
                              "in one step: the same output, faster when the answer repeats text (0 = off; "
                              "default: on)")
+    parser.add_argument("--keep-alive", type=_keep_alive, default=DEFAULT_KEEP_ALIVE, metavar="DURATION",
+                        help="unload the model after this long without requests, and load it again for the next "
+                             "one (Ollama's convention: 5m, 1h, 90s; 0 = right after each request; -1 = never; "
+                             f"default {DEFAULT_KEEP_ALIVE}, as the tray)")
     parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
                         help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
     parser.add_argument("--api-key", default=None,
@@ -78,6 +86,16 @@ def _at_least(minimum: int):
     return parse
 
 
+def _keep_alive(text: str) -> float | None:
+    """An argparse type: seconds, or None for never (app.engine.keep_alive.parse_keep_alive)."""
+    from app.engine.keep_alive import parse_keep_alive  # imports torch: only when serve is parsed
+
+    try:
+        return parse_keep_alive(text)
+    except QwenTrayError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--keep-alive: ")) from None
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, model_id=args.model_id,
@@ -101,19 +119,33 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 
 def _load_engine(args: argparse.Namespace):
+    """The engine behind ``serve``: loaded now, unloaded after ``--keep-alive`` without requests."""
     from app.engine import Engine
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if done == total:
-            log.info("loading: %s done", stage)
+    from app.engine.keep_alive import ReloadingEngine
+    from app.progress import load_progress_bar
 
     # Given neither --max-batch-size nor --max-context, a small card gets what fits (logged).
     fit = args.max_batch_size is None and args.max_context is None
     batch = DEFAULT_BATCH if args.max_batch_size is None else args.max_batch_size
-    return Engine.load(args.model_path, device=args.device, max_batch_size=batch,
-                       max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
-                       fit_to_vram=fit, verify=args.verify,
-                       **({} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}))
+    options = {} if args.lookup_draft is None else {"lookup_draft": args.lookup_draft}
+    loads = []  # --verify hashes the files at the first load, not again at each reload after idle
+
+    def load(progress):
+        loads.append(progress)
+        return Engine.load(args.model_path, device=args.device, max_batch_size=batch, max_context=args.max_context,
+                           vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
+                           verify=args.verify and len(loads) == 1, **options)
+
+    with load_progress_bar(f"loading {args.model_path.name}") as progress:
+        engine = ReloadingEngine(load, keep_alive=args.keep_alive, progress=progress, on_state=_log_state)
+    engine.progress = None  # a reload for a request is logged (_log_state), not drawn
+    return engine
+
+
+def _log_state(state: str) -> None:
+    messages = {"unloaded": "model unloaded (--keep-alive); the next request loads it again",
+                "loading": "loading the model again for a request", "ready": "model loaded"}
+    log.info("%s", messages.get(state, state))
 
 
 def run_serve(args: argparse.Namespace) -> int:

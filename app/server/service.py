@@ -72,7 +72,8 @@ class ApiService:
             stats = engine.stats()
             body.update(model=self.config.model_id or engine.model_id, device=engine.device,
                         max_context=engine.max_context, max_batch_size=engine.max_batch_size,
-                        kernels_unavailable=engine.kernels_unavailable)
+                        kernels_unavailable=engine.kernels_unavailable,
+                        loaded=stats.get("loaded", True))  # False: unloaded when idle, the next request loads it
             for key in ("running", "waiting", "slots"):
                 if key in stats:
                     body[key] = stats[key]

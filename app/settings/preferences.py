@@ -149,6 +149,8 @@ class Preferences:
     local_api_enabled: bool = pref(False, boolean)
     local_api_port: int = pref(18000, integer(1024, 65535))
     device: str = pref("auto", one_of(DEVICES))  # "cpu" keeps the GPU free (games, other models)
+    # minutes without requests after which the model's VRAM and memory are given back (0 = never)
+    idle_unload_minutes: int = pref(10, integer(0, 24 * 60))
     # window name -> base64 of saveGeometry()
     geometry: dict[str, str] = pref({}, mapping(text(), "window names to strings"))
     # Enter sends (Shift+Enter: a new line), or Ctrl+Enter sends (Enter: a new line)

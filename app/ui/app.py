@@ -64,6 +64,8 @@ class TrayApp(QObject):
         self.host.loadFailed.connect(lambda message: self.notify(tr("Could not load the model: {message}",
                                                                      message=message)))
         self.host.loaded.connect(self._notice_without_kernels)
+        self.host.set_idle_unload(idle_unload_seconds(self.store.prefs.idle_unload_minutes))
+        self.store.subscribe(lambda prefs: self.host.set_idle_unload(idle_unload_seconds(prefs.idle_unload_minutes)))
         self.hotkeys = HotkeyManager(hotkey_factory, parent=self)
         self.hotkeys.activated.connect(self._on_hotkey)
         self.injector = injector or create_key_injector()
@@ -285,6 +287,11 @@ class TrayApp(QObject):
     def quit(self) -> None:
         self.shutdown()
         QApplication.instance().quit()
+
+
+def idle_unload_seconds(minutes: int) -> float | None:
+    """The preference (0 = never) as EngineHost takes it."""
+    return minutes * 60.0 if minutes > 0 else None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

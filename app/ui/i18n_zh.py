@@ -18,13 +18,16 @@ ZH_CN: dict[str, str] = {
     "Ready · {tokens} tokens of context · {gib} GiB of VRAM": "就绪 · 上下文 {tokens} token · 显存 {gib} GiB",
     "Busy": "忙碌中",
     "No model loaded": "未加载模型",
+    "Model unloaded to free memory; it loads again when needed": "模型已卸载以释放内存；需要时会重新加载",
     "Loading {model}…": "正在加载 {model}…",
     "Loading {model}: preparing the GPU…": "正在加载 {model}：正在准备 GPU…",
+    "Loading {model}: building GPU kernels (first run)…": "正在加载 {model}：首次运行，正在编译 GPU 内核…",
     "Error: {message}": "错误：{message}",
     "empty": "未加载",
     "loading": "加载中",
     "ready": "就绪",
     "error": "出错",
+    "unloaded": "已卸载（空闲）",
     # notices
     "Could not load the model: {message}": "无法加载模型：{message}",
     "{model} runs with PyTorch on the GPU, without its CUDA kernels (slower): {reason}":
@@ -193,6 +196,11 @@ ZH_CN: dict[str, str] = {
     "Run local models on": "本地模型运行于",
     "The GPU when there is one": "有 GPU 时用 GPU",
     "The CPU only (keeps the GPU free)": "仅用 CPU（不占用 GPU）",
+    " min": " 分钟",
+    "Never": "从不",
+    "The model's VRAM and memory are given back after this long without use; the next request loads it again":
+        "模型在闲置这么久之后释放显存和内存；下一次请求时会重新加载",
+    "Unload the model when unused for": "闲置多久后卸载模型",
     "Name": "名称",
     "Prompt": "提示词",
     "Prompt; {text} is replaced by the selected text": "提示词；{text} 会被替换为所选文字",

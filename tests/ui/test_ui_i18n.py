@@ -21,7 +21,7 @@ TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
 # notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
 LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
 TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
-DYNAMIC_KEYS = {"empty", "loading", "ready", "error"}  # tr(state)
+DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "unloaded"}  # tr(state)
 
 
 def _ui_strings() -> set[str]:

@@ -76,6 +76,9 @@ class FakeBackend:
     def vram_bytes(self) -> int | None:
         return self.vram
 
+    def set_idle_unload(self, seconds, on_state) -> None:
+        self.idle_unload = seconds  # (a fake holds no model to unload)
+
     def count_chat_tokens(self, messages) -> int:
         return sum(self._count(m["content"]) + 3 for m in messages)
 

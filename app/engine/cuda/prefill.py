@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from app.engine.cuda.weights import DequantTables, LinearWeight, ModelWeights, dequantize_rows, lookup_rows
 from app.engine.kv_cache import StaticKVCache
@@ -77,11 +76,23 @@ def causal_attention(q: torch.Tensor, k_slot: torch.Tensor, v_slot: torch.Tensor
         return grouped_attention(q, keys, values)
     heads = q.transpose(0, 1)[None]  # [1, Hq, T, D]
     if flash_takes_gqa(heads, keys, values):  # query i sees keys 0..start+i: causal from the bottom right
-        out = F.scaled_dot_product_attention(heads, keys, values, attn_mask=causal_lower_right(t, end),
-                                             enable_gqa=True)
+        out = bottom_right_causal(heads, keys, values)
         return out[0].transpose(0, 1).reshape(t, hq * d)  # [Hq, T, D] -> [T, Hq*D]
     mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(start, end, device=q.device)[:, None]
     return grouped_attention(q, keys, values, mask)
+
+
+def bottom_right_causal(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[1, Hq, T, D] queries at the last T of S positions over [1, Hkv, S, D] -> [1, Hq, T, D].
+
+    On the GPU: flash attention's own causal mode, which aligns the mask to the bottom right
+    when T < S (what torch.nn.attention.bias.causal_lower_right dispatches to; that module is not
+    imported: it imports torch._dynamo, seconds of start-up). Elsewhere the mask materialized."""
+    t, s = heads.shape[-2], keys.shape[-2]
+    if heads.device.type == "cuda":
+        return torch.ops.aten._scaled_dot_product_flash_attention(heads, keys, values, 0.0, is_causal=True)[0]
+    mask = torch.arange(s, device=heads.device)[None, :] <= torch.arange(s - t, s, device=heads.device)[:, None]
+    return F.scaled_dot_product_attention(heads, keys, values, attn_mask=mask, enable_gqa=True)
 
 
 def flash_takes_gqa(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
@@ -94,7 +105,8 @@ def flash_takes_gqa(heads: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         params = torch.backends.cuda.SDPAParams(heads, keys, values, None, 0.0, False, True)  # (.., enable_gqa)
     except TypeError:  # SDPAParams without enable_gqa (private API): keep the group loop
         return False
-    return torch.backends.cuda.can_use_flash_attention(params)
+    # bottom_right_causal calls flash itself, which takes head sizes of whole 8s unpadded
+    return heads.shape[-1] % 8 == 0 and torch.backends.cuda.can_use_flash_attention(params)
 
 
 def gathered_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor,

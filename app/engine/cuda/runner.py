@@ -49,9 +49,9 @@ from app.errors import QwenTrayError
 from app.formats import checkpoint
 from app.kernels import loader
 from app.kernels.attention import ROPE_WINDOW
+from app.kernels.builds import kernel_builds
 from app.kernels.dequant import dequant_kernel_or_none
 from app.kernels.gemv import MAX_BATCH
-from app.progress import GPU_STAGE
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
@@ -360,13 +360,16 @@ def _build_capped(device: torch.device, budget: int, build) -> CudaRunner:
 def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch.device,
                        vram_budget: int | None = None, prefill_mode: str = "auto", label: str = "the model",
                        use_graphs: bool = True, fit: bool = False, progress=None,
-                       options: RunnerOptions | None = None) -> CudaRunner:
-    """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner.
+                       options: RunnerOptions | None = None, fill=None) -> CudaRunner:
+    """Plan, then move ``model`` (loaded on the CPU, fp16) into VRAM and build the runner; or,
+    with ``fill(progress)`` (app.engine.skeleton), give the tensors of a ``model`` on the meta
+    device their places in VRAM and let ``fill`` read the weights into them.
 
     Raises :class:`app.engine.cuda.memory.VramBudgetError` before anything is allocated on the GPU
     when the model, the cache or the runtime do not fit. ``fit``: load with fewer slots or a
     shorter context where the asked ones do not fit (the runner's num_slots / max_context).
-    ``progress(stage, done, total)``: app.progress.GPU_STAGE 0 / 1 before the build, 1 / 1 after.
+    ``progress(stage, done, total)``: the layers read (with ``fill``), then the kernels built
+    (app.kernels.builds: app.progress.KERNELS_STAGE on a first run, else GPU_STAGE).
     """
     module_tensors = {id(t): t for m in model.modules() for store in (m._parameters, m._buffers)
                       for t in store.values() if t is not None}
@@ -377,13 +380,11 @@ def create_cuda_runner(model, *, num_slots: int, max_context: int, device: torch
     del module_tensors, weights  # the CPU copies go once the arena holds the weights
 
     def build() -> CudaRunner:
-        if progress:  # the kernels compile here on a first run, which may take a while
-            progress(GPU_STAGE, 0, 1)
         module_to_arena(model, device)
-        runner = _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
-        if progress:
-            progress(GPU_STAGE, 1, 1)
-        return runner
+        if fill is not None:
+            fill(progress)
+        with kernel_builds(device, progress):  # compiled on a first run, which takes a while
+            return _planned_runner(weights_from_model(model), plan, use_graphs, dequant, options)
 
     return _build_capped(device, plan.budget_bytes, build)
 

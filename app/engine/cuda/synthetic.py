@@ -1,7 +1,8 @@
 """Runtime weights made up or re-quantized: synthetic models for benchmarks, RTN for tests.
 
 :func:`synthetic_weights` gives random weights with a real model's exact shapes (the speed of
-a GEMV does not depend on the values); :func:`quantize_weights` quantizes a dense
+a GEMV does not depend on the values); :func:`write_synthetic_checkpoint` writes such a model
+as a real checkpoint folder (what a load from disk is timed on); :func:`quantize_weights` quantizes a dense
 :class:`~app.engine.cuda.weights.ModelWeights` by a recipe with round-to-nearest (the
 product's quantizer is app.quant); :func:`dequantized_linear` is the fp32 reference of any
 weight.
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import torch
 
+import shutil
+from pathlib import Path
+
 from app.engine.cuda.weights import LayerWeights, LinearWeight, ModelWeights
+from app.formats import checkpoint
 from app.formats.core import GROUP_SIZE
 from app.formats.spec import ModelSpec
 from app.formats.tensor import encode
@@ -68,6 +73,57 @@ def synthetic_weights(spec: ModelSpec, recipe, device: torch.device | str, seed:
         spec.vocab_size, h, recipe_bits(recipe, 0, "lm_head"), False, "lm_head", device, gen, pool)
     final = (torch.rand(h, generator=gen, device=device) * 0.2 + 0.9).half()
     return ModelWeights(spec, embed, layers, final, head)
+
+
+def write_synthetic_checkpoint(spec: ModelSpec, recipe, out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A checkpoint folder (docs/FORMATS.md: manifest, a safetensors file per layer, the
+    embeddings file, the tokenizer of ``tokenizer_dir``) of random weights with ``spec``'s shapes,
+    quantized as ``recipe`` says; loaded as any checkpoint is (benchmarks of a load from disk)."""
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randint(-2**31, 2**31 - 1, (1 << 22,), generator=gen, dtype=torch.int32)
+    files, entries = {}, {}
+
+    def write(file_name: str, shapes: dict[str, tuple[int, ...]]) -> None:
+        stored = {}
+        for name, shape in shapes.items():
+            module = name.removesuffix(".weight")
+            bits = recipe.bits_for(module) if len(shape) == 2 else 16
+            if bits == 16:
+                stored[name] = (torch.rand(shape, generator=gen) * 0.2 + 0.9).half()  # norms, biases
+                entries[name] = checkpoint.TensorEntry(file_name, checkpoint.FP16, shape)
+                continue
+            w = _random_linear(*shape, bits, False, module, "cpu", gen, pool)
+            words = {"qweight": w.qa} if bits == 4 else {"qlow": w.qa, "qhigh": w.qb}
+            stored.update({f"{module}.{key}": t for key, t in {**words, "scales": w.scales}.items()})
+            entries[name] = checkpoint.TensorEntry(file_name, "w4" if bits == 4 else "w3", shape)
+        files[file_name] = checkpoint.write_tensor_file(out / file_name, stored)
+
+    for i in range(spec.num_layers):
+        write(checkpoint.layer_file(i), _layer_shapes(spec, i))
+    tables = {"model.embed_tokens.weight": (spec.vocab_size, spec.hidden_size), "model.norm.weight": (spec.hidden_size,)}
+    if not spec.tie_word_embeddings:
+        tables["lm_head.weight"] = (spec.vocab_size, spec.hidden_size)
+    write(checkpoint.EMBEDDINGS_FILE, tables)
+    copied = [name for name in checkpoint.COPIED_FILES if (tokenizer_dir / name).is_file()]
+    for name in copied:
+        shutil.copy(tokenizer_dir / name, out / name)
+    checkpoint.write_manifest(out, checkpoint.Manifest(spec=spec, recipe=recipe, method="synthetic", files=files,
+                                                       tensors=entries, copied_files=tuple(copied), model_id=out.name))
+    return out
+
+
+def _layer_shapes(spec: ModelSpec, i: int) -> dict[str, tuple[int, ...]]:
+    h, inter, q, kv = spec.hidden_size, spec.intermediate_size, spec.q_size, spec.kv_size
+    p = f"model.layers.{i}."
+    shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+    for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        shapes[f"{p}self_attn.{proj}.weight"] = (rows, h)
+        if spec.attention_bias:
+            shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
+    shapes |= {p + "self_attn.o_proj.weight": (h, q), p + "mlp.gate_proj.weight": (inter, h),
+               p + "mlp.up_proj.weight": (inter, h), p + "mlp.down_proj.weight": (h, inter)}
+    return shapes
 
 
 def quantize_linear(w: LinearWeight, bits: int) -> LinearWeight:

@@ -201,14 +201,16 @@ def arena_nbytes(tensors: list[torch.Tensor]) -> int:
 
 def pack_into_arena(tensors: list[torch.Tensor],
                     device: torch.device | str) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Copy ``tensors`` into one uint8 device buffer; returns it and id(tensor) -> view."""
+    """Copy ``tensors`` into one uint8 device buffer; returns it and id(tensor) -> view. A meta
+    tensor only gets its place (uninitialized: app.engine.skeleton fills it from its file)."""
     arena = torch.empty(arena_nbytes(tensors), dtype=torch.uint8, device=device)
     views: dict[int, torch.Tensor] = {}
     offset = 0
     for t in tensors:
         nbytes = t.numel() * t.element_size()
         view = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
+        if not t.is_meta:
+            view.copy_(t)
         views[id(t)] = view
         offset += aligned_nbytes(nbytes)
     return arena, views
@@ -257,8 +259,10 @@ def linear_from_module(module, name: str) -> LinearWeight:
         # K padded to whole groups: the kernels would need x padded too. Only small, non-Qwen
         # models have such K; they run dense (their weights are a few MB).
         log.info("%s: K=%d is not a multiple of %d; running it dense", name, module.in_features, GROUP_SIZE)
-        return LinearWeight(16, module.out_features, module.in_features,
-                            dense=module.dequantize(torch.float32).half().contiguous(), bias=bias, name=name)
+        shape = (module.out_features, module.in_features)
+        dense = (torch.empty(shape, dtype=torch.float16, device="meta") if module.scales.is_meta  # (a plan's shapes)
+                 else module.dequantize(torch.float32).half().contiguous())
+        return LinearWeight(16, *shape, dense=dense, bias=bias, name=name)
     t = packed()
     qa = t.get("qweight", t.get("qlow"))
     return LinearWeight(module.bits, module.out_features, module.in_features, qa=qa, qb=t.get("qhigh"),

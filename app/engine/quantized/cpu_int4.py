@@ -24,9 +24,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from app.formats.core import GROUP_SIZE
-from app.formats.w3 import unpack_w3
-from app.formats.w4 import unpack_w4
+from app.formats.core import GROUP_SIZE, unpack_fields
+from app.formats.w3 import OFFSET as W3_OFFSET
 
 INNER_K_TILES = 2  # the CPU packing's K blocking (K must be a multiple of 16 * this: 128 is)
 ROW_MULTIPLE = 16  # the CPU packing takes N in multiples of 16: pad rows with zero weights
@@ -56,11 +55,21 @@ def available() -> bool:
 def pack_codes(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Signed codes q [N, K] (W4 or W3) and fp16 scales [N, K/128] -> (the kernel's packed weight,
     scales_and_zeros [K/128, N', 2] in ``dtype``), N' = N rounded up to 16 (zero rows)."""
-    n, k = q.shape
+    return _pack(lambda rows: q[rows].to(torch.int32) + OFFSET, q.shape[0], q.shape[1], scales, dtype)
+
+
+def pack_module(module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack_codes` of a QuantLinear, its codes unpacked PACK_ROWS rows at a time: unpacked
+    whole, a 3B's embedding passes through gigabytes of int32 temporaries."""
+    return _pack(lambda rows: kernel_codes(module, rows), module.out_features, module.padded_in_features,
+                 module.scales, dtype)
+
+
+def _pack(codes, n: int, k: int, scales: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     pad = -n % ROW_MULTIPLE
     parts = []
     for start in range(0, n, PACK_ROWS):  # a multiple of 64 rows: chunks pack like the whole
-        rows = q[start:start + PACK_ROWS].to(torch.int32) + OFFSET
+        rows = codes(slice(start, start + PACK_ROWS))  # u = q + 8, int32
         if start + PACK_ROWS >= n and pad:
             rows = torch.cat([rows, torch.full((pad, k), OFFSET, dtype=torch.int32)])
         parts.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.contiguous(), INNER_K_TILES))
@@ -69,10 +78,14 @@ def pack_codes(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> tup
     return torch.cat(parts), scales_zeros
 
 
-def signed_codes(module) -> torch.Tensor:
-    """A QuantLinear's codes q [N, K_stored] as int8."""
+def kernel_codes(module, rows: slice) -> torch.Tensor:
+    """The kernel's u = q + 8 (int32 [R, K_stored]) of a QuantLinear's ``rows``, from the stored
+    fields as they are: W4 stores u = q + 8 itself, W3 u = q + 4."""
     t = module.packed_tensors()
-    return unpack_w4(t["qweight"]) if module.format == "w4" else unpack_w3(t["qlow"], t["qhigh"])
+    if module.format == "w4":
+        return unpack_fields(t["qweight"][rows], width=4)
+    u3 = unpack_fields(t["qlow"][rows], width=2) | (unpack_fields(t["qhigh"][rows], width=1) << 2)
+    return u3 + (OFFSET - W3_OFFSET)
 
 
 def int4_linear(module, x: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch import nn
 
 from app.engine.models.decoder import DecoderModel
 from app.engine.quantized import cpu_int4
-from app.engine.weights import Target, hf_weight_map
+from app.engine.weights import LayerProgress, Target, hf_weight_map, materialize
 from app.errors import ModelLoadError
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMATS, QuantizedTensor
@@ -153,7 +153,7 @@ def use_int4_backend(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if not isinstance(module, QuantLinear):
             continue
-        packed, scales_zeros = cpu_int4.pack_codes(cpu_int4.signed_codes(module), module.scales, dtype)
+        packed, scales_zeros = cpu_int4.pack_module(module, dtype)
         module.register_buffer("int4_packed", packed)
         module.register_buffer("int4_scales_zeros", scales_zeros)
         module.backend = cpu_int4.int4_linear
@@ -194,7 +194,7 @@ def quantized_nbytes(model: nn.Module) -> int:
 WeightItem = tuple[str, tuple[int, ...], "QuantizedTensor | torch.Tensor"]  # HF name, logical shape, weight
 
 
-def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total: int, max_positions: int,
+def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], max_positions: int,
                           device: torch.device, dtype: torch.dtype, *, backend: str = "dense",
                           progress: Callable[[str, int, int], None] | None = None,
                           where: str = "checkpoint") -> QuantizedDecoderModel:
@@ -209,7 +209,7 @@ def build_quantized_model(spec: ModelSpec, weights: Iterable[WeightItem], total:
     if backend not in BACKENDS:
         raise ValueError(f"unknown quantized backend {backend!r} (known: {', '.join(BACKENDS)})")
     try:
-        return _build(spec, weights, total, max_positions, device, dtype, backend, progress)
+        return _build(spec, weights, max_positions, device, dtype, backend, progress)
     except _Mismatch as e:  # errors reading the weights name their file already and pass through
         raise ModelLoadError(f"{where}: {e}") from None
 
@@ -218,32 +218,39 @@ class _Mismatch(ModelLoadError):
     """The weights do not describe the model of the spec."""
 
 
-def _build(spec, weights, total, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
+def _build(spec, weights, max_positions, device, dtype, backend, progress) -> QuantizedDecoderModel:
     targets = hf_weight_map(spec)
+    parts_of: dict[str, int] = {}  # (fused) parameter -> how many checkpoint tensors make it
+    for target in targets.values():
+        parts_of[target.param] = parts_of.get(target.param, 0) + 1
     with torch.device("meta"):
-        model = QuantizedDecoderModel(spec, max_positions)
+        model = QuantizedDecoderModel(spec, max_positions).to(dtype)  # (the packed tensors keep theirs)
     quantized: dict[str, list[tuple[int, str, QuantizedTensor, int]]] = {}
-    dense: list[tuple[str, Target, torch.Tensor]] = []
-    for done, (name, shape, weight) in enumerate(weights, 1):
+    seen: set[str] = set()
+    layers = LayerProgress(spec.num_layers, progress)
+    for name, shape, weight in weights:
         target = targets.get(name)
         if target is None:
             raise _Mismatch(f"tensor {name!r} is not part of a {spec.architecture} model")
+        seen.add(name)
         if isinstance(weight, QuantizedTensor):
-            quantized.setdefault(target.param, []).append((target.row_offset, name, weight, shape[1]))
-        else:
-            dense.append((name, target, weight))
-        if progress is not None:
-            progress("weights", done, total)
-    loaded = {name for parts in quantized.values() for _, name, _, _ in parts} | {name for name, _, _ in dense}
-    missing = sorted(set(targets) - loaded)
+            parts = quantized.setdefault(target.param, [])
+            parts.append((target.row_offset, name, weight, shape[1]))
+            if len(parts) == parts_of[target.param]:  # complete: fused and prepared now, so the file's
+                module = _swap_in(model, target.param, _fuse(target.param, parts, targets, device))
+                BACKENDS[backend](module, dtype)  # pages and the packed copy go before the next is read
+                del quantized[target.param]
+        else:  # into its place now: the file's pages go with the file, not at the end
+            _write_dense(model, name, target, weight, device)
+        layers.tensor_read(name)
+    missing = sorted(set(targets) - seen)
     if missing:
         raise _Mismatch(f"lacks tensors {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    for param, parts in quantized.items():
-        _swap_in(model, param, _fuse(param, parts, targets, device), dtype)
-    _materialize(model, device, dtype)
+    for param, parts in quantized.items():  # some parts of it were not quantized: _fuse says so
+        _fuse(param, parts, targets, device)
+    materialize(model, device)  # the RoPE tables (on the meta device: left as shapes)
     model.init_rope()
-    _copy_dense(model, dense)
-    BACKENDS[backend](model, dtype)
+    layers.finished()
     return model.eval()
 
 
@@ -265,47 +272,47 @@ def _fuse(param: str, parts: list[tuple[int, str, QuantizedTensor, int]], target
             raise _Mismatch(f"{name}: lands at row {rows} of {param}, the spec puts it at row {offset}")
         rows += qt.shape[0]
     keys = FORMATS[first.format][1]
-    tensors = {key: torch.cat([qt.tensors[key] for _, _, qt, _ in parts]).to(device) for key in keys}  # [sum N, .]
+    tensors = {key: _cat_rows([qt.tensors[key] for _, _, qt, _ in parts], device) for key in keys}  # [sum N, .]
     name = param.removesuffix(".weight")
     return QuantizedTensor(first.format, (rows, first.shape[1]), tensors, name=name), parts[0][3]
 
 
-def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int],
-             dtype: torch.dtype) -> None:
+def _cat_rows(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if device.type == "meta":  # shapes only: torch.cat of meta tensors runs a decomposition that imports torch._dynamo
+        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
+    return torch.cat(parts).to(device)
+
+
+def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int]) -> QuantLinear:
     qt, k = fused
     if param == "embed_tokens":
         if qt.shape[0] != model.spec.vocab_size or k != model.spec.hidden_size:
             raise _Mismatch(f"model.embed_tokens: shape ({qt.shape[0]}, {k}) does not match the spec")
         del model.embed_tokens  # the meta Parameter; a module takes its name
         model.embed_tokens = QuantEmbedding(qt, k)
-        return
+        return model.embed_tokens
     path = param.removesuffix(".weight")
     old = model.get_submodule(path)
     if (qt.shape[0], k) != (old.out_features, old.in_features):
         raise _Mismatch(f"{path}: shape ({qt.shape[0]}, {k}) does not match the spec "
                              f"({old.out_features}, {old.in_features})")
-    # filled from the checkpoint's fp16 bias by _copy_dense
-    bias = None if old.bias is None else torch.empty(old.out_features, device=qt.tensors["scales"].device, dtype=dtype)
+    bias = None if old.bias is None else old.bias.data  # its fp16 values, if read already (_write_dense)
     parent, _, attr = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear(qt, k, bias))
+    module = QuantLinear(qt, k, bias)
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+    return module
 
 
-def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Allocate every parameter/buffer still on the meta device (norms, fp16 weights, biases)."""
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None and p.is_meta:
-                data = torch.empty(p.shape, device=device, dtype=dtype)
-                module._parameters[name] = nn.Parameter(data, requires_grad=False)
-        for name, b in list(module._buffers.items()):
-            if b is not None and b.is_meta:
-                module._buffers[name] = torch.empty(b.shape, device=device, dtype=dtype)
-
-
-def _copy_dense(model: nn.Module, dense: list[tuple[str, Target, torch.Tensor]]) -> None:
-    params = dict(model.named_parameters())
-    for name, target, tensor in dense:
-        dest = params[target.param].data[target.row_offset:target.row_offset + tensor.shape[0]]
-        if dest.shape != tensor.shape:
-            raise _Mismatch(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
-        dest.copy_(tensor)
+def _write_dense(model: nn.Module, name: str, target: Target, tensor: torch.Tensor, device: torch.device) -> None:
+    """An fp16 checkpoint tensor (norm, bias, unquantized weight) into its rows of its parameter,
+    which gets its memory on the first write (a quantized module swapped in later keeps it)."""
+    path, _, attr = target.param.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    param = module._parameters[attr]
+    if param.is_meta:
+        param = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=False)
+        module._parameters[attr] = param
+    dest = param.data[target.row_offset:target.row_offset + tensor.shape[0]]
+    if dest.shape != tensor.shape:
+        raise _Mismatch(f"{name}: shape {tuple(tensor.shape)} does not match the model's {tuple(dest.shape)}")
+    dest.copy_(tensor)

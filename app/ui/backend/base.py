@@ -8,7 +8,7 @@ engine's ``Generation`` already has exactly this shape.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 from app.engine.params import GenerationResult, SamplingParams
@@ -41,6 +41,12 @@ class ChatBackend(Protocol):
 
     def vram_bytes(self) -> int | None:
         """GPU memory the model holds now (PyTorch's reserved memory), None when not on a GPU."""
+        ...
+
+    def set_idle_unload(self, seconds: float | None, on_state: Callable[[str], None]) -> None:
+        """Give the model's memory back after ``seconds`` without requests (None: never) and load
+        it again for the next one; ``on_state`` hears "unloaded", "loading", "ready" from any
+        thread. A backend that holds no model (a remote one) does nothing."""
         ...
 
     def close(self) -> None: ...

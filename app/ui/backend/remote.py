@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import openai
 
@@ -190,6 +190,9 @@ class RemoteBackend:
 
     def count_chat_tokens(self, messages: list[Message]) -> int:
         return sum(estimate_tokens(m["content"]) + 4 for m in messages)  # ~4 tokens of role markup each
+
+    def set_idle_unload(self, seconds: float | None, on_state: Callable[[str], None]) -> None:
+        """Nothing to unload: the model runs on the server."""
 
     def vram_bytes(self) -> int | None:
         return None  # the remote server's memory is not ours to report

@@ -1,6 +1,8 @@
 """The one model behind hotkeys, chat and the local API, loaded and switched off the UI thread.
 
-States: ``empty`` (nothing loaded), ``loading`` (with progress), ``ready``, ``error``;
+States: ``empty`` (nothing loaded), ``loading`` (with progress), ``ready``, ``error``,
+``unloaded`` (the model gave its memory back after ``idle_unload_seconds`` without requests;
+the backend stays, and the next request loads it again: ``loading``, then ``ready``);
 ``busy`` is ready with at least one request running. A switch cancels running requests,
 closes the old backend (``engine.close()`` frees its memory) and only then opens the new
 one, all on a loader thread. A switch asked for while loading is queued; the last wins.
@@ -33,6 +35,7 @@ class EngineHost(QObject):
     # Internal: from the loader thread to the UI thread.
     _loadedFromThread = Signal(object, object)  # (entry, backend)
     _failedFromThread = Signal(object, str)
+    _backendState = Signal(object, str)  # (backend, "unloaded" | "loading" | "ready") from its threads
 
     def __init__(self, opener: Opener = open_backend, parent: QObject | None = None):
         super().__init__(parent)
@@ -46,6 +49,8 @@ class EngineHost(QObject):
         self._loader: threading.Thread | None = None
         self._pending: ModelEntry | None = None
         self._closing = False
+        self.idle_unload_seconds: float | None = None  # None: the model stays loaded
+        self._backendState.connect(self._on_backend_state)
         self._loadedFromThread.connect(self._on_loaded)
         self._failedFromThread.connect(self._on_failed)
         self.loadProgress.connect(self._remember_progress)
@@ -76,6 +81,23 @@ class EngineHost(QObject):
     def _untrack(self, task: StreamTask) -> None:
         self._tasks.discard(task)
         self.stateChanged.emit()
+
+    # -- idle unloading ----------------------------------------------------------------------------
+    def set_idle_unload(self, seconds: float | None) -> None:
+        """Unload the model after ``seconds`` without requests (None: never), now and for later loads."""
+        self.idle_unload_seconds = seconds
+        if self.backend is not None:
+            self._watch(self.backend)
+
+    def _watch(self, backend: ChatBackend) -> None:
+        backend.set_idle_unload(self.idle_unload_seconds, lambda state: self._backendState.emit(backend, state))
+
+    def _on_backend_state(self, backend: ChatBackend, state: str) -> None:
+        if backend is not self.backend or self._closing:  # a closed backend's last word
+            return
+        if state == "loading":  # a request arrived for the unloaded model
+            self.progress = ("", 0, 0)
+        self._set_state(state)
 
     # -- switching -------------------------------------------------------------------------------
     def switch_to(self, entry: ModelEntry) -> None:
@@ -126,6 +148,7 @@ class EngineHost(QObject):
         self.backend = backend
         if self._finish_loader():
             return  # switch_to closes this backend on the loader thread
+        self._watch(backend)
         self._set_state("ready")
         self.loaded.emit()
 

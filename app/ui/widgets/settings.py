@@ -32,6 +32,9 @@ def translate_target_labels() -> dict[str, str]:
             "Traditional Chinese": tr("Traditional Chinese"), "Japanese": tr("Japanese"), "Korean": tr("Korean"),
             "French": tr("French"), "German": tr("German"), "Spanish": tr("Spanish")}
 
+IDLE_UNLOAD_TIP = ("The model's VRAM and memory are given back after this long without use; "
+                   "the next request loads it again")
+
 
 class SettingsDialog(QDialog):
     def __init__(self, store: PreferencesStore, builtin_actions: list[Action], user_actions: list[Action],
@@ -94,6 +97,10 @@ class SettingsDialog(QDialog):
         for value, label in (("auto", tr("The GPU when there is one")), ("cpu", tr("The CPU only (keeps the GPU free)"))):
             self.device.addItem(label, value)
         self.device.setCurrentIndex(self.device.findData(prefs.device))
+        # 0 = never: the spin box shows "Never" there
+        self.idle_unload = QSpinBox(minimum=0, maximum=24 * 60, value=prefs.idle_unload_minutes, singleStep=5,
+                                    suffix=tr(" min"), specialValueText=tr("Never"))
+        self.idle_unload.setToolTip(tr(IDLE_UNLOAD_TIP))
         self.chat_send_key = QComboBox()
         for value, label in (("enter", tr("Enter (Shift+Enter for a new line)")),
                              ("ctrl_enter", tr("Ctrl+Enter (Enter for a new line)"))):
@@ -105,6 +112,7 @@ class SettingsDialog(QDialog):
         form.addRow(tr("Temperature"), self.temperature)
         form.addRow(tr("Local API port"), self.api_port)
         form.addRow(tr("Run local models on"), self.device)
+        form.addRow(tr("Unload the model when unused for"), self.idle_unload)
         form.addRow(tr("Send chat messages with"), self.chat_send_key)
         return page
 
@@ -132,6 +140,7 @@ class SettingsDialog(QDialog):
                        translate_target=self._translate_target_value(),
                        max_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 2),
                        local_api_port=self.api_port.value(), device=self.device.currentData(),
+                       idle_unload_minutes=self.idle_unload.value(),
                        chat_send_key=self.chat_send_key.currentData(),
                        copy_shortcuts=self.hotkeys_page.copy_rules(),
                        hotkeys=hotkeys, action_modes=modes,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from app.progress import GPU_STAGE
+from app.progress import GPU_STAGE, KERNELS_STAGE
 from app.ui.i18n import current_language, tr
 from app.ui.widgets.icons import state_icon
 
@@ -25,10 +25,15 @@ def state_text(app: TrayApp) -> str:
     host = app.host
     if host.state == "loading":
         stage, done, total = host.progress
-        if stage == GPU_STAGE:  # (on a first run the kernels compile: no percentage to show)
-            return tr("Loading {model}: preparing the GPU…", model=host.entry.name if host.entry else "")
+        model = host.entry.name if host.entry else ""
         percent = f" {100 * done // total}%" if total else ""
-        return tr("Loading {model}…", model=host.entry.name if host.entry else "") + percent
+        if stage == GPU_STAGE:  # the kernels from CuPy's cache, the graphs captured: a moment
+            return tr("Loading {model}: preparing the GPU…", model=model)
+        if stage == KERNELS_STAGE:  # a first run: NVRTC compiles every kernel (app.kernels.builds)
+            return tr("Loading {model}: building GPU kernels (first run)…", model=model) + percent
+        return tr("Loading {model}…", model=model) + percent
+    if host.state == "unloaded":
+        return tr("Model unloaded to free memory; it loads again when needed")
     if host.state == "error":
         return tr("Error: {message}", message=host.error)
     if host.busy:
