@@ -86,7 +86,7 @@ def test_serve_says_what_it_loads_on_stderr(tiny_qwen_dir, monkeypatch, capsys):
 
     monkeypatch.setattr(progress_mod, "PROGRESS_DELAY_S", 0.0)
     args = argparse.Namespace(model_path=tiny_qwen_dir, device="cpu", max_batch_size=1, max_context=64,
-                              vram_budget=None, lookup_draft=None, keep_alive=None)
+                              vram_budget=None, lookup_draft=None, keep_alive=None, verify=False)
     engine = _load_engine(args)
     engine.close()
     assert f"loading {tiny_qwen_dir.name}: layers (" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.server.config import API_KEY_ENV, DEFAULT_HOST, DEFAULT_MAX_QUEUED, DEFAULT_PORT, ServerConfig, is_loopback_host
@@ -136,7 +137,7 @@ def _load_engine(args: argparse.Namespace):
                            vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
                            verify=args.verify and len(loads) == 1, **options)
 
-    with load_progress_bar(f"loading {args.model_path.name}") as progress:
+    with load_progress_bar(f"loading {Path(args.model_path).name}") as progress:
         engine = ReloadingEngine(load, keep_alive=args.keep_alive, progress=progress, on_state=_log_state)
     engine.progress = None  # a reload for a request is logged (_log_state), not drawn
     return engine
