@@ -36,7 +36,7 @@ from app.formats.checkpoint import read_manifest
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant import sensitivity
-from app.formats.recipe import BUILTIN_RECIPES, load_recipe
+from app.formats.recipe import BUILTIN_RECIPES, Recipe, load_recipe
 from benchmarks import quality_control, quality_llamacpp
 from benchmarks.quality_report import write_report
 
@@ -44,6 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # (recipe, method) of our checkpoints; recipes may also be paths to recipe files.
 OURS = (("w4", "rtn"), ("w4", "search"), ("w4", "calibrated"), ("w4", "awq"), ("w4", "gptq"),
         ("mixed", "rtn"), ("mixed", "calibrated"), ("mixed", "gptq"))
+# The 3-bit-MLP study: only gate/up/down quantized (3-bit), every other weight kept fp16, so the
+# gap to S is the 3-bit MLP's alone; an improved method's share of RTN's gap is the target.
+MLP3_ONLY = Recipe("mlp3-only", tuple((f"model.layers.*.mlp.{m}_proj", 3) for m in ("gate", "up", "down")),
+                   default_bits=16)
+MLP3_METHODS = ("rtn", "calibrated", "gptq")
 
 
 @dataclass
@@ -95,6 +100,12 @@ def sensitive_recipe(source: Path, work: Path) -> Path:
     return path
 
 
+def mlp3_recipe(work: Path) -> Path:
+    path = work / f"{MLP3_ONLY.name}.json"
+    path.write_text(json.dumps(MLP3_ONLY.to_data()), encoding="utf-8")
+    return path
+
+
 def control(source: Path, method: str, work: Path, tokens: int | None) -> Result:
     started = time.perf_counter()
     out = quality_control.control_folder(source, work / f"control-{method}", method)
@@ -118,7 +129,8 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
 
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
         our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None,
-        llamacpp_keys: list[str] | None = None) -> dict:
+        llamacpp_keys: list[str] | None = None, mlp3_methods: list[str] | None = None,
+        sensitive_method: str = "gptq") -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -148,7 +160,10 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         for recipe, method in our_variants or OURS:
             add(ours(source, recipe, method, work, tokens))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
-        add(ours(source, str(sensitive_recipe(source, work)), "gptq", work, tokens))
+        add(ours(source, str(sensitive_recipe(source, work)), sensitive_method, work, tokens))
+    if "mlp3" in families:
+        for method in mlp3_methods or MLP3_METHODS:
+            add(ours(source, str(mlp3_recipe(work)), method, work, tokens))
     if "control" in families:
         for method in control_methods or quality_control.CONTROL_METHODS:
             add(control(source, method, work, tokens))
@@ -178,13 +193,15 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="dense,ours,sensitive,control,llama.cpp",
-                   help="comma list of dense, ours, sensitive, control, llama.cpp (split a long run: "
+    p.add_argument("--only", default="dense,ours,sensitive,mlp3,control,llama.cpp",
+                   help="comma list of dense, ours, sensitive, mlp3, control, llama.cpp (split a long run: "
                         "python -m benchmarks.quality_report --merge joins the parts)")
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")
     p.add_argument("--ours", help="comma list of RECIPE:METHOD for our checkpoints (default: all of OURS)")
+    p.add_argument("--mlp3", help=f"comma list of methods for the 3-bit-MLP study (default: {','.join(MLP3_METHODS)})")
+    p.add_argument("--sensitive-method", default="gptq", help="method of the sensitivity recipe's checkpoint")
     p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
     p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
                    + " (default: all)")
@@ -195,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         report = run(set(args.only.split(",")), args.tokens, Path(tmp),
                      log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial,
                      our_variants=our_variants, control_methods=args.control.split(",") if args.control else None,
-                     llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None)
+                     llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None,
+                     mlp3_methods=args.mlp3.split(",") if args.mlp3 else None,
+                     sensitive_method=args.sensitive_method)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0

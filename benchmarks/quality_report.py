@@ -1,7 +1,7 @@
 """docs/results/quality.md from benchmarks/quality.py's JSON (rerun alone to re-render it).
 
     python -m benchmarks.quality_report docs/results/quality.json
-    python -m benchmarks.quality_report --merge OUT.json PART.json...   # runs of one commit, split by --only
+    python -m benchmarks.quality_report --merge OUT.json [--note TEXT] PART.json...   # runs split by --only
 """
 
 from __future__ import annotations
@@ -33,38 +33,59 @@ def _bits(rows: list[dict], label: str) -> float | None:
     return row["bits"]["overall"] if row else None
 
 
+def _best(rows: list[dict], family: str, prefix: str) -> dict | None:
+    """The lowest-perplexity row of ``family`` whose label starts with ``prefix``."""
+    return min((r for r in rows if r["family"] == family and r["label"].startswith(prefix)),
+               key=lambda r: r["perplexity"]["all"], default=None)
+
+
+def _verdict(ours: float, theirs: float) -> str:
+    return "met" if ours <= theirs else f"missed by {ours / theirs - 1:+.1%}"
+
+
+def _row(rows: list[dict], family: str, label: str) -> dict | None:
+    return next((r for r in rows if r["family"] == family and r["label"] == label), None)
+
+
 def targets(rows: list[dict]) -> list[str]:
     """The issue's targets, each with its numbers and whether it is met."""
     dense = _ppl(rows, "S (fp16)")
     lines = []
-    w4, q40 = _ppl(rows, "w4 gptq"), _ppl(rows, "Q4_0 + imatrix")
-    if w4 is not None and q40 is not None:
-        ok = w4 <= q40 and _bits(rows, "w4 gptq") <= _bits(rows, "Q4_0 + imatrix")
-        verdict = "met" if ok else f"missed by {w4 / q40 - 1:+.1%}"
-        lines.append(f"- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: {w4:.3f} "
-                     f"({_bits(rows, 'w4 gptq'):.2f} bpw) vs {q40:.3f} ({_bits(rows, 'Q4_0 + imatrix'):.2f} bpw): "
-                     f"{verdict}")
+    w4 = _best(rows, "ours", "w4 ")
+    q40 = _row(rows, "llama.cpp", "Q4_0 + imatrix")
+    if w4 and q40:
+        ok = w4["perplexity"]["all"] <= q40["perplexity"]["all"] and w4["bits"]["overall"] <= q40["bits"]["overall"]
+        lines.append(f"- our best `w4` ({w4['label']}, {w4['bits']['overall']:.2f} bpw) at or below llama.cpp "
+                     f"Q4_0 + imatrix ({q40['bits']['overall']:.2f} bpw): {w4['perplexity']['all']:.3f} vs "
+                     f"{q40['perplexity']['all']:.3f}: {'met' if ok else _verdict(w4['perplexity']['all'], q40['perplexity']['all'])}")
+        pure = _row(rows, "llama.cpp", "Q4_0 --pure + imatrix")
+        if pure:
+            lines.append(f"  - at equal bits everywhere (Q4_0 --pure + imatrix, {pure['bits']['overall']:.2f} bpw): "
+                         f"{w4['perplexity']['all']:.3f} vs {pure['perplexity']['all']:.3f}: "
+                         f"{_verdict(w4['perplexity']['all'], pure['perplexity']['all'])}")
     else:
-        lines.append("- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run")
-    mixed = min((r for r in rows if r["family"] == "ours" and r["label"].startswith("mixed")),
-                key=lambda r: r["perplexity"]["all"], default=None)
+        lines.append("- `w4` at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run")
+    mixed = _best(rows, "ours", "mixed")
     three = [r for r in rows if r["family"] == "llama.cpp" and r["label"].startswith("Q3")
              and r["bits"]["overall"] >= (mixed["bits"]["overall"] if mixed else 99)]
-    if mixed and three and dense:
+    if mixed and three:
         best = min(three, key=lambda r: r["perplexity"]["all"])
         ours_ppl, theirs = mixed["perplexity"]["all"], best["perplexity"]["all"]
-        verdict = "met" if ours_ppl <= theirs else f"missed by {ours_ppl / theirs - 1:+.1%}"
         lines.append(f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
                      f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
-                     f"{best['bits']['overall']:.2f} bpw): {ours_ppl:.3f} vs {theirs:.3f}: {verdict}")
+                     f"{best['bits']['overall']:.2f} bpw): {ours_ppl:.3f} vs {theirs:.3f}: {_verdict(ours_ppl, theirs)}")
     else:
         lines.append("- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
                      "not measured in this run")
-    rtn, gptq = _ppl(rows, "mixed rtn"), _ppl(rows, "mixed gptq")
-    if rtn and gptq and dense and rtn > dense:
-        frac = recovered_fraction(dense, rtn, gptq)
-        lines.append(f"- 3-bit MLP layers (`mixed`) recover >= 50 % of RTN's gap: gptq removes {frac:.0%} "
-                     f"(S {dense:.3f}, rtn {rtn:.3f}, gptq {gptq:.3f}): {'met' if frac >= 0.5 else 'missed'}")
+    rtn = _ppl(rows, "mlp3-only rtn")
+    improved = [r for r in rows if r["label"].startswith("mlp3-only ") and r["label"] != "mlp3-only rtn"]
+    if rtn and dense and improved and rtn > dense:
+        lines.append(f"- 3-bit MLP layers recover >= 50 % of RTN's gap (only the MLP quantized, 3-bit; every other "
+                     f"weight fp16; S {dense:.3f}, rtn {rtn:.3f}):")
+        for r in sorted(improved, key=lambda r: r["perplexity"]["all"]):
+            frac = recovered_fraction(dense, rtn, r["perplexity"]["all"])
+            lines.append(f"  - {r['label'].removeprefix('mlp3-only ')} {r['perplexity']['all']:.3f} removes "
+                         f"{frac:.0%}: {'met' if frac >= 0.5 else 'missed'}")
     else:
         lines.append("- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run")
     return lines
@@ -119,8 +140,8 @@ def merge(parts: list[dict]) -> dict:
             seen.add((r["family"], r["label"]))
             rest.append(r)
     merged["results"] = dense[:1] + rest
-    merged["commit"] = ", ".join(sorted({p["commit"] for p in parts}))
-    merged["merged_from_runs"] = len(parts)
+    merged["commit"] = ", ".join(sorted({c for p in parts for c in p["commit"].split(", ")}))
+    merged["merged_from_runs"] = sum(p.get("merged_from_runs", 1) for p in parts)  # a merged part counts its runs
     return merged
 
 
@@ -132,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest[:1] == ["--note"]:
             note, rest = rest[1], rest[2:]
         merged = merge([json.loads(Path(a).read_text(encoding="utf-8")) for a in rest])
-        if note:
+        if note is not None:  # replaces the parts' note; --note "" drops it
             merged["note"] = note
         write_report(merged, out.with_suffix(".md"), out)
         return 0
