@@ -49,45 +49,63 @@ def _row(rows: list[dict], family: str, label: str) -> dict | None:
 
 def targets(rows: list[dict]) -> list[str]:
     """The issue's targets, each with its numbers and whether it is met."""
-    dense = _ppl(rows, "S (fp16)")
-    lines = []
+    return [*_w4_target(rows), *_mixed_target(rows), *_mlp3_target(rows)]
+
+
+def _ppl_all(row: dict) -> float:
+    return row["perplexity"]["all"]
+
+
+def _w4_target(rows: list[dict]) -> list[str]:
     w4 = _best(rows, "ours", "w4 ")
     q40 = _row(rows, "llama.cpp", "Q4_0 + imatrix")
-    if w4 and q40:
-        ok = w4["perplexity"]["all"] <= q40["perplexity"]["all"] and w4["bits"]["overall"] <= q40["bits"]["overall"]
-        lines.append(f"- our best `w4` ({w4['label']}, {w4['bits']['overall']:.2f} bpw) at or below llama.cpp "
-                     f"Q4_0 + imatrix ({q40['bits']['overall']:.2f} bpw): {w4['perplexity']['all']:.3f} vs "
-                     f"{q40['perplexity']['all']:.3f}: {'met' if ok else _verdict(w4['perplexity']['all'], q40['perplexity']['all'])}")
-        pure = _row(rows, "llama.cpp", "Q4_0 --pure + imatrix")
-        if pure:
-            lines.append(f"  - at equal bits everywhere (Q4_0 --pure + imatrix, {pure['bits']['overall']:.2f} bpw): "
-                         f"{w4['perplexity']['all']:.3f} vs {pure['perplexity']['all']:.3f}: "
-                         f"{_verdict(w4['perplexity']['all'], pure['perplexity']['all'])}")
-    else:
-        lines.append("- `w4` at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run")
+    if not (w4 and q40):
+        return ["- `w4` at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run"]
+    ok = _ppl_all(w4) <= _ppl_all(q40) and w4["bits"]["overall"] <= q40["bits"]["overall"]
+    lines = [f"- our best `w4` ({w4['label']}, {w4['bits']['overall']:.2f} bpw) at or below llama.cpp "
+             f"Q4_0 + imatrix ({q40['bits']['overall']:.2f} bpw): {_ppl_all(w4):.3f} vs "
+             f"{_ppl_all(q40):.3f}: {'met' if ok else _verdict(_ppl_all(w4), _ppl_all(q40))}"]
+    pure = _row(rows, "llama.cpp", "Q4_0 --pure + imatrix")
+    if pure:
+        lines.append(f"  - at equal bits everywhere (Q4_0 --pure + imatrix, {pure['bits']['overall']:.2f} bpw): "
+                     f"{_ppl_all(w4):.3f} vs {_ppl_all(pure):.3f}: {_verdict(_ppl_all(w4), _ppl_all(pure))}")
+        control = _best(rows, "control", "")
+        if control:  # the same 32-wide grid and size as Q4_0 --pure: method against method
+            lines.append(f"  - method against method on Q4_0's grid (the control, {control['label']}): "
+                         f"{_ppl_all(control):.3f} vs {_ppl_all(pure):.3f}: {_verdict(_ppl_all(control), _ppl_all(pure))}")
+    method = w4["label"].removeprefix("w4 ")
+    same = _row(rows, "control", f"all 4-bit, 32-wide groups, {method}")
+    if same:  # one method, two group widths: what the 128-wide group costs on this 32-wide-grid source
+        lines.append(f"  - {method} at 32-wide groups (control) vs 128-wide (`w4`): {_ppl_all(same):.3f} vs "
+                     f"{_ppl_all(w4):.3f}: the 128-wide group costs {_ppl_all(w4) / _ppl_all(same) - 1:+.1%}")
+    return lines
+
+
+def _mixed_target(rows: list[dict]) -> list[str]:
     mixed = _best(rows, "ours", "mixed")
     three = [r for r in rows if r["family"] == "llama.cpp" and r["label"].startswith("Q3")
              and r["bits"]["overall"] >= (mixed["bits"]["overall"] if mixed else 99)]
-    if mixed and three:
-        best = min(three, key=lambda r: r["perplexity"]["all"])
-        ours_ppl, theirs = mixed["perplexity"]["all"], best["perplexity"]["all"]
-        lines.append(f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
-                     f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
-                     f"{best['bits']['overall']:.2f} bpw): {ours_ppl:.3f} vs {theirs:.3f}: {_verdict(ours_ppl, theirs)}")
-    else:
-        lines.append("- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
-                     "not measured in this run")
-    rtn = _ppl(rows, "mlp3-only rtn")
+    if not (mixed and three):
+        return ["- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
+                "not measured in this run"]
+    best = min(three, key=_ppl_all)
+    return [f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
+            f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
+            f"{best['bits']['overall']:.2f} bpw): {_ppl_all(mixed):.3f} vs {_ppl_all(best):.3f}: "
+            f"{_verdict(_ppl_all(mixed), _ppl_all(best))}"]
+
+
+def _mlp3_target(rows: list[dict]) -> list[str]:
+    dense, rtn = _ppl(rows, "S (fp16)"), _ppl(rows, "mlp3-only rtn")
     improved = [r for r in rows if r["label"].startswith("mlp3-only ") and r["label"] != "mlp3-only rtn"]
-    if rtn and dense and improved and rtn > dense:
-        lines.append(f"- 3-bit MLP layers recover >= 50 % of RTN's gap (only the MLP quantized, 3-bit; every other "
-                     f"weight fp16; S {dense:.3f}, rtn {rtn:.3f}):")
-        for r in sorted(improved, key=lambda r: r["perplexity"]["all"]):
-            frac = recovered_fraction(dense, rtn, r["perplexity"]["all"])
-            lines.append(f"  - {r['label'].removeprefix('mlp3-only ')} {r['perplexity']['all']:.3f} removes "
-                         f"{frac:.0%}: {'met' if frac >= 0.5 else 'missed'}")
-    else:
-        lines.append("- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run")
+    if not (rtn and dense and improved and rtn > dense):
+        return ["- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run"]
+    lines = [f"- 3-bit MLP layers recover >= 50 % of RTN's gap (only the MLP quantized, 3-bit; every other "
+             f"weight fp16; S {dense:.3f}, rtn {rtn:.3f}):"]
+    for r in sorted(improved, key=_ppl_all):
+        frac = recovered_fraction(dense, rtn, _ppl_all(r))
+        lines.append(f"  - {r['label'].removeprefix('mlp3-only ')} {_ppl_all(r):.3f} removes "
+                     f"{frac:.0%}: {'met' if frac >= 0.5 else 'missed'}")
     return lines
 
 

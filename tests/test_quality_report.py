@@ -25,13 +25,17 @@ ROWS = [_row("dense", "S (fp16)", 20.0, 16), _row("ours", "w4 calibrated", 28.0,
         _row("ours", "w4 gptq", 25.0, 4.49), _row("llama.cpp", "Q4_0 + imatrix", 22.0, 5.35),
         _row("llama.cpp", "Q4_0 --pure + imatrix", 26.0, 4.5), _row("ours", "mixed gptq", 40.0, 3.86),
         _row("llama.cpp", "Q3_K_M + imatrix", 21.0, 5.45), _row("ours", "mlp3-only rtn", 40.0, 5.0),
-        _row("ours", "mlp3-only gptq", 28.0, 5.0), _row("ours", "mlp3-only calibrated", 32.0, 5.0)]
+        _row("ours", "mlp3-only gptq", 28.0, 5.0), _row("ours", "mlp3-only calibrated", 32.0, 5.0),
+        _row("control", "all 4-bit, 32-wide groups, gptq", 24.0, 4.5),
+        _row("control", "all 4-bit, 32-wide groups, calibrated", 27.0, 4.5)]
 
 
 def test_targets_judge_the_best_w4_and_each_mlp3_method():
     lines = "\n".join(targets(ROWS))
     assert "our best `w4` (w4 gptq" in lines and "25.000 vs 22.000: missed by +13.6%" in lines
     assert "25.000 vs 26.000: met" in lines  # equal bits everywhere: Q4_0 --pure + imatrix
+    assert "Q4_0's grid (the control, all 4-bit, 32-wide groups, gptq): 24.000 vs 26.000: met" in lines
+    assert "gptq at 32-wide groups (control) vs 128-wide (`w4`): 24.000 vs 25.000: the 128-wide group costs +4.2%" in lines
     assert "gptq 28.000 removes 60%: met" in lines  # (40 - 28) / (40 - 20)
     assert "calibrated 32.000 removes 40%: missed" in lines
 
