@@ -124,7 +124,8 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
     seconds = time.perf_counter() - started
     folder = convert_gguf_to_hf(gguf, work / f"llamacpp-{name}")
     ppl, counts = _score(folder, tokens)
-    return Result("llama.cpp", variant.label, quality_llamacpp.gguf_bits(gguf), ppl, counts, seconds)
+    return Result("llama.cpp", variant.label, quality_llamacpp.gguf_bits(gguf), ppl, counts, seconds,
+                  {"types": quality_llamacpp.gguf_types(gguf)})
 
 
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,

@@ -89,10 +89,15 @@ def _mixed_target(rows: list[dict]) -> list[str]:
         return ["- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
                 "not measured in this run"]
     best = min(three, key=_ppl_all)
-    return [f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
-            f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
-            f"{best['bits']['overall']:.2f} bpw): {_ppl_all(mixed):.3f} vs {_ppl_all(best):.3f}: "
-            f"{_verdict(_ppl_all(mixed), _ppl_all(best))}"]
+    lines = [f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
+             f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
+             f"{best['bits']['overall']:.2f} bpw): {_ppl_all(mixed):.3f} vs {_ppl_all(best):.3f}: "
+             f"{_verdict(_ppl_all(mixed), _ppl_all(best))}"]
+    for r in sorted(three, key=_ppl_all):
+        if r["extra"].get("types"):  # what llama.cpp's "3-bit" mix really stores on this model
+            lines.append(f"  - {r['label']} stores: " + ", ".join(
+                f"{role} {'/'.join(sorted(types))}" for role, types in sorted(r["extra"]["types"].items())))
+    return lines
 
 
 def _mlp3_target(rows: list[dict]) -> list[str]:

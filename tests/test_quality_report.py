@@ -28,6 +28,7 @@ ROWS = [_row("dense", "S (fp16)", 20.0, 16), _row("ours", "w4 calibrated", 28.0,
         _row("ours", "mlp3-only gptq", 28.0, 5.0), _row("ours", "mlp3-only calibrated", 32.0, 5.0),
         _row("control", "all 4-bit, 32-wide groups, gptq", 24.0, 4.5),
         _row("control", "all 4-bit, 32-wide groups, calibrated", 27.0, 4.5)]
+ROWS[6]["extra"] = {"types": {"ffn_down": {"Q4_K": 29, "Q5_K": 1}, "attn_q": {"Q4_0": 30}}}
 
 
 def test_targets_judge_the_best_w4_and_each_mlp3_method():
@@ -36,6 +37,8 @@ def test_targets_judge_the_best_w4_and_each_mlp3_method():
     assert "25.000 vs 26.000: met" in lines  # equal bits everywhere: Q4_0 --pure + imatrix
     assert "Q4_0's grid (the control, all 4-bit, 32-wide groups, gptq): 24.000 vs 26.000: met" in lines
     assert "gptq at 32-wide groups (control) vs 128-wide (`w4`): 24.000 vs 25.000: the 128-wide group costs +4.2%" in lines
+    assert "40.000 vs 21.000: missed by +90.5%" in lines  # mixed vs Q3_K_M + imatrix, the only larger mix
+    assert "Q3_K_M + imatrix stores: attn_q Q4_0, ffn_down Q4_K/Q5_K" in lines
     assert "gptq 28.000 removes 60%: met" in lines  # (40 - 28) / (40 - 20)
     assert "calibrated 32.000 removes 40%: missed" in lines
 
