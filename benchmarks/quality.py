@@ -11,6 +11,8 @@ non-overlapping 512-token windows) on the English and Chinese held-out texts shi
 llama.cpp's importance matrix alike:
 
 - ours: ``qwen-tray quantize`` checkpoints (128-wide groups), loaded as the app loads them;
+- sensitive: ``mixed``'s size spent by measured sensitivity (``qwen-tray recipe sensitive``);
+- mlp3: only gate/up/down quantized to 3 bits, the rest fp16 (the issue's 3-bit-MLP target);
 - control: our methods fake-quantized at 32-wide groups (Q4_0's grid), benchmarks/quality_control.py;
 - llama.cpp: ``llama-quantize`` (with and without ``llama-imatrix``) built from the
   ``llama-cpp-python`` sdist, each GGUF converted back to an HF folder by the app's importer.
