@@ -47,13 +47,9 @@ def pack_w3(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def unpack_w3(qlow: torch.Tensor, qhigh: torch.Tensor) -> torch.Tensor:
     """(qlow [N, K/16], qhigh [N, K/32]) -> signed q int8 [N, K] in [-4, 3]."""
-    return (stored_values(qlow, qhigh) - OFFSET).to(torch.int8)
-
-
-def stored_values(qlow: torch.Tensor, qhigh: torch.Tensor) -> torch.Tensor:
-    """(qlow, qhigh) -> the stored u = q + OFFSET, int32 [N, K] in 0..7."""
     _check_words(qlow, qhigh)
-    return unpack_fields(qlow, width=2) | (unpack_fields(qhigh, width=1) << 2)
+    u = unpack_fields(qlow, width=2) | (unpack_fields(qhigh, width=1) << 2)
+    return (u - OFFSET).to(torch.int8)
 
 
 def quantize_w3(w: torch.Tensor, scales: torch.Tensor | None = None, *, name: str = "weight",

@@ -11,7 +11,7 @@ import torch
 
 TILE_ROWS = 16
 GROUP = 128
-REPACK_CHUNK_ELEMENTS = 1 << 22  # weights per in-place chunk: bounds the int32 temporaries (~50 MB)
+REPACK_CHUNK_ELEMENTS = 1 << 21  # weights per in-place chunk: bounds the temporaries (~50 MB)
 
 
 def padded_rows(n: int) -> int:

@@ -35,57 +35,41 @@ Pure PyTorch, any device, no host synchronisation (usable inside a CUDA graph ca
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from app.formats.w3 import OFFSET, pack_w3, stored_values
+from app.formats.w3 import OFFSET, pack_w3, unpack_w3
 from app.kernels.tiles import GROUP, TILE_ROWS, check_tileable, padded_rows, repack_in_place
 
 PAIRS_PER_WORD = 5  # pairs 0..14 in W0..W2; pair 15 in the sign bits
 
 
 def _words_from_values(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unsigned values u [N, K] (0..7, any integer dtype) -> (a [N, K/16], b [N, K/32]) int32.
-
-    A dozen whole-chunk passes in int32: a 7B's 5.7 G three-bit weights go through this at every
-    load, where each pass is a kernel launch (launch-bound on a big GPU) over the chunk's bytes
-    (bandwidth-bound on a small one)."""
+    """Unsigned values u [N, K] (0..7, any integer dtype) -> (a [N, K/16], b [N, K/32]) int32."""
     n, k = u.shape
     check_tileable(n, k)
     tiles, groups = n // TILE_ROWS, k // GROUP
-    dev = u.device
     # [tile, h, g, group, t, pair, parity]: row = 16 tile + 8h + g, k = 128 group + 32t + 2 pair + parity
-    v = u.to(torch.int32).view(tiles, 2, 8, groups, 4, 16, 2)
-    # pairs 0..14 -> word w = pair // 5, field pair % 5 at bit 3 * (pair % 5) of its half-word
-    fields = v[..., :15, :].reshape(tiles, 2, 8, groups, 4, 3, PAIRS_PER_WORD, 2)
-    halves = (fields * _field_scale(dev)).sum(dim=-2, dtype=torch.int32)  # [..., word, parity] < 2**15
-    halves |= ((v[..., 15:, :] >> _word_index(dev)) & 1) << 15  # bit w of pair 15 -> bit 15 of word w
-    # half-words as int16 (two's complement), parity 0 the low half: viewed as int32 words
-    # (little-endian, as every host and GPU the runtime runs on)
-    halves = torch.where(halves >= 1 << 15, halves - (1 << 16), halves).to(torch.int16)
-    words = halves.view(torch.int32).squeeze(-1)  # [tile, h, g, group, t, word]
+    v = u.to(torch.int64).view(tiles, 2, 8, groups, 4, 16, 2)
+    parity_shift = torch.tensor([0, 16], dtype=torch.int64, device=u.device)
+    field_shift = 3 * torch.arange(PAIRS_PER_WORD, dtype=torch.int64, device=u.device)[:, None] + parity_shift
+    words = []
+    for i in range(3):
+        fields = v[..., PAIRS_PER_WORD * i:PAIRS_PER_WORD * (i + 1), :]  # [..., 5, 2]
+        w = (fields << field_shift).sum(dim=(-2, -1))
+        w = w | (((v[..., 15, :] >> i) & 1) << (15 + parity_shift)).sum(dim=-1)  # bit i of pair 15
+        words.append(w)  # [tile, h, g, group, t]
+    as_int32 = [torch.where(w >= 2**31, w - 2**32, w).to(torch.int32) for w in words]
     # lane l = 4g + t: a holds (W0, W1) of row g then of row g + 8; b holds W2 of each.
-    a = words[..., :2].permute(0, 3, 2, 4, 1, 5).reshape(n, k // 16)  # [tile, group, g, t, h, word]
-    b = words[..., 2].permute(0, 3, 2, 4, 1).reshape(n, k // 32)  # [tile, group, g, t, h]
+    a = torch.stack(as_int32[:2], dim=-1)  # [tile, h, g, group, t, 2]
+    a = a.permute(0, 3, 2, 4, 1, 5).reshape(n, k // 16)  # [tile, group, g, t, h, word]
+    b = as_int32[2].permute(0, 3, 2, 4, 1).reshape(n, k // 32)  # [tile, group, g, t, h]
     return a.contiguous(), b.contiguous()
-
-
-@functools.cache
-def _field_scale(device: torch.device) -> torch.Tensor:
-    """8 ** field: field f of a half-word starts at bit 3f ([5, 1] int32, per device)."""
-    return (8 ** torch.arange(PAIRS_PER_WORD, dtype=torch.int32))[:, None].to(device)
-
-
-@functools.cache
-def _word_index(device: torch.device) -> torch.Tensor:
-    return torch.arange(3, dtype=torch.int32)[:, None].to(device)
 
 
 def repack_w3_tiles(qlow: torch.Tensor, qhigh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint W3 (qlow [N, K/16], qhigh [N, K/32]) -> tile layout (a, b), new tensors of
     ``padded_rows(N)`` rows (the padding rows hold u = 0; their scales do not exist)."""
-    u = stored_values(qlow, qhigh)
+    u = unpack_w3(qlow, qhigh).to(torch.int32) + OFFSET
     n = u.shape[0]
     if n % TILE_ROWS:
         u = torch.cat([u, u.new_zeros((padded_rows(n) - n, u.shape[1]))])
