@@ -97,3 +97,16 @@ class ModelEntry:
         if self.kind == "gguf":
             return f"GGUF file {self.path} (converted when first loaded)"
         return self.path
+
+
+def rebase_models(current: list[ModelEntry], before: list[ModelEntry], after: list[ModelEntry]) -> list[ModelEntry]:
+    """The registry ``current`` (as on disk now) with the edits that turned ``before`` into
+    ``after`` (a dialog's list when it opened and now): entries removed there are removed,
+    changed or added ones take their place or are appended, and what someone else registered
+    meanwhile (a CLI command, a download) stays."""
+    before_by_name = {m.name: m for m in before}
+    after_names = {m.name for m in after}
+    removed = before_by_name.keys() - after_names
+    edited = {m.name: m for m in after if before_by_name.get(m.name) != m}
+    rebased = [edited.pop(m.name, m) for m in current if m.name not in removed]
+    return rebased + list(edited.values())

@@ -407,6 +407,23 @@ def test_settings_add_local_and_remote_models_to_the_one_registry(qtbot, make_ap
     assert names == [STARTER_NAME, "Qwen2.5-7B mixed", "DashScope"]
 
 
+def test_settings_keep_what_a_command_registered_while_the_dialog_was_open(qtbot, make_app, tmp_path):
+    register(LOCAL_B, ModelEntry("Old", path=str(tmp_path / "old")))
+    app = make_app()
+    app.open_settings()
+    dialog = app.settings_dialog
+    register(ModelEntry("From the CLI", path=str(tmp_path / "cli")))  # `qwen-tray models add` meanwhile
+    dialog.max_tokens.setValue(dialog.max_tokens.value() + 64)  # a change that is not about models
+    assert dialog.apply()
+    assert [m.name for m in saved().models] == [LOCAL_B.name, "Old", "From the CLI"]
+    register(ModelEntry("Downloaded", path=str(tmp_path / "dl")))  # a `models get` that finished
+    page = dialog.models_page
+    page.list.setCurrentRow(next(i for i in range(page.list.count()) if page.list.item(i).data(Qt.UserRole) == "Old"))
+    page._remove()  # the Remove button
+    assert dialog.apply()
+    assert [m.name for m in saved().models] == [LOCAL_B.name, "From the CLI", "Downloaded"]
+
+
 def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypatch, tmp_path, ui_home):
     """What `qwen-tray` with no subcommand runs (the CLI calls run_tray(argv))."""
     from PySide6.QtCore import QTimer

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 
 from app.errors import QwenTrayError
 from app.settings.actions import OPEN_CHAT_ID, Action
-from app.settings.models import ModelEntry
+from app.settings.models import ModelEntry, rebase_models
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
@@ -57,6 +57,7 @@ class SettingsDialog(QDialog):
         self.actions_page.changed.connect(self._fill_hotkeys)
         self.tabs.addTab(self.actions_page, tr("Actions"))
         self.models_page = ModelsPage(builtin_models, user_models, jobs=model_jobs)
+        self._models_shown = list(user_models)  # the registry as this dialog knows it (rebase_models)
         self.catalog_page = CatalogPage(model_jobs, store) if model_jobs is not None else None
         self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
         self.system_page = SystemPage(store.prefs)
@@ -143,14 +144,16 @@ class SettingsDialog(QDialog):
                        idle_unload_minutes=self.idle_unload.value(),
                        chat_send_key=self.chat_send_key.currentData(),
                        copy_shortcuts=self.hotkeys_page.copy_rules(),
-                       hotkeys=hotkeys, action_modes=modes,
-                       models=self.models_page.user, **self.system_page.values())
+                       hotkeys=hotkeys, action_modes=modes, **self.system_page.values())
+        if self.models_page.user != self._models_shown:  # only this dialog's edits, onto the file as it is now
+            changes["models"] = rebase_models(self.store.refresh().models, self._models_shown, self.models_page.user)
         return changes, list(self.actions_page.actions)
 
     def apply(self) -> bool:
         try:
             changes, actions = self.collect()
             self._on_apply(changes, actions)
+            self._models_shown = list(self.models_page.user)
             self.system_page.apply_autostart()
         except QwenTrayError as e:
             self.error.setText(str(e))
