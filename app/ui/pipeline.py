@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.engine.params import GenerationResult, SamplingParams, Usage
 from app.errors import QwenTrayError
@@ -97,7 +97,11 @@ class ActionPipeline:
 
     def __init__(self, backend: ChatBackend, action: Action, params: SamplingParams, priority: int,
                  translate_target: str = "auto"):
-        self.backend, self.action, self.params = backend, action, params
+        # An answer length set past half the model's context would leave no room for the text
+        # (Settings allows up to 8192 for models with long contexts): cap it here, per model.
+        answer_cap = max(16, backend.max_context // 2)
+        self.backend, self.action = backend, action
+        self.params = replace(params, max_tokens=min(params.max_tokens, answer_cap))
         self.priority, self.translate_target = priority, translate_target
         self._cancel = threading.Event()
         self._current: ChatStream | None = None

