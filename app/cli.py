@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from app import __version__
@@ -50,22 +51,27 @@ def _register_optional(sub, module_name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
     try:
+        args = build_parser().parse_args(argv)  # (some option types import torch: Ctrl+C may come here)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
         if args.command is None:
             from app.commands import tray
 
             return tray.run(args)
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
+        return status
     except QwenTrayError as e:
         print(f"qwen-tray: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `qwen-tray ... | head`: the reader has what it wanted
+        # Python flushes stdout at exit and would fail again there (docs: "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ hotkeys (Wayland), or a launcher on Windows and macOS (README: "Actions from a s
 from __future__ import annotations
 
 import argparse
-import sys
 
+from app.commands import text_input
 from app.errors import QwenTrayError
 from app.settings.actions import Action
 from app.settings.console import console_store
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise QwenTrayError("name an action (`qwen-tray action --list` shows them)")
     if not any(a.id == args.name for a in actions):
         raise QwenTrayError(f"there is no action {args.name!r} (`qwen-tray action --list` shows them)")
-    text = sys.stdin.read() if args.stdin == "-" else args.text
+    text = text_input.from_stdin() if args.stdin == "-" else (
+        None if args.text is None else text_input.from_argument(args.text))
     if text is not None and not text.strip():
         raise QwenTrayError("the text to work on is empty")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.commands import text_input
 from app.errors import QwenTrayError
 
 
@@ -36,7 +37,7 @@ def register(sub) -> None:
 
 
 def read_prompt(prompt: str) -> str:
-    text = sys.stdin.read() if prompt == "-" else prompt
+    text = text_input.from_stdin() if prompt == "-" else text_input.from_argument(prompt)
     if not text.strip():
         raise QwenTrayError("the prompt is empty")
     return text
@@ -81,7 +82,7 @@ def _ask_server(args, messages, params) -> int:
         from app.server.client import ask_server
     except ImportError:
         raise QwenTrayError("--server needs the server package (app.server.client)") from None
-    _stream(ask_server(args.server, messages, params, api_key=args.api_key))
+    _stream(ask_server(args.server, messages, params, api_key=args.api_key, model=args.model))
     return 0
 
 

@@ -151,8 +151,11 @@ def _log_state(state: str) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl+C/SIGTERM; returns the exit status. User errors raise QwenTrayError."""
-    if not logging.getLogger().handlers:
+    root = logging.getLogger()
+    if not root.handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    elif root.level > logging.INFO:  # a server logs what it does (unloads, reloads), as uvicorn does
+        root.setLevel(logging.INFO)
     from app.settings.console import console_store
 
     # Imported here, not at the top: app/cli.py imports this module to register ``serve`` for

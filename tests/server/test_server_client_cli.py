@@ -69,6 +69,14 @@ def test_cli_ask_server(server, engine, capsys):
     assert capsys.readouterr().out == expected + "\n"
 
 
+def test_cli_ask_server_sends_the_model_it_is_given(server, capsys):
+    """--model names the server's model: one it does not serve is refused, not silently replaced."""
+    from app.cli import main
+
+    assert main(["ask", "--server", server.base_url, "--model", "gpt-4", "--max-tokens", "4", "hi"]) == 1
+    assert "gpt-4" in capsys.readouterr().err
+
+
 def _serve(*args: str) -> subprocess.Popen:
     code = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
