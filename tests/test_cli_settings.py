@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,16 @@ def test_an_unreadable_settings_file_is_reported_as_such_and_kept(tmp_path, tiny
                 "saving would lose what it holds; fix its permissions and try again"]
     assert settings.read_bytes() == before and json.loads(before)["models"][0]["name"] == "tiny"
     assert not list(settings.parent.glob("*corrupt*"))
+
+
+def test_commands_run_at_the_same_time_each_keep_their_registration(tmp_path, tiny_qwen_dir):
+    """`for i in ...; do qwen-tray models add ... & done`: no edit undoes another's."""
+    env = {**os.environ, "QWEN_TRAY_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "models", "add", f"m{i}", str(tiny_qwen_dir)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(8)]
+    for proc in procs:
+        _out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+    settings = SettingsStore(tmp_path / "home" / "config" / "settings.json").load()
+    assert sorted(m.name for m in settings.models) == [f"m{i}" for i in range(8)]

@@ -8,8 +8,10 @@ SettingsFileError, one sentence naming the file and what to do, when the folder 
 writable or when a file on disk could not be read (saving would lose what it holds).
 
 A change is load, change, save (:meth:`SettingsStore.edit`), so the tray and a CLI command
-never undo each other's changes; a lock serializes the edits of one process (the tray's
-worker and UI threads).
+never undo each other's changes: a lock serializes the edits of one process (the tray's
+worker and UI threads), and a lock file (the ``filelock`` package; in the cache folder, so
+the config folder keeps the one file people read) those of processes (commands run at the
+same time, the tray beside them).
 
 API keys of remote endpoints do not stay in the file: saving moves them into the OS keyring
 (app/secrets.py), and a file that still holds some (an earlier version's) is saved again at
@@ -26,6 +28,7 @@ rewritten without them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -33,8 +36,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from app import secrets
-from app.paths import config_dir
+from app.paths import cache_dir, config_dir
 from app.settings.document import Settings, settings_from_json
 from app.settings.jsonfile import (CORRUPT, OK, UNREADABLE, JsonRead, SettingsFileError, cannot_write, keep_aside,
                                    os_reason, read_json, write_json)
@@ -45,6 +50,8 @@ from app.settings.notices import Notice
 log = logging.getLogger(__name__)
 FILE_NAME = "settings.json"
 _EDITS = threading.RLock()  # one load-change-save at a time in this process
+LOCK_WAIT_S = 30  # another process's edit is a load and a save: far less, unless it hangs
+BUSY = "{file} is being changed by another qwen-tray process that does not finish; try again"
 
 MOVED_ASIDE = "{file} could not be used ({error}); it was moved to {backup} and the defaults are used"
 NOT_MOVED = ("{file} could not be used ({error}) and could not be moved aside ({reason}); the defaults are used "
@@ -242,12 +249,32 @@ class SettingsStore:
     def edit(self) -> Iterator[Settings]:
         """Load, let the caller change, save if anything changed:
         ``with store.edit() as settings: settings.add_model(...)``."""
-        with _EDITS:
+        with _EDITS, self._other_processes_wait():
             settings = self.load()
             before = settings.to_json()
             yield settings
             if settings.to_json() != before:
                 self.save(settings)
+
+    @contextmanager
+    def _other_processes_wait(self) -> Iterator[None]:
+        """Hold the lock file beside the settings. Where it cannot be made (a read-only folder)
+        the edit goes on unlocked: its save then says why it cannot write."""
+        key = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:16]  # one lock per settings file
+        path = cache_dir() / "locks" / f"settings-{key}.lock"
+        lock = FileLock(path, timeout=LOCK_WAIT_S)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except Timeout:
+            raise SettingsFileError(BUSY.format(file=self.path)) from None
+        except OSError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 def _keyed(entry: ModelEntry) -> bool:
