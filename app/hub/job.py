@@ -16,16 +16,18 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
 from app.hub.download import STATE_FILE, SnapshotDownload, is_complete
-from app.hub.errors import HubNotFoundError
+from app.hub.errors import HubError, HubNotFoundError
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
 from app.model_import import check_free_name, register_model
-from app.paths import downloads_dir, models_dir
+from app.paths import cache_dir, downloads_dir, models_dir
 from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,26 @@ class GetModelJob:
         return downloads_dir() / f"{self.entry.name}.{self.source}"
 
     def run(self, report: Reporter, cancel: threading.Event | None = None) -> GotModel:
+        """The whole job, while no other process (a second `models get`, the tray's Get a
+        model) works on the same model: the second one is told so, not let loose on the
+        first one's partial files."""
+        path = cache_dir() / "locks" / f"get-{self.entry.name}.lock"
+        lock = FileLock(path, timeout=0)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except Timeout:
+            raise HubError(f"{self.entry.name} is being fetched by another qwen-tray process (a `models get`, or "
+                           "the tray's Get a model); wait for it to finish, or stop it and run this again") from None
+        except OSError as e:  # no lock where the cache cannot be written: the job itself may still work
+            log.warning("%s: not locked (%s)", path, e)
+            return self._run(report, cancel)
+        try:
+            return self._run(report, cancel)
+        finally:
+            lock.release()
+
+    def _run(self, report: Reporter, cancel: threading.Event | None) -> GotModel:
         report(JobProgress(CHECKING, detail=self.name))
         recipe = self.recipe or self.entry.recipe
         check_free_name(self.name, self.out, replace=self.replace, store=self.store)  # before the download

@@ -80,3 +80,23 @@ def test_cancel_keeps_the_download_and_registers_nothing(hub, home, tiny_catalog
     downloading = [p for p in seen if p.stage == DOWNLOADING]
     assert downloading[-1].total == sum(p.stat().st_size for p in tiny_hub_model.iterdir() if p.is_file())
     assert any(p.rate for p in downloading) and any(p.eta_s is not None for p in downloading)
+
+
+def test_a_second_get_of_the_same_model_waits_its_turn_in_one_sentence(hub, home, tiny_catalog, tiny_hub_model):
+    """Two `models get` of one model at once: the second says so and touches nothing; the first
+    finishes as if alone (before: the second finished and deleted the first one's files)."""
+    hub.faults[WEIGHTS] = Faults(stall_after=STALL_AT)
+    env = cli_env(home, HF_ENDPOINT=hub.url)
+    first = subprocess.Popen([sys.executable, "-m", "app.cli", "models", "get", TINY_NAME, "--method", "rtn"],
+                             env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert hub.stalled.wait(120), "the first download never reached the stall"
+        second = qwen_tray("models", "get", TINY_NAME, "--method", "rtn", env=env)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert "being fetched by another qwen-tray process" in second.stderr
+        hub.release.set()
+        _out, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err.decode()
+    finally:
+        first.kill()
+    assert TINY_MODEL in registered_models()
