@@ -11,7 +11,7 @@ from app.errors import QwenTrayError
 def register(sub) -> None:
     p = sub.add_parser("tray", help="start the tray app (the default with no command)",
                        description="Start the desktop tray app: hotkey actions, chat window, local API.")
-    p.add_argument("--model", metavar="PATH", help="load this model folder instead of the configured one")
+    p.add_argument("--model", metavar="NAME", help="load this registered model (or model folder) instead of the configured one")
     # SUPPRESS: no default of its own, so `qwen-tray --language zh_CN tray` keeps the top-level choice.
     p.add_argument("--language", choices=("auto", "en", "zh_CN"), default=argparse.SUPPRESS,
                    help="UI language for this run")
@@ -23,7 +23,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     argv = []
     if getattr(args, "model", None):
-        argv += ["--model", args.model]
+        argv += ["--model", _model_to_hand_over(args.model)]
     if getattr(args, "language", None):
         argv += ["--language", args.language]
     try:
@@ -44,3 +44,17 @@ def run(args: argparse.Namespace) -> int:
         instance.release()
         raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
     return run_tray(argv, instance)
+
+
+def _model_to_hand_over(name_or_path: str) -> str:
+    """A registered name as it is, else the folder checked here and made absolute: the tray that
+    takes it may be another process, started in another folder."""
+    from app.settings.console import console_store
+
+    settings = console_store().load()
+    if settings.model(name_or_path) is not None:
+        return name_or_path
+    folder = settings.resolve_model(name_or_path).resolve()
+    if not folder.is_dir():
+        raise QwenTrayError(f"{name_or_path}: not a folder (give the model's folder, or a registered model's name)")
+    return str(folder)

@@ -79,7 +79,14 @@ class Settings:
             name_or_path = self.default_model
         entry = self.model(name_or_path)
         if entry is None:
-            return Path(name_or_path).expanduser()
+            path = Path(name_or_path).expanduser()
+            if path.exists():
+                return path
+            if name_or_path == self.default_model:
+                raise QwenTrayError(f"the default model {name_or_path!r} is not registered any more: choose one with "
+                                    "`qwen-tray models default NAME` (`qwen-tray models list` shows them)")
+            raise QwenTrayError(f"{name_or_path}: model folder not found, and no registered model has that name "
+                                "(`qwen-tray models list` shows them)")
         if entry.kind == "remote":
             raise QwenTrayError(f"model {entry.name!r} is a remote endpoint ({entry.base_url}); this command runs "
                                 "local models: pass --model NAME or PATH of a local one")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -119,6 +120,12 @@ class TrayApp(QObject):
     # -- models ------------------------------------------------------------------------------------
     def models(self) -> list[ModelEntry]:
         return configured_models(self.store.refresh().models)
+
+    def switch_to_named(self, name_or_path: str) -> None:
+        """``--model``: a registered model by name, else a folder (`qwen-tray tray` hands over an
+        absolute path it checked)."""
+        entry = next((m for m in self.models() if m.name == name_or_path), None)
+        self.host.switch_to(entry or ModelEntry(name=Path(name_or_path).name, kind="local", path=name_or_path))
 
     def start(self) -> None:
         """Load the active model (or the first configured one) in the background."""
@@ -340,7 +347,7 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
         log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
     tray_app = TrayApp(language=args.language)
     if args.model:
-        tray_app.host.switch_to(ModelEntry(name=args.model, kind="local", path=args.model))
+        tray_app.switch_to_named(args.model)
     else:
         tray_app.start()
     qapp.aboutToQuit.connect(tray_app.shutdown)

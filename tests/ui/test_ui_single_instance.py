@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from ui_children import TIMEOUT, Child
 
+from app.errors import QwenTrayError
+from app.settings.models import ModelEntry
+from app.settings.store import SettingsStore
 from app.ui.single_instance import InstanceLock, lock_path, send_request
 
 pytestmark = pytest.mark.slow
@@ -68,7 +71,8 @@ def stop(proc: subprocess.Popen) -> int:
 
 
 def test_a_second_qwen_tray_hands_over_and_exits_then_replace_restarts(env, tmp_path):
-    model = ["tray", "--model", str(tmp_path / "no-model-here")]  # the tray runs (and says the load failed)
+    (tmp_path / "no-model-here").mkdir()  # a folder, not a model: the tray runs (and says the load failed)
+    model = ["tray", "--model", str(tmp_path / "no-model-here")]
     first = start_tray(env, *model)
     second = third = None
     try:
@@ -91,6 +95,7 @@ def test_a_second_qwen_tray_hands_over_and_exits_then_replace_restarts(env, tmp_
 
 
 def test_a_tray_killed_outright_leaves_nothing_in_the_way(env, tmp_path):
+    (tmp_path / "no-model-here").mkdir()
     first = start_tray(env, "tray", "--model", str(tmp_path / "no-model-here"))
     answering_pid(first)
     assert lock_path().exists()
@@ -161,3 +166,17 @@ def test_action_list_needs_no_tray_and_shows_the_users_actions(env, ui_home):
     assert lines[0] == "summarize  Summarize / 总结  [Ctrl+Alt+1]"  # the user's own hotkey for it
     assert lines[-1] == "formal     Make formal  [Ctrl+Alt+F]"
     assert "explain    Explain / 解释" in lines  # no hotkey
+
+
+def test_tray_model_takes_a_registered_name_or_a_relative_folder_and_refuses_what_is_neither(tmp_path, monkeypatch):
+    """`qwen-tray tray --model X` hands the running tray something it can find from its own folder."""
+    from app.commands.tray import _model_to_hand_over
+
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert _model_to_hand_over("folder") == str(tmp_path / "folder")
+    with pytest.raises(QwenTrayError, match="model folder not found, and no registered model has that name"):
+        _model_to_hand_over("no-such-model")
+    with SettingsStore().edit() as settings:
+        settings.add_model(ModelEntry("Mine", path=str(tmp_path / "folder")))
+    assert _model_to_hand_over("Mine") == "Mine"  # the tray finds it in the registry

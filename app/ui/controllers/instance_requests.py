@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer
 
-from app.settings.models import ModelEntry
 
 if TYPE_CHECKING:
     from app.ui.app import TrayApp
@@ -61,7 +60,7 @@ class InstanceRequests:
         except SystemExit:
             return refused(f"bad arguments: {' '.join(argv)}")
         if args.model:
-            self.app.host.switch_to(ModelEntry(name=args.model, kind="local", path=args.model))
+            self.app.switch_to_named(args.model)
             return ok(f"it is loading {args.model}")
         self.app.open_chat()
         return ok("it opened its chat window")
