@@ -343,13 +343,14 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
     qapp.setWindowIcon(app_icon())
-    if not QSystemTrayIcon.isSystemTrayAvailable():
-        log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
     tray_app = TrayApp(language=args.language)
     if args.model:
         tray_app.switch_to_named(args.model)
     else:
         tray_app.start()
+    if not QSystemTrayIcon.isSystemTrayAvailable():  # (GNOME without its AppIndicator extension)
+        log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
+        tray_app.open_chat()  # something to see: started from a menu, it would run invisibly
     qapp.aboutToQuit.connect(tray_app.shutdown)
     # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.
     server = InstanceServer(instance, InstanceRequests(tray_app, parse_args).handle, parent=tray_app)

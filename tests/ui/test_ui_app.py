@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFormLayout
+from PySide6.QtWidgets import QFormLayout, QSystemTrayIcon
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.settings.document import Settings
@@ -458,6 +458,8 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     assert tray.host.state == "empty"  # shut down
     assert any("no-such-model" in n for n in tray.notices)
     assert any("global hotkeys are unavailable" in n for n in tray.notices)
+    assert not QSystemTrayIcon.isSystemTrayAvailable()  # offscreen has no tray area:
+    assert tray.chat_window is not None  # so the chat window was shown, not an invisible app
     log = (ui_home / "data" / "qwen-tray.log").read_text(encoding="utf-8")
     assert "no-such-model" in log  # no console under pythonw: the log file tells what happened
 
