@@ -238,6 +238,15 @@ def test_recipe_splitting_a_fused_matrix_is_an_error(tiny_qwen_dir, tmp_path, cl
                               "--out", str(tmp_path / "b")), "model.layers.1.self_attn", "k_proj=3")
 
 
+def test_quantize_tells_its_progress_in_a_log_too(tiny_qwen_dir, tmp_path, cli):
+    """stderr a file or a pipe (nohup, an installer): a line per file written, not silence."""
+    done = cli("quantize", "--model", str(tiny_qwen_dir), "--recipe", "w4", "--method", "rtn",
+               "--out", str(tmp_path / "q"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith(f"quantizing {tiny_qwen_dir.name}: ")]
+    assert len(lines) >= 2 and lines[-1].endswith(")"), done.stderr
+
+
 def test_fp16_kept_layers_and_lora_merged_at_quantize_time(tiny_qwen_dir, tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -51,18 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
 def quantize_with_progress(job, label: str):
     """Run ``job`` with a progress bar on stderr and print one summary line; return the manifest."""
-    from tqdm import tqdm  # lazily, like the quantizer: `qwen-tray --help` imports this module
-
-    from app.quant.quantizer import quantize_model
+    from app.progress import load_progress_bar
+    from app.quant.quantizer import quantize_model  # lazily: `qwen-tray --help` imports this module
 
     started = time.perf_counter()
-    with tqdm(desc=f"quantizing {label}", unit="file", file=sys.stderr, disable=None) as bar:
-        def progress(stage: str, done: int, total: int) -> None:
-            bar.total = total
-            bar.set_postfix_str(stage, refresh=False)
-            bar.n = done
-            bar.refresh()
-
+    with load_progress_bar(f"quantizing {label}", delay=0) as progress:  # a bar, or a line per file in a log
         manifest = quantize_model(job, progress)
     print(f"wrote {job.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
           f"{manifest.total_bytes / 2**30:.3f} GiB, {manifest.bits_per_weight:.3f} bits/weight "
