@@ -65,7 +65,7 @@ def run_get(args: argparse.Namespace) -> int:
     job = GetModelJob(find_entry(args.name), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
                       device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
-    with (TqdmReporter() if sys.stderr.isatty() else LogReporter()) as report:
+    with TqdmReporter() as report:
         got = job.run(report)
     default = " (default)" if got.is_default else ""
     print(f"{got.name}{default}: {got.path}")
@@ -76,32 +76,10 @@ def run_get(args: argparse.Namespace) -> int:
     return 0
 
 
-class LogReporter:
-    """Where stderr is not a terminal (a log, nohup, an installer): a line when a stage starts
-    and at every tenth of it, so hours of download or quantization are not silent."""
-
-    def __init__(self):
-        self.stage, self.tenth = None, -1
-
-    def __enter__(self) -> LogReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def __call__(self, progress: JobProgress) -> None:
-        tenth = progress.done * 10 // progress.total if progress.total else 0
-        if progress.stage == self.stage and tenth <= self.tenth:
-            return
-        self.stage, self.tenth = progress.stage, tenth
-        done = f" {tenth * 10}% ({progress.done}/{progress.total})" if progress.total else ""
-        detail = f" {progress.detail}" if progress.detail else ""
-        print(f"{progress.stage}{detail}{done}", file=sys.stderr, flush=True)
-
-
 class TqdmReporter:
-    """Draws a job's progress on a terminal: one tqdm bar per stage (bytes with speed and ETA for
-    the download, whose checksums show on its bar; layers for the quantizer)."""
+    """Draws a job's progress on stderr: one tqdm bar per stage (bytes with speed and ETA for the
+    download, whose checksums show on its bar; layers for the quantizer); silent when stderr is not
+    a terminal."""
 
     _UNITS = {DOWNLOADING: "B", VERIFYING: "B", QUANTIZING: "layer"}
 
@@ -128,7 +106,7 @@ class TqdmReporter:
                 return  # a short step (checking, registering): no bar
             unit = self._UNITS.get(progress.stage, progress.unit or "it")
             self.bar = tqdm(desc=progress.stage, total=progress.total or None, unit=unit, unit_scale=unit == "B",
-                            unit_divisor=1024, file=sys.stderr, initial=progress.done)
+                            unit_divisor=1024, file=sys.stderr, disable=None, initial=progress.done)
         if self.bar is None:
             return
         if progress.total and self.bar.total != progress.total:

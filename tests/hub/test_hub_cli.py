@@ -12,7 +12,6 @@ from app.hub.catalog import find_entry
 from app.hub.download import STATE_FILE
 from app.hub.job import fit_of
 from app.hub.plan import plan_entry
-from app.hub.progress import DOWNLOADING, QUANTIZING
 from tests.conftest import assert_one_line_error
 
 
@@ -35,10 +34,6 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     checkpoint = home / "data" / "models" / TINY_MODEL
     assert f"{TINY_MODEL} (default): {checkpoint}" in got.stdout
     assert f"the tray runs it {fit_of(checkpoint, TINY_MODEL, Machine.detect()).text}" in got.stdout
-    # stderr is a pipe here, as in a log: the stages still show, in lines
-    lines = got.stderr.splitlines()
-    assert any(line.startswith(DOWNLOADING) and "100%" in line for line in lines), got.stderr
-    assert any(line.startswith(QUANTIZING) for line in lines), got.stderr
     assert (checkpoint / "manifest.json").is_file()
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
