@@ -48,6 +48,10 @@ def test_models_add_refuses_a_folder_that_is_not_a_model(cli, tmp_path, tiny_qwe
     (broken / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}', encoding="utf-8")
     assert_one_line_error(cli("models", "add", "broken", str(broken)), "GPT2LMHeadModel", "not supported")
     assert_one_line_error(cli("models", "add", "gone", str(tmp_path / "gone")), "gone", "no such folder")
+    (tmp_path / "notes.txt").write_text("x")
+    assert_one_line_error(cli("models", "add", "file", str(tmp_path / "notes.txt")), "notes.txt", "not a folder")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert_one_line_error(cli("models", "add", "g", str(tmp_path / "m.gguf")), "a GGUF file", "models import-gguf")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(cli("models", "add", "empty", str(empty)), "not a model folder")
@@ -79,6 +83,19 @@ def test_import_gguf_refuses_a_taken_name_before_converting(cli, tmp_path, tiny_
 
 def test_models_default_names_a_registered_model(cli, tiny_qwen_dir):
     assert_one_line_error(cli("models", "default", "nope"), "no model named 'nope'", "models list")
+    assert cli("models", "add", "tiny", str(tiny_qwen_dir)).returncode == 0
+    chosen = cli("models", "default", "tiny")
+    assert chosen.returncode == 0 and chosen.stdout == "default model: tiny\n"
+
+
+def test_a_default_model_no_longer_registered_is_said_so(tmp_path, cli, tiny_qwen_dir):
+    path = registry(tmp_path, ModelEntry("tiny", path=str(tiny_qwen_dir)))  # the cli fixture's home
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["default_model"] = "gone"  # edited by hand, or a registry from another machine
+    path.write_text(json.dumps(data), encoding="utf-8")
+    listed = cli("models", "list")
+    assert "the default model 'gone' is not registered" in listed.stdout
+    assert_one_line_error(cli("ask", "hi"), "the default model 'gone' is not registered", "models default NAME")
 
 
 def test_the_registry_lists_every_kind_and_ask_says_what_a_remote_one_is(cli, tmp_path, tiny_qwen_dir):

@@ -59,6 +59,9 @@ def run_list(args: argparse.Namespace) -> int:
         mark = "*" if entry.name == settings.default_model else " "
         missing = "  (missing)" if entry.kind == "local" and not Path(entry.path).expanduser().is_dir() else ""
         print(f"{mark} {entry.name}  {entry.describe()}{missing}")
+    if settings.default_model is not None and settings.model(settings.default_model) is None:
+        print(f"the default model {settings.default_model!r} is not registered: choose one with "
+              "`qwen-tray models default NAME`")
     return 0
 
 
@@ -146,6 +149,10 @@ def _check_model_folder(path: Path) -> None:
     from app.formats import checkpoint
     from app.formats.spec import ModelSpec
 
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise QwenTrayError(f"{path}: a GGUF file, not a model folder: add it with `qwen-tray models import-gguf {path}`")
+    if path.is_file():
+        raise QwenTrayError(f"{path}: not a folder (give the model's folder)")
     if not path.is_dir():
         raise QwenTrayError(f"{path}: no such folder")
     if checkpoint.is_checkpoint(path):
@@ -159,4 +166,5 @@ def _check_model_folder(path: Path) -> None:
 def run_default(args: argparse.Namespace) -> int:
     with console_store().edit() as settings:
         settings.set_default(args.name)
+    print(f"default model: {args.name}")
     return 0
