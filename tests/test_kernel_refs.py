@@ -318,7 +318,7 @@ def test_ops_without_gpu_explain_why():
 def test_kernel_sources_are_packaged_and_prefixed_with_common():
     files = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
     assert files == ["argmax.cu", "attention.cu", "common.cu", "dequant.cu", "draw_common.cu",
-                     "filtered_draw.cu", "gemv.cu", "norm.cu", "rope.cu", "temperature_draw.cu"]
+                     "filtered_draw.cu", "gemv.cu", "norm.cu", "repack.cu", "rope.cu", "temperature_draw.cu"]
     src = kernel_source("gemv.cu")
     assert src.index("mma_m16n8k16(float") < src.index("gemv_kernel(")
     assert "#include" not in src  # NVRTC from pip must not need CUDA headers

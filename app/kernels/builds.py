@@ -32,9 +32,9 @@ from app.progress import GPU_STAGE, KERNELS_STAGE
 log = logging.getLogger(__name__)
 
 # Kernel instances a first build compiles when no build was recorded here yet: a Qwen2.5 3B `w4`
-# load compiles 14, the 7B `mixed` 12, 2 of them (the dequantization kernels) before the build
-# this counts (docs/results/first_load_h200.json; bench_startup reports the count it saw).
-FIRST_BUILD_ESTIMATE = 12
+# or 7B `mixed` load counts 14 (the two dequantization kernels are built before the count
+# starts; bench_startup reports the count it saw, docs/results/startup_*.json).
+FIRST_BUILD_ESTIMATE = 14
 Progress = Callable[[str, int, int], None]
 
 

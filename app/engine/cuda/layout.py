@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from app.engine.cuda.synthetic import dequantized_linear
 from app.engine.cuda.weights import LinearWeight, ModelWeights, aligned_nbytes
+from app.kernels.repack import TileRepackKernel
 from app.kernels.tiles import TILE_ROWS, padded_rows
 from app.kernels.w3_tiles import repack_w3_tiles, repack_w3_tiles_
 from app.kernels.w4_tiles import repack_w4_tiles, repack_w4_tiles_
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 GEMV_PARTS = (("qkv", False), ("o", False), ("gate_up", True), ("down", False))  # (layer attribute, gated)
 
 
-def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
+def to_kernel_layout(weights: ModelWeights, *, in_place: bool,
+                     repack_kernel: TileRepackKernel | None = None) -> ModelWeights:
     """Every packed weight a GEMV reads (the layers' linears, the head) in the tile layout.
 
     ``in_place`` repacks inside the weight's own tensors (the runner owns them: no second
@@ -32,12 +34,13 @@ def to_kernel_layout(weights: ModelWeights, *, in_place: bool) -> ModelWeights:
     A gate/up whose halves do not fill 16-row tiles (no Qwen or Llama shape) runs dense. A
     tied embedding stays tied: the lookup reads the tile layout too. An untied embedding is
     repacked only in place (the dequantization kernel then looks its rows up in one launch).
+    ``repack_kernel`` does the in-place repacks on the GPU (app.kernels.repack), else PyTorch.
     """
     memo: dict[int, LinearWeight] = {}
 
     def convert(w: LinearWeight, gated: bool = False) -> LinearWeight:
         if id(w) not in memo:
-            memo[id(w)] = _tiled(w, gated, in_place)
+            memo[id(w)] = _tiled(w, gated, in_place, repack_kernel)
         return memo[id(w)]
 
     layers = [replace(layer, **{part: convert(getattr(layer, part), gated) for part, gated in GEMV_PARTS})
@@ -75,7 +78,7 @@ def kernel_layout_extra_bytes(weights: ModelWeights) -> int:
     return extra
 
 
-def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
+def _tiled(w: LinearWeight, gated: bool, in_place: bool, kernel: TileRepackKernel | None) -> LinearWeight:
     if not w.quantized or w.layout == "tiles":
         return w
     why = _needs_copy(w, gated)
@@ -85,7 +88,11 @@ def _tiled(w: LinearWeight, gated: bool, in_place: bool) -> LinearWeight:
         return LinearWeight(16, w.out_features, w.in_features, bias=w.bias, name=w.name,
                             dense=dequantized_linear(w).half())
     if in_place and why is None:
-        if w.bits == 4:
+        if kernel is not None and w.qa.is_cuda and w.bits == 4:
+            kernel.w4_(w.qa)
+        elif kernel is not None and w.qa.is_cuda:
+            kernel.w3_(w.qa, w.qb)
+        elif w.bits == 4:
             repack_w4_tiles_(w.qa)
         else:
             repack_w3_tiles_(w.qa, w.qb)

@@ -52,6 +52,7 @@ from app.kernels.attention import ROPE_WINDOW
 from app.kernels.builds import kernel_builds
 from app.kernels.dequant import dequant_kernel_or_none
 from app.kernels.gemv import MAX_BATCH
+from app.kernels.repack import tile_repack_kernel_or_none
 
 # Consecutive tokens of one sequence per decode-graph step at most: the fused RoPE attention
 # stages the new rows of a slot within a window of this many positions (attention.cu).
@@ -333,7 +334,12 @@ def _plan(weights: ModelWeights, nbytes: int, *, num_slots: int, max_context: in
 def _kernel_layout_in_place(weights: ModelWeights) -> ModelWeights:
     """W4/W3 repacked for the GEMVs inside the runner's own arena (a model module whose buffers
     these are has no compute backend on this path: nothing else reads them)."""
-    weights = to_kernel_layout(weights, in_place=True)
+    kernel = None
+    if weights.device.type == "cuda":
+        kernel, why = tile_repack_kernel_or_none(weights.device)
+        if why:
+            log.warning("the weights are repacked with PyTorch ops: %s", why)
+    weights = to_kernel_layout(weights, in_place=True, repack_kernel=kernel)
     if weights.device.type == "cuda":
         torch.cuda.empty_cache()  # the repack's temporaries must not hold budget the cache needs
     return weights
