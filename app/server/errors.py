@@ -46,11 +46,6 @@ def invalid_param(param: str, message: str, code: str = "invalid_value") -> ApiE
     return ApiError(400, message, param=param, code=code)
 
 
-def unsupported_param(param: str, what: str | None = None) -> ApiError:
-    detail = what or f"'{param}' is not supported by this server"
-    return ApiError(400, f"Unsupported parameter: {detail}.", param=param, code="unsupported_parameter")
-
-
 def context_length_exceeded(limit: int, prompt_tokens: int, prompt_param: str) -> ApiError:
     """OpenAI's message; the limit is the whole window (prompt + completion), as /health reports it."""
     return ApiError(
@@ -94,8 +89,9 @@ def from_exception(exc: BaseException, *, prompt_param: str, retry_after_s: int 
     if isinstance(exc, ContextLengthError):  # the server checks first (generation.py); this is the engine's word
         return ApiError(400, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", param=prompt_param,
                         code="context_length_exceeded")
-    if isinstance(exc, InvalidParameterError):
-        return invalid_param(exc.param, str(exc))
+    if isinstance(exc, InvalidParameterError):  # the engine's "param: what it must be"
+        detail = str(exc).removeprefix(f"{exc.param}: ")
+        return invalid_param(exc.param, f"Invalid value for '{exc.param}': {detail}.")
     if isinstance(exc, EngineClosedError):
         return unavailable(f"The model was unloaded while serving this request ({exc}); retry.",
                            "model_unloaded", retry_after_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from http import HTTPStatus
 
 import h11
@@ -23,6 +24,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.server.errors import ApiError
 
 log = logging.getLogger("app.server")
+# h11 quotes the offending bytes as a Python repr ("illegal request line: bytearray(b'...')").
+_BYTES_REPR = re.compile(r"[:\s]*(?:bytearray\(|b['\"]).*$", re.DOTALL)
+
+
+def _without_repr(detail: str) -> str:
+    """h11's reason without the bytes it quotes: "illegal request line"."""
+    return _BYTES_REPR.sub("", detail)
 
 
 class _Connection(h11.Connection):
@@ -67,7 +75,7 @@ class DeadlineH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         error = self.conn.last_error
         status = error.error_status_hint if error is not None and 400 <= error.error_status_hint < 500 else 400
-        detail = str(error) if error is not None else msg
+        detail = _without_repr(str(error) if error is not None else msg)
         code = "missing_host" if "Host" in detail else ("request_header_too_large" if status == 431
                                                          else "invalid_http_request")
         body = ApiError(status, f"Invalid HTTP request: {detail[:200]}.", code=code).body_bytes()

@@ -9,17 +9,21 @@ not ask.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.server.errors import ApiError, invalid_param, unsupported_param
+from app.server.errors import ApiError, invalid_param
+from app.server.fields import (NO_TOOLS, boolean, check_known, integer, invalid_type, invalid_value, missing,
+                               number, quoted, refuse_unless, unsupported_value)
 
 Kind = Literal["chat", "completion"]
-CHAT_ROLES = ("system", "user", "assistant")
-# OpenAI's newer name for the system role; the chat template only knows "system".
+# "developer" is OpenAI's newer name for "system"; the chat template only knows "system".
+CHAT_ROLES = ("system", "developer", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}
+TOOL_ROLES = ("tool", "function")  # OpenAI's roles for tool results: this server calls no tools
 
 # Accepted for compatibility and ignored: they change nothing about the generated text.
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
@@ -30,6 +34,8 @@ COMMON_FIELDS = frozenset({"model", "stream", "stream_options", "n", "logit_bias
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                                "tool_choice", "functions", "function_call", "response_format", "modalities"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "suffix", "best_of"}
+# include_obfuscation pads OpenAI's chunks against network side channels; a loopback server skips it.
+STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 # OpenAI's default for /v1/completions; chat defaults to "until the context is full".
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -71,13 +77,23 @@ def decode_body(raw: bytes) -> dict:
         body = json.loads(raw, parse_constant=_no_constant)
     except RecursionError as exc:
         raise ApiError(400, "Request body is not valid JSON: it is nested too deeply.", code="invalid_json") from exc
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers, NaN
-        raise ApiError(400, f"Request body is not valid JSON: {_clip(str(exc))}.", code="invalid_json") from exc
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise ApiError(400, f"Request body is not valid JSON: it is not UTF-8 text (byte 0x{byte:02x} at position "
+                            f"{exc.start}).", code="invalid_json") from exc
+    except ValueError as exc:  # JSONDecodeError, too-long integers, NaN
+        raise ApiError(400, f"Request body is not valid JSON: {_json_problem(exc)}.", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
     if b"\\ud" in raw or b"\\uD" in raw:  # surrogates can only come from escapes; most bodies skip the walk
         _check_unicode(body)
     return body
+
+
+def _json_problem(exc: ValueError) -> str:
+    if "integer string conversion" in str(exc):  # Python's advice in that message means nothing to a client
+        return f"an integer has more than {sys.get_int_max_str_digits()} digits"
+    return _clip(str(exc))
 
 
 def _check_unicode(body: dict) -> None:
@@ -101,67 +117,22 @@ def _check_text(text: str, where: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         param = _clip(where.encode("ascii", "backslashreplace").decode("ascii"))
-        raise invalid_param(param, f"{param}: contains a lone surrogate (\\u{ord(text[exc.start]):04x}) "
-                                   f"at character {exc.start}, which is not valid Unicode text") from exc
+        raise invalid_value(param, f"it contains a lone surrogate (\\u{ord(text[exc.start]):04x}) at character "
+                                   f"{exc.start}, which is not valid Unicode text") from exc
 
 
 def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _show(value: object) -> str:
-    """A client value quoted in an error message, cut short: a 4 MiB value is not echoed back."""
-    return _clip(repr(value), 100)
-
-
-# -- field readers ---------------------------------------------------------------------------
-def _number(body: dict, name: str) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid_param(name, f"{name}: must be a number, got {_show(value)}")
-    try:
-        return float(value)
-    except OverflowError:  # an integer beyond any float
-        raise invalid_param(name, f"{name}: {_show(value)} is out of range") from None
-
-
-def _integer(body: dict, name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid_param(name, f"{name}: must be an integer, got {_show(value)}")
-    return value
-
-
-def _boolean(body: dict, name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise invalid_param(name, f"{name}: must be true or false, got {_show(value)}")
-    return value
-
-
-def _only(body: dict, name: str, *neutral: object) -> None:
-    """Refuse ``name`` unless it is absent or one of the values that ask for nothing extra."""
-    if name in body and body[name] is not None and not any(body[name] == v for v in neutral):
-        raise unsupported_param(name, f"'{name}'={_show(body[name])} is not supported by this server")
-
-
-def _check_fields(body: dict, allowed: frozenset[str]) -> None:
-    for name in body:
-        if name not in allowed:
-            shown = _clip(name, 100)
-            raise unsupported_param(shown, f"unrecognized request argument {shown!r}")
-
-
+# -- shared fields ---------------------------------------------------------------------------
 def _model(body: dict) -> str:
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid_param("model", "model: you must provide a model id (see GET /v1/models)", code="missing_model")
+    if model is not None and not isinstance(model, str):
+        raise invalid_type("model", "a string", model)
+    if not model:
+        raise invalid_param("model", "Missing required parameter: 'model' (the id GET /v1/models lists).",
+                            code="missing_model")
     return model
 
 
@@ -171,9 +142,12 @@ def _stop(body: dict) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise invalid_param("stop", "stop: must be a string or a list of strings")
+    if not isinstance(stop, list):
+        raise invalid_type("stop", "a string or an array of strings", stop)
+    for i, item in enumerate(stop):
+        if not isinstance(item, str):
+            raise invalid_type(f"stop[{i}]", "a string", item)
+    return tuple(stop)
 
 
 def _sent(body: dict, names: tuple[str, ...]) -> str:
@@ -181,47 +155,65 @@ def _sent(body: dict, names: tuple[str, ...]) -> str:
     return next((n for n in names if body.get(n) is not None), names[-1])
 
 
+def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
+    """The answer's limit from whichever of ``names`` the client sent (they must agree)."""
+    sent = [(name, integer(body, name)) for name in names if body.get(name) is not None]
+    if len({value for _, value in sent}) > 1:
+        raise invalid_value(sent[0][0], f"{' and '.join(n for n, _ in sent)} disagree; send only one of them")
+    if not sent:
+        return None
+    name, value = sent[0]
+    if value < 1:  # checked here, not by the engine, to name the field the client used
+        raise invalid_value(name, "it must be at least 1")
+    return value
+
+
+def _seed(body: dict) -> int | None:
+    seed = integer(body, "seed")
+    if seed is None:
+        return None
+    if not -(2**63) <= seed < 2**64:
+        raise invalid_value("seed", "it must fit in 64 bits (signed or unsigned)")
+    # The sampler hashes the seed modulo 2**64: an unsigned seed is the signed one with the same bits.
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
 def _sampling(body: dict, max_tokens_fields: tuple[str, ...]) -> dict:
     """SamplingParams keyword arguments; range checks are SamplingParams' job."""
     out: dict = {}
-    max_tokens = [(n, _integer(body, n)) for n in max_tokens_fields if body.get(n) is not None]
-    if len({v for _, v in max_tokens}) > 1:
-        raise invalid_param(max_tokens[0][0], "max_tokens and max_completion_tokens disagree; send one of them")
-    if max_tokens:
-        out["max_tokens"] = max_tokens[0][1]
+    max_tokens = _max_tokens(body, max_tokens_fields)
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
-        value = _number(body, name)
+        value = number(body, name)
         if value is not None:
             out[name] = value
-    top_k = _integer(body, "top_k")
+    top_k = integer(body, "top_k")
     if top_k is not None:
         out["top_k"] = 0 if top_k == -1 else top_k  # -1 is vLLM's spelling of "off"
-    seed = _integer(body, "seed")
+    seed = _seed(body)
     if seed is not None:
-        if not -(2**63) <= seed < 2**64:  # 64 bits (app.engine.sampling hashes the seed modulo 2**64)
-            raise invalid_param("seed", f"seed: must fit in 64 bits, got {seed}")
         out["seed"] = seed
     stop = _stop(body)
     if stop:
         out["stop"] = stop
-    if _boolean(body, "ignore_eos"):
+    if boolean(body, "ignore_eos"):
         out["ignore_eos"] = True
     return out
 
 
 def _streaming(body: dict) -> tuple[bool, bool]:
-    stream = _boolean(body, "stream")
+    stream = boolean(body, "stream")
     options = body.get("stream_options")
     if options is None:
         return stream, False
     if not stream:
-        raise invalid_param("stream_options", "stream_options: only allowed when stream is true")
+        raise invalid_param("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is true.")
     if not isinstance(options, dict):
-        raise invalid_param("stream_options", "stream_options: must be an object")
-    for key in options:
-        if key != "include_usage":
-            raise unsupported_param(f"stream_options.{key}")
-    return stream, _boolean(options, "include_usage")
+        raise invalid_type("stream_options", "an object", options)
+    check_known(options, STREAM_OPTIONS, where="stream_options.")
+    boolean(options, "include_obfuscation", where="stream_options.")  # checked, then ignored
+    return stream, boolean(options, "include_usage", where="stream_options.")
 
 
 # -- chat ------------------------------------------------------------------------------------
@@ -229,34 +221,57 @@ def _message_text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise invalid_param(where, f"{where}: must be a string or a list of content parts")
+        raise invalid_type(where, "a string or an array of content parts", content)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise invalid_type(f"{where}[{j}]", "an object", part)
+        kind = part.get("type")
+        if kind is None:
+            raise missing(f"{where}[{j}].type")
+        if not isinstance(kind, str):
+            raise invalid_type(f"{where}[{j}].type", "a string", kind)
         if kind != "text":
-            raise unsupported_param(f"{where}[{j}].type", f"content part type {kind!r} (only 'text' parts)")
+            raise unsupported_value(f"{where}[{j}].type", kind, "reads text parts only")
         if not isinstance(part.get("text"), str):
-            raise invalid_param(f"{where}[{j}].text", f"{where}[{j}].text: must be a string")
+            raise invalid_type(f"{where}[{j}].text", "a string", part.get("text"))
         texts.append(part["text"])
     return "\n".join(texts)  # parts are paragraphs of one message, as vLLM joins them
 
 
+def _role(msg: dict, where: str) -> str:
+    role = msg.get("role")
+    if role is None:
+        raise missing(f"{where}.role")
+    if not isinstance(role, str):
+        raise invalid_type(f"{where}.role", "a string", role)
+    if role in TOOL_ROLES:
+        raise unsupported_value(f"{where}.role", role, NO_TOOLS)
+    if role not in CHAT_ROLES:
+        names = ", ".join(quoted(r) for r in CHAT_ROLES[:-1]) + f" and {quoted(CHAT_ROLES[-1])}"
+        raise invalid_value(f"{where}.role", f"{quoted(role)} is not a role; supported values are {names}")
+    return ROLE_ALIASES.get(role, role)
+
+
 def parse_messages(raw: object) -> list[dict]:
-    if not isinstance(raw, list) or not raw:
-        raise invalid_param("messages", "messages: must be a non-empty list")
+    if raw is None:
+        raise missing("messages")
+    if not isinstance(raw, list):
+        raise invalid_type("messages", "an array of messages", raw)
+    if not raw:
+        raise invalid_param("messages", "Invalid 'messages': expected an array with at least one message, but got "
+                                        "an empty array instead.", code="empty_array")
     messages = []
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise invalid_param(where, f"{where}: must be an object with role and content")
-        role = msg.get("role")
-        if not isinstance(role, str):
-            raise invalid_param(f"{where}.role", f"{where}.role: must be a string, got {_show(role)}")
-        role = ROLE_ALIASES.get(role, role)
-        if role not in CHAT_ROLES:
-            raise unsupported_param(f"{where}.role", f"role {_show(msg['role'])} (supported: system, user, assistant)")
-        if msg.get("tool_calls") or msg.get("function_call"):
-            raise unsupported_param(f"{where}.tool_calls", "tool calls")
+            raise invalid_type(where, "an object with role and content", msg)
+        role = _role(msg, where)
+        for name in ("tool_calls", "function_call"):
+            if msg.get(name):
+                raise invalid_param(f"{where}.{name}", f"Unsupported parameter: '{where}.{name}' is not supported "
+                                                       f"by this server, which {NO_TOOLS}.",
+                                    code="unsupported_parameter")
         content = msg.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -271,18 +286,18 @@ def parse_request(raw: bytes, kind: Kind) -> ApiRequest:
 
 
 def parse_chat_request(body: dict) -> ApiRequest:
-    _check_fields(body, CHAT_FIELDS)
+    check_known(body, CHAT_FIELDS)
     model = _model(body)
-    _only(body, "n", 1)
-    _only(body, "logprobs", False)
-    _only(body, "top_logprobs", 0)
-    _only(body, "tools", [])
-    _only(body, "functions", [])
-    _only(body, "tool_choice", "none", "auto")
-    _only(body, "function_call", "none", "auto")
-    _only(body, "response_format", {"type": "text"})
-    _only(body, "logit_bias", {})
-    _only(body, "modalities", ["text"])
+    refuse_unless(body, "n", 1)
+    refuse_unless(body, "logprobs", False)
+    refuse_unless(body, "top_logprobs", 0)
+    refuse_unless(body, "tools", [])
+    refuse_unless(body, "functions", [])
+    refuse_unless(body, "tool_choice", "none", "auto")
+    refuse_unless(body, "function_call", "none", "auto")
+    refuse_unless(body, "response_format", {"type": "text"})
+    refuse_unless(body, "logit_bias", {})
+    refuse_unless(body, "modalities", ["text"])
     messages = parse_messages(body.get("messages"))
     fields = ("max_completion_tokens", "max_tokens")
     sampling = _sampling(body, fields)
@@ -293,28 +308,32 @@ def parse_chat_request(body: dict) -> ApiRequest:
 
 # -- completions -----------------------------------------------------------------------------
 def _prompt(raw: object, unwrap: bool = True) -> str | list[int]:
+    if raw is None:
+        raise missing("prompt")
     if isinstance(raw, str):
         if not raw:
-            raise invalid_param("prompt", "prompt: must not be empty")
+            raise invalid_value("prompt", "it must not be empty")
         return raw
     if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
         return list(raw)
     if isinstance(raw, list) and len(raw) == 1 and unwrap:  # ["text"] or [[ids]]: one level only
         return _prompt(raw[0], unwrap=False)
     if isinstance(raw, list) and len(raw) > 1:
-        raise unsupported_param("prompt", "a batch of several prompts (send one request per prompt)")
-    raise invalid_param("prompt", "prompt: must be a non-empty string or a list of token ids")
+        raise invalid_param("prompt", "Unsupported value: 'prompt' can only be one prompt on this server, which "
+                                      "answers one prompt per request (send one request per prompt).",
+                            code="unsupported_value")
+    raise invalid_type("prompt", "a non-empty string or an array of token ids", raw)
 
 
 def parse_completion_request(body: dict) -> ApiRequest:
-    _check_fields(body, COMPLETION_FIELDS)
+    check_known(body, COMPLETION_FIELDS)
     model = _model(body)
-    _only(body, "n", 1)
-    _only(body, "best_of", 1)
-    _only(body, "logprobs", 0, False)
-    _only(body, "echo", False)
-    _only(body, "suffix", "")
-    _only(body, "logit_bias", {})
+    refuse_unless(body, "n", 1)
+    refuse_unless(body, "best_of", 1)
+    refuse_unless(body, "logprobs", 0, False)
+    refuse_unless(body, "echo", False)
+    refuse_unless(body, "suffix", "")
+    refuse_unless(body, "logit_bias", {})
     prompt = _prompt(body.get("prompt"))
     sampling = _sampling(body, ("max_tokens",))
     stream, include_usage = _streaming(body)

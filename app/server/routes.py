@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from app.server import protocol
 from app.server.errors import ApiError, from_exception, model_not_found
+from app.server.fields import quoted
 from app.server.generation import serve_generation
 from app.server.guard import GuardMiddleware
 from app.server.responses import error_response
@@ -112,7 +113,8 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         raise ApiError(411, "A Content-Length header is required.", code="length_required", close_connection=True)
     length = int(raw_length) if raw_length.strip().isdigit() else -1  # h11 already refused other forms
     if length < 0:
-        raise ApiError(400, f"Invalid Content-Length {raw_length!r}.", code="invalid_request", close_connection=True)
+        raise ApiError(400, f"Invalid Content-Length header: {quoted(raw_length)}.", code="invalid_request",
+                       close_connection=True)
     if length > limit:
         raise ApiError(413, f"Request body is {length} bytes; the limit is {limit} bytes.",
                        code="request_too_large", close_connection=True)

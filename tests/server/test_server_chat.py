@@ -63,6 +63,16 @@ def test_streaming_chat_is_openai_shaped_and_equals_non_streaming(client, engine
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_stream_options_of_current_clients(client, engine):
+    """include_obfuscation (in the openai client's stream options) is accepted; usage still comes last."""
+    chunks = list(greedy(client, engine, max_tokens=4, stream=True,
+                         stream_options={"include_usage": True, "include_obfuscation": False}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len(list(greedy(client, engine, max_tokens=4, stream=True,
+                           stream_options={"include_obfuscation": True}))) >= 2
+
+
 def test_stream_wire_format_ends_with_done(server, engine):
     response = raw_request(server, "POST", "/v1/chat/completions",
                            {"model": engine.model_id, "messages": MESSAGES, "max_tokens": 3, "stream": True})
