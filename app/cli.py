@@ -65,13 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     except QwenTrayError as e:
         print(f"qwen-tray: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
+    except KeyboardInterrupt as e:  # an Interrupted says what was kept (errors.Interrupted)
+        if _is_terminal(sys.stderr):
+            print(file=sys.stderr)  # end the line the terminal echoed ^C on
+        if str(e):
+            print(f"qwen-tray: {e}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `qwen-tray ... | head`: the reader has what it wanted
         # Python flushes stdout at exit and would fail again there (docs: "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or a file-like object
+        return False
 
 
 if __name__ == "__main__":

@@ -40,3 +40,11 @@ class InvalidParameterError(QwenTrayError):
 
 class EngineClosedError(QwenTrayError):
     """The engine was shut down (model switch, quit) while a request was waiting or running."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl+C during long work, with one sentence saying what was kept and how to go on.
+
+    A KeyboardInterrupt still (cleanup written for Ctrl+C runs as before); the CLI prints the
+    sentence and exits 130.
+    """

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from app.model_folders import model_folder_lock
 from app.paths import models_dir
 from app.settings.models import ModelEntry, check_model_name
 from app.settings.store import SettingsStore
@@ -17,8 +18,9 @@ def convert_gguf_into_models(gguf: Path, name: str, *, progress: Callable[[int, 
     from app.engine.gguf_import import convert_gguf_to_hf
 
     out = models_dir() / check_model_name(name)
-    if force or not (out / "config.json").is_file():
-        convert_gguf_to_hf(gguf, out, progress=progress, overwrite=force)
+    with model_folder_lock(out.name):
+        if force or not (out / "config.json").is_file():
+            convert_gguf_to_hf(gguf, out, progress=progress, overwrite=force)
     return out
 
 

@@ -23,23 +23,38 @@ GPU_STAGE = "preparing the GPU"
 KERNELS_STAGE = "building GPU kernels (first run)"
 # Work that ends sooner than this shows nothing: a bar flashing by is noise.
 PROGRESS_DELAY_S = 1.0
+# A log gets a line per this fraction of a long stage (a conversion, a quantization): 10 %.
+LOG_STEPS = 10
 
 Progress = Callable[[str, int, int], None]
 
 
 class LineProgress:
-    """Where stderr is not a terminal (a log, a pipe): one line per stage, once the work has
-    taken ``delay`` seconds (a bar's redraws would fill a log)."""
+    """Where stderr is not a terminal (a log, a pipe): lines instead of a bar's redraws, once the
+    work has taken ``delay`` seconds: one per stage (a load's few stages) or, with ``steps`` (one
+    long piece of work: a conversion's tensors, a quantization's files), one each time another
+    1/steps of it is done, whatever file the stage names: the log shows the work advancing,
+    gated by the amount done, not by the clock."""
 
-    def __init__(self, description: str, file: TextIO, delay: float, clock: Callable[[], float] = time.monotonic):
-        self.description, self.file, self.delay, self.clock = description, file, delay, clock
+    def __init__(self, description: str, file: TextIO, delay: float, clock: Callable[[], float] = time.monotonic,
+                 steps: int = 0):
+        self.description, self.file, self.delay, self.clock, self.steps = description, file, delay, clock, steps
         self.started = clock()
         self.told: str | None = None
+        self.told_step = -1
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage != self.told and self.clock() - self.started >= self.delay:
-            self.told = stage
-            print(f"{self.description}: {stage} ({done}/{total})", file=self.file, flush=True)
+        if self.clock() - self.started < self.delay:
+            return
+        if self.steps:
+            step = done * self.steps // total if total > 0 else 0
+            if step <= self.told_step:
+                return
+            self.told_step = step
+        elif stage == self.told:
+            return
+        self.told = stage
+        print(f"{self.description}: {stage} ({done}/{total})", file=self.file, flush=True)
 
     def close(self) -> None:
         """Nothing to clear: the lines stay."""
@@ -48,8 +63,9 @@ class LineProgress:
 class BarProgress(LineProgress):
     """On a terminal: one tqdm bar, drawn from the first report after ``delay`` seconds."""
 
-    def __init__(self, description: str, file: TextIO, delay: float, clock: Callable[[], float] = time.monotonic):
-        super().__init__(description, file, delay, clock)
+    def __init__(self, description: str, file: TextIO, delay: float, clock: Callable[[], float] = time.monotonic,
+                 steps: int = 0):
+        super().__init__(description, file, delay, clock, steps)
         self.bar: tqdm | None = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
@@ -69,12 +85,14 @@ class BarProgress(LineProgress):
 
 
 @contextmanager
-def load_progress_bar(description: str, file: TextIO | None = None, delay: float | None = None) -> Iterator[Progress]:
+def load_progress_bar(description: str, file: TextIO | None = None, delay: float | None = None,
+                      steps: int = 0) -> Iterator[Progress]:
     """Yield a ``progress(stage, done, total)`` callback that shows nothing for ``delay`` seconds
-    (default :data:`PROGRESS_DELAY_S`), then a bar on a terminal, else a line per stage."""
+    (default :data:`PROGRESS_DELAY_S`), then a bar on a terminal, else a line per stage (and per
+    1/``steps`` of the work, with ``steps``)."""
     file = file or sys.stderr
     delay = PROGRESS_DELAY_S if delay is None else delay
-    reporter = (BarProgress if _is_terminal(file) else LineProgress)(description, file, delay)
+    reporter = (BarProgress if _is_terminal(file) else LineProgress)(description, file, delay, steps=steps)
     try:
         yield reporter
     finally:

@@ -208,6 +208,18 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         assert fragment in err, err
 
 
+def assert_error_after_progress(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A failure after the work had started (a download cut short, a bad checksum): its progress
+    lines in a log, then one `qwen-tray: error: ...` line naming every fragment, no traceback."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("qwen-tray:")] == lines[-1:], proc.stderr
+    assert lines[-1].startswith("qwen-tray: error: ")
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
 # QWEN_TRAY_TEST_KERNEL_ARCH=86 compiles the kernels as PTX for compute capability 8.6, which
 # the driver then compiles for the GPU at hand: a newer GPU (the H200 of the device tool) runs
 # the code an RTX 3050 Laptop runs, its `__CUDA_ARCH__ < 900` branches included. The wait of a

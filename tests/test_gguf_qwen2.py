@@ -94,6 +94,8 @@ def test_models_import_gguf_with_a_recipe_writes_a_checkpoint_and_no_fp16_copy(t
     models = tmp_path / "data" / "models"
     assert (models / "tiny-w4" / "manifest.json").is_file()
     assert sorted(p.name for p in models.iterdir()) == ["tiny-w4"]  # the fp16 staging folder is gone
+    info = cli("checkpoint", "info", str(models / "tiny-w4")).stdout
+    assert "\nmodel       tiny-w4 (Qwen2ForCausalLM)" in info  # its name, not the staging folder's (.tiny-w4.fp16)
     answer = cli("ask", "--model", "tiny-w4", "--device", "cpu", "--max-tokens", "3", "hi")
     assert answer.returncode == 0, answer.stderr
     assert cli("models", "import-gguf", str(gguf), "--name", "tiny-fp16").returncode == 0

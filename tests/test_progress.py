@@ -52,6 +52,16 @@ def test_a_log_gets_one_line_per_stage_once_the_work_takes_more_than_a_moment():
                                            "loading m: building GPU kernels (first run) (0/40)"]
 
 
+def test_a_log_gets_a_line_per_tenth_of_one_long_piece_of_work():
+    """A conversion's 272 tensors: eleven lines, by the amount done (not one line stuck at 1/272)."""
+    out = io.StringIO()
+    lines = LineProgress("converting m", out, delay=0, clock=Clock(), steps=10)
+    for done in range(1, 273):
+        lines("tensors", done, 272)
+    assert out.getvalue().splitlines() == [f"converting m: tensors ({done}/272)"
+                                           for done in (1, 28, 55, 82, 109, 136, 164, 191, 218, 245, 272)]
+
+
 def test_a_terminal_gets_a_bar_after_the_moment():
     out, clock = Terminal(), Clock()
     bar = BarProgress("loading m", out, delay=1.0, clock=clock)

@@ -7,6 +7,7 @@ quantized model must produce the same greedy tokens (it computes with exactly th
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -245,6 +246,18 @@ def test_quantize_tells_its_progress_in_a_log_too(tiny_qwen_dir, tmp_path, cli):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith(f"quantizing {tiny_qwen_dir.name}: ")]
     assert len(lines) >= 2 and lines[-1].endswith(")"), done.stderr
+
+
+def test_checkpoint_files_get_the_mode_the_umask_gives(tiny_qwen_dir, tmp_path):
+    """Like any file the user creates (0644 under the usual umask 022), the layer files included:
+    safetensors writes them through a private temporary file (0600)."""
+    umask = os.umask(0o027)  # not the usual one: the mode must come from it, not from a constant
+    try:
+        quantize_model(QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "q", recipe=load_recipe("w4"), method="rtn"))
+    finally:
+        os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "q").iterdir()}
+    assert modes == {name: oct(0o640) for name in modes} and "layer_000.safetensors" in modes
 
 
 def test_fp16_kept_layers_and_lora_merged_at_quantize_time(tiny_qwen_dir, tmp_path):

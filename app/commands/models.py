@@ -1,12 +1,16 @@
-"""``qwen-tray models``: list registered models, add the starter model or a GGUF, add or pick one."""
+"""``qwen-tray models``: list registered models, add the starter model or a GGUF, add, pick or remove one."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from app.errors import QwenTrayError
+from app.errors import Interrupted, QwenTrayError
 from app.hub import cli as hub_cli
+from app.hub.progress import format_bytes
+from app.model_folders import (delete_moved_aside, folder_bytes, is_app_folder, model_folder_lock,
+                               move_aside_for_removal)
 from app.model_import import check_free_name, check_model_name, register_model
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 from app.settings.console import console_store
@@ -47,6 +51,14 @@ def register(sub) -> None:
     default = msub.add_parser("default", help="choose the default model")
     default.add_argument("name")
     default.set_defaults(func=run_default)
+    remove = msub.add_parser(
+        "remove", help="unregister a model and delete its folder if the app made it",
+        description="Unregister a model and delete its folder when the app made it (models get, import-gguf, "
+                    "add-starter: a folder in the app's models folder); a folder added with `models add` is yours "
+                    "and stays. If it was the default model, the first local model left becomes the default.")
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--keep-files", action="store_true", help="only unregister it; delete nothing")
+    remove.set_defaults(func=run_remove)
     hub_cli.register(msub)  # models catalog, models get
 
 
@@ -94,16 +106,18 @@ def _convert_quantize_and_register(gguf: Path, name: str, args: argparse.Namespa
     out, staging = models_dir() / name, models_dir() / f".{name}.fp16"
     store = console_store()
     check_free_name(name, out, replace=args.replace, store=store)
-    if args.force and out.exists():
-        shutil.rmtree(out)
-    if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
-        raise QwenTrayError(f"{out}: already holds an unquantized model; pass --force to replace it or --name")
-    if not (out / "manifest.json").is_file():
-        try:
-            _convert(gguf, staging, name, force=True)
-            quantize_with_progress(QuantizeJob(model=staging, out=out, recipe=recipe, method=args.method), name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    with model_folder_lock(name):
+        if args.force and out.exists():
+            shutil.rmtree(out)
+        if (out / "config.json").is_file() and not (out / "manifest.json").is_file():
+            raise QwenTrayError(f"{out}: already holds an unquantized model; pass --force to replace it or --name")
+        if not (out / "manifest.json").is_file():
+            try:
+                _convert(gguf, staging, name, force=True)
+                job = QuantizeJob(model=staging, out=out, recipe=recipe, method=args.method, model_id=name)
+                quantize_with_progress(job, name, registers=True)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     return _register_and_print(store, name, out, make_default=args.default, replace=args.replace)
 
 
@@ -114,17 +128,24 @@ def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, ma
     out = models_dir() / name
     store = console_store()
     check_free_name(name, out, replace=args.replace, store=store)  # before the slow conversion
-    if args.force or not (out / "config.json").is_file():
-        _convert(gguf, out, name, force=args.force)
+    with model_folder_lock(name):
+        if args.force or not (out / "config.json").is_file():
+            _convert(gguf, out, name, force=args.force)
     return _register_and_print(store, name, out, make_default=make_default, replace=args.replace)
 
 
 def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
+    """Convert with progress (in a log: a line per tenth of the tensors); the caller holds the lock."""
     from app.engine.gguf_import import convert_gguf_to_hf
-    from app.progress import load_progress_bar
+    from app.progress import LOG_STEPS, load_progress_bar
 
-    with load_progress_bar(f"converting {name}") as progress:
-        convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total), overwrite=force)
+    try:
+        with load_progress_bar(f"converting {name}", delay=0, steps=LOG_STEPS) as progress:
+            convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total),
+                               overwrite=force)
+    except KeyboardInterrupt:  # convert_gguf_to_hf removed its staging folder; out is as it was
+        raise Interrupted(f"stopped converting {gguf.name}: the partial conversion was removed and nothing was "
+                          "registered") from None
 
 
 def _register_and_print(store: SettingsStore, name: str, out: Path, *, make_default: bool, replace: bool) -> int:
@@ -140,8 +161,102 @@ def run_add(args: argparse.Namespace) -> int:
     with console_store().edit() as settings:
         replaced = settings.add_model(ModelEntry(name=name, kind="local", path=str(path)), replace=args.replace,
                                       make_default=args.default)
-    print(f"{name}: {path}" + (f" (was {replaced.describe()})" if replaced else ""))
+        models = list(settings.models)
+    if replaced is None:
+        print(f"{name}: {path}")
+        return 0
+    old = _app_folder_to_delete(replaced, models)
+    if old is not None and (old.resolve() == path or old.resolve() in path.parents):
+        old = None  # the new folder is (inside) the old one
+    gone = f"; {_delete_app_folder(old)}" if old is not None else ""
+    print(f"{name}: {path} (was {replaced.describe()}{gone})")
     return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    """Unregister a model; delete its folder when the app made it and no other entry uses it."""
+    store = console_store()
+    settings = store.load()
+    entry = settings.model(args.name)
+    if entry is None:
+        raise QwenTrayError(f"no model named {args.name!r}; `qwen-tray models list` shows the registered ones")
+    folder = None if args.keep_files else _app_folder_to_delete(entry, settings.models)
+    if folder is None:
+        default = _unregister(store, entry.name)
+        print(f"removed {entry.name}: {_why_kept(entry, settings.models, args.keep_files)}; nothing was deleted{default}")
+        return 0
+    with model_folder_lock(folder.name):
+        nbytes = folder_bytes(folder)
+        aside = move_aside_for_removal(folder)  # out of its place first: a failed unregistering puts it back
+        try:
+            default = _unregister(store, entry.name)
+        except BaseException:
+            os.replace(aside, folder)
+            raise
+        deleted = delete_moved_aside(aside)
+    left = "" if deleted else f" (some files could not be deleted: {aside} holds them)"
+    print(f"removed {entry.name}: deleted {folder}, {format_bytes(nbytes)} freed{left}{default}")
+    return 0
+
+
+def _unregister(store: SettingsStore, name: str) -> str:
+    """Remove ``name`` from the registry; what became of the default model, as the end of a line."""
+    with store.edit() as settings:
+        was_default = settings.default_model == name
+        settings.remove_model(name)
+        default = settings.default_model
+    if not was_default:
+        return ""
+    if default is None:
+        return "; there is no default model now (`qwen-tray models default NAME` chooses one)"
+    return f"; the default model is now {default}"
+
+
+def _app_folder_to_delete(entry: ModelEntry, models: list[ModelEntry]) -> Path | None:
+    """``entry``'s folder if the app made it, it exists and no other entry uses it; else None."""
+    if entry.kind != "local":
+        return None
+    folder = Path(entry.path).expanduser()
+    if not folder.is_dir() or not is_app_folder(folder) or _other_user(entry, models) is not None:
+        return None
+    return folder
+
+
+def _other_user(entry: ModelEntry, models: list[ModelEntry]) -> str | None:
+    """The name of another local entry registered to ``entry``'s folder, if any."""
+    folder = Path(entry.path).expanduser().resolve()
+    return next((m.name for m in models if m.name != entry.name and m.kind == "local"
+                 and Path(m.path).expanduser().resolve() == folder), None)
+
+
+def _why_kept(entry: ModelEntry, models: list[ModelEntry], keep_files: bool) -> str:
+    if entry.kind == "remote":
+        return f"a remote endpoint ({entry.base_url}), nothing on disk"
+    if entry.kind == "gguf":
+        return f"its GGUF file {entry.path} is yours and stays"
+    folder = Path(entry.path).expanduser()
+    if keep_files:
+        return f"its folder {folder} stays (--keep-files)"
+    if not folder.exists():
+        return f"its folder {folder} was already gone"
+    other = _other_user(entry, models)
+    if other is not None:
+        return f"its folder {folder} stays, model {other!r} uses it too"
+    return f"its folder {folder} was added with `models add` and is yours, so it stays"
+
+
+def _delete_app_folder(folder: Path) -> str:
+    """Delete an app-made folder no entry uses any more; what happened, as part of a line."""
+    try:
+        with model_folder_lock(folder.name):
+            nbytes = folder_bytes(folder)
+            aside = move_aside_for_removal(folder)
+            deleted = delete_moved_aside(aside)
+    except QwenTrayError as e:
+        return f"its folder was not deleted: {e}"
+    if not deleted:
+        return f"its folder {folder} was moved to {aside}, which could not be deleted completely"
+    return f"its folder {folder} was deleted, {format_bytes(nbytes)} freed"
 
 
 def _check_model_folder(path: Path) -> None:

@@ -159,14 +159,23 @@ def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> FileEntry
     """Save ``tensors`` as one safetensors file atomically; return its size and sha256.
 
     ``save_file`` writes straight from the tensors (no second in-memory copy of the file);
-    the checksum is then read back from disk, so it covers exactly the bytes written.
+    the checksum is then read back from disk, so it covers exactly the bytes written. The file
+    gets the mode any file the user creates gets (0644 under the usual umask): safetensors
+    writes through a private temporary file (0600), which the temp file here is given back.
     """
     tmp = _temp_path(path)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT_NAME})
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    entry = FileEntry(tmp.stat().st_size, sha256_file(tmp))
-    os.replace(tmp, path)
+    try:
+        tmp.open("wb").close()  # created as open() creates files: 0666 less the umask
+        mode = tmp.stat().st_mode & 0o777
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT_NAME})
+        os.chmod(tmp, mode)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        entry = FileEntry(tmp.stat().st_size, sha256_file(tmp))
+        os.replace(tmp, path)
+    except BaseException:  # also Ctrl+C: no half-written file left beside the finished ones
+        tmp.unlink(missing_ok=True)
+        raise
     return entry
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from app.hub.progress import DOWNLOADING, QUANTIZING, VERIFYING, JobProgress, format_bytes
+from app.errors import Interrupted
+from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
@@ -60,13 +60,18 @@ def run_get(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
     from app.hub.catalog import find_entry
     from app.hub.job import GetModelJob
+    from app.hub.reporting import job_reporter
     from app.settings.console import console_store
 
     job = GetModelJob(find_entry(args.name), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
                       device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
-    with TqdmReporter() as report:
-        got = job.run(report)
+    with job_reporter() as report:
+        stage = _LastStage(report)
+        try:
+            got = job.run(stage)
+        except KeyboardInterrupt:
+            raise Interrupted(stopped_getting(job, stage.last)) from None
     default = " (default)" if got.is_default else ""
     print(f"{got.name}{default}: {got.path}")
     if got.fit is not None:
@@ -76,47 +81,27 @@ def run_get(args: argparse.Namespace) -> int:
     return 0
 
 
-class TqdmReporter:
-    """Draws a job's progress on stderr: one tqdm bar per stage (bytes with speed and ETA for the
-    download, whose checksums show on its bar; layers for the quantizer); silent when stderr is not
-    a terminal."""
+class _LastStage:
+    """Passes a job's progress on and remembers the stage it reached."""
 
-    _UNITS = {DOWNLOADING: "B", VERIFYING: "B", QUANTIZING: "layer"}
-
-    def __init__(self):
-        self.bar = None
-        self.stage = None
-
-    def __enter__(self) -> TqdmReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._close()
+    def __init__(self, report):
+        self.report, self.last = report, None
 
     def __call__(self, progress: JobProgress) -> None:
-        from tqdm import tqdm
+        self.last = progress.stage
+        self.report(progress)
 
-        if progress.stage == VERIFYING and self.stage == DOWNLOADING:
-            self.bar.set_postfix_str(f"checking {progress.detail}")  # one bar for the whole download
-            return
-        if progress.stage != self.stage:
-            self._close()
-            self.stage = progress.stage
-            if not progress.total and progress.stage not in self._UNITS:
-                return  # a short step (checking, registering): no bar
-            unit = self._UNITS.get(progress.stage, progress.unit or "it")
-            self.bar = tqdm(desc=progress.stage, total=progress.total or None, unit=unit, unit_scale=unit == "B",
-                            unit_divisor=1024, file=sys.stderr, disable=None, initial=progress.done)
-        if self.bar is None:
-            return
-        if progress.total and self.bar.total != progress.total:
-            self.bar.total = progress.total
-        self.bar.n = progress.done
-        if progress.detail:
-            self.bar.set_postfix_str(progress.detail, refresh=False)
-        self.bar.refresh()
 
-    def _close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+def stopped_getting(job, stage: str | None) -> str:
+    """What Ctrl+C left of `models get` at ``stage``: never a registration; the download and the
+    quantizer's finished layers stay for the same command to resume."""
+    if stage == QUANTIZING:
+        return (f"stopped while quantizing {job.name}: nothing was registered; the download and the finished "
+                "layers are kept and the same command resumes from them")
+    if stage == REGISTERING:
+        return f"stopped while registering {job.name}: its checkpoint is complete; the same command registers it"
+    kept = job.downloaded_bytes()
+    if kept <= 0:
+        return f"stopped before anything of {job.name} was downloaded; nothing was registered"
+    return (f"stopped: the download of {job.name} is paused, what was downloaded ({format_bytes(kept)} in "
+            f"{job.source_folder}) is kept and the same command resumes it; nothing was registered")

@@ -6,6 +6,10 @@ kill or a cancel the next run asks for the rest with ``Range: bytes=<size of .pa
 version 1.18 huggingface_hub's own ``hf_hub_download`` writes each attempt to a fresh temporary
 file and deletes it on failure, so it no longer resumes across runs: huggingface_hub#4196.)
 
+When a connection breaks mid-file, ``http_get`` resumes it and logs a warning that a console
+shows twice (its own handler and the root's); :class:`_ResumeNotices` takes that record and
+the job's progress says it once, in our words. Every other warning is left alone.
+
 A finished file is hashed and compared with the source's checksum (the hub's LFS sha256 or
 git blob id, ModelScope's sha256) before it is renamed into place, and recorded as verified in
 ``.download.json``. A folder is a usable model source only once every file is verified
@@ -19,12 +23,14 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub.file_download import http_get
 
 from app.hub.errors import ChecksumError, SourceFileError, explain
-from app.hub.progress import DOWNLOADING, VERIFYING, JobCancelled, RateMeter, Reporter
+from app.hub.progress import DOWNLOADING, VERIFYING, JobCancelled, RateMeter, Reporter, format_bytes
 from app.hub.sources import RemoteFile, Snapshot
 from app.paths import atomic_write_text
 
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 STATE_FILE = ".download.json"
 PART_SUFFIX = ".part"
 HASH_BLOCK = 8 << 20
+HUB_DOWNLOAD_LOGGER = "huggingface_hub.file_download"  # where http_get logs that it resumes a file
 
 
 def is_complete(folder: Path) -> bool:
@@ -39,6 +46,13 @@ def is_complete(folder: Path) -> bool:
     state = _read_state(folder)
     return bool(state.get("complete")) and all(
         (folder / path).is_file() and entry.get("verified") for path, entry in state.get("files", {}).items())
+
+
+def downloaded_bytes(folder: Path) -> int:
+    """What a download into ``folder`` has on disk: its files and partial files (not its state)."""
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE)
 
 
 class SnapshotDownload:
@@ -55,8 +69,9 @@ class SnapshotDownload:
 
     def run(self, report: Reporter, cancel: threading.Event | None = None) -> None:
         done = sum(self._have(f) for f in self.snapshot.files)
-        meter = RateMeter(DOWNLOADING, self.snapshot.total_bytes, "B", report, cancel, done=done)
-        meter.set(done)
+        meter = RateMeter(DOWNLOADING, self.snapshot.total_bytes, "B", report, cancel, done=done,
+                          files=len(self.snapshot.files), folder=str(self.folder))
+        meter.set(done)  # the stage starts: the listing is read and the disk has room
         for remote in self.snapshot.files:
             if self._verified(remote):
                 continue
@@ -76,7 +91,7 @@ class SnapshotDownload:
         meter.check_cancel()
         progress = functools.partial(_FileProgress, meter=meter, counted=have)
         try:
-            with part.open("ab") as f:
+            with part.open("ab") as f, _resume_notices(remote, f.tell, meter):
                 http_get(remote.url, _PartFile(f, meter), resume_size=have, headers=dict(self.snapshot.headers),
                          expected_size=remote.size, displayed_filename=remote.path, tqdm_class=progress)
         except JobCancelled:
@@ -144,6 +159,36 @@ class SnapshotDownload:
 
     def _save_state(self) -> None:
         atomic_write_text(self.folder / STATE_FILE, json.dumps(self._state, indent=1) + "\n")
+
+
+class _ResumeNotices(logging.Filter):
+    """On huggingface_hub's download logger: its "Trying to resume download..." for ``remote``
+    becomes one notice on the job's progress; every other record passes."""
+
+    def __init__(self, remote: RemoteFile, written: Callable[[], int], meter: RateMeter):
+        super().__init__()
+        self.remote, self.written, self.meter = remote, written, meter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not (isinstance(record.msg, str) and record.msg.rstrip().endswith("Trying to resume download...")
+                and args and args[0] == self.remote.url):
+            return True
+        reason = f" ({args[1]})" if len(args) > 1 and str(args[1]) else ""
+        self.meter.tell(f"{self.remote.path}: the connection broke; resuming at {format_bytes(self.written())} of "
+                        f"{format_bytes(self.remote.size)}{reason}")
+        return False
+
+
+@contextmanager
+def _resume_notices(remote: RemoteFile, written: Callable[[], int], meter: RateMeter) -> Iterator[None]:
+    logger = logging.getLogger(HUB_DOWNLOAD_LOGGER)
+    notices = _ResumeNotices(remote, written, meter)
+    logger.addFilter(notices)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notices)
 
 
 class _PartFile:

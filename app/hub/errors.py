@@ -21,6 +21,7 @@ from huggingface_hub.errors import (
 )
 
 from app.errors import QwenTrayError
+from app.hub.progress import format_bytes
 
 SIGN_IN = "sign in with `hf auth login` or set HF_TOKEN"
 
@@ -30,7 +31,8 @@ class HubError(QwenTrayError):
 
 
 class HubUnreachableError(HubError):
-    """The hub cannot be reached (offline, DNS, proxy, timeout); what was downloaded is kept."""
+    """The hub cannot be reached (offline, DNS, proxy, timeout); what was downloaded stays
+    (:func:`keeping_download` says so where there is something)."""
 
 
 class HubAccessError(HubError):
@@ -89,7 +91,16 @@ def http_status_error(status: int | None, *, where: str, thing: str) -> HubError
 def unreachable(where: str, exc: BaseException) -> HubUnreachableError:
     reason = type(exc).__name__ + (f": {exc}" if str(exc) else "")
     return HubUnreachableError(f"cannot reach {where} ({reason}); check the network or the proxy, or use a mirror "
-                               "(HF_ENDPOINT or Settings) or the other source; what was downloaded is kept")
+                               "(HF_ENDPOINT or Settings) or the other source")
+
+
+def keeping_download(error: HubError, kept_bytes: int) -> HubError:
+    """``error`` saying that the ``kept_bytes`` already downloaded stay for the next run, where
+    there are some and the error leaves them (an unreachable hub); else ``error`` itself."""
+    if kept_bytes <= 0 or not isinstance(error, HubUnreachableError):
+        return error
+    return HubUnreachableError(f"{error}; what was downloaded ({format_bytes(kept_bytes)}) is kept and the same "
+                               "command resumes it")
 
 
 def _status(exc: HfHubHTTPError) -> int | None:

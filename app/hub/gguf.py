@@ -17,6 +17,7 @@ from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
 from app.hub.job import GotModel, fit_of, quantize_into
 from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Reporter
+from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import models_dir
 from app.quant.resume import JOURNAL
@@ -37,18 +38,29 @@ class ImportGgufJob:
     store: SettingsStore | None = None  # the registry (default: the settings file)
 
     def run(self, report: Reporter, cancel: threading.Event | None = None) -> GotModel:
-        from app.engine.gguf_import import convert_gguf_to_hf
-
         name = check_model_name(self.name)
         gguf = Path(self.gguf).expanduser()
         if not gguf.is_file():
             raise QwenTrayError(f"{gguf}: no such GGUF file")
         out = models_dir() / name
         check_free_name(name, out, replace=self.replace, store=self.store)  # before the conversion
-        finished = (out / ("config.json" if self.recipe is None else "manifest.json")).is_file()
-        if out.exists() and any(out.iterdir()) and not finished and not (out / JOURNAL).is_file():
-            raise QwenTrayError(f"{out}: a model folder of that name exists already; choose another name")
-        meter = RateMeter(CONVERTING, 0, "tensor", report, cancel)
+        with model_folder_lock(name):  # (which removes the fp16 staging folder a cancelled run kept)
+            finished = (out / ("config.json" if self.recipe is None else "manifest.json")).is_file()
+            if out.exists() and any(out.iterdir()) and not finished and not (out / JOURNAL).is_file():
+                raise QwenTrayError(f"{out}: a model folder of that name exists already; choose another name")
+            if not finished:
+                self._convert(gguf, out, name, report, cancel)
+        report(JobProgress(REGISTERING, detail=name))
+        is_default = register_model(name, out, make_default=self.make_default, replace=self.replace, store=self.store)
+        return GotModel(name, out, is_default, fit=fit_of(out, name, self.machine))
+
+    def _convert(self, gguf: Path, out: Path, name: str, report: Reporter, cancel: threading.Event | None) -> None:
+        """GGUF -> ``out`` (float16), or -> a staging float16 folder -> the checkpoint ``out``
+        (the quantizer resumes from its journal; the staging folder is made anew each run: it
+        may be of another GGUF by now)."""
+        from app.engine.gguf_import import convert_gguf_to_hf
+
+        meter = RateMeter(CONVERTING, 0, "tensor", report, cancel, folder=str(out))
         meter.detail = gguf.name
 
         def converted(done: int, total: int) -> None:
@@ -56,14 +68,11 @@ class ImportGgufJob:
             meter.set(done)
 
         if self.recipe is None:
-            if not (out / "config.json").is_file():
-                convert_gguf_to_hf(gguf, out, progress=converted)
-        elif not (out / "manifest.json").is_file():
-            staging = models_dir() / f".{name}.fp16"
-            if not (staging / "config.json").is_file():
-                convert_gguf_to_hf(gguf, staging, progress=converted, overwrite=True)
-            quantize_into(staging, out, self.recipe, self.method, self.device, report, cancel, name)
+            convert_gguf_to_hf(gguf, out, progress=converted)
+            return
+        staging = models_dir() / f".{name}.fp16"
+        try:
+            convert_gguf_to_hf(gguf, staging, progress=converted, overwrite=True)
+            quantize_into(staging, out, self.recipe, self.method, self.device, report, cancel, name, model_id=name)
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-        report(JobProgress(REGISTERING, detail=name))
-        is_default = register_model(name, out, make_default=self.make_default, replace=self.replace, store=self.store)
-        return GotModel(name, out, is_default, fit=fit_of(out, name, self.machine))

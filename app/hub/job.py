@@ -21,11 +21,12 @@ from filelock import FileLock, Timeout
 from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
-from app.hub.download import STATE_FILE, SnapshotDownload, is_complete
-from app.hub.errors import HubError, HubNotFoundError
+from app.hub.download import STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete
+from app.hub.errors import HubError, HubNotFoundError, keeping_download
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
+from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
 from app.settings.store import SettingsStore
@@ -58,21 +59,23 @@ def quantize_device() -> str:
 
 
 def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str | None, report: Reporter,
-                  cancel: threading.Event | None, label: str) -> None:
-    """Quantize ``source`` into ``out`` (resuming an interrupted run), layer by layer with progress."""
+                  cancel: threading.Event | None, label: str, model_id: str) -> None:
+    """Quantize ``source`` into ``out`` (resuming an interrupted run), layer by layer with progress;
+    ``model_id`` names the model in the manifest (`checkpoint info`)."""
     import torch
 
     from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob, quantize_model
 
     device = device or quantize_device()
-    meter = RateMeter(QUANTIZING, 0, "layer", report, cancel)
+    meter = RateMeter(QUANTIZING, 0, "layer", report, cancel, folder=str(out))
 
     def progress(unit: str, done: int, total: int) -> None:
-        meter.total = total
+        meter.total = meter.files = total
         meter.set(done, detail=f"{label} on the {'GPU' if device == 'cuda' else 'CPU'}: {unit}")
 
-    job = QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method, device=device)
+    job = QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method, device=device,
+                      model_id=model_id)
     try:
         quantize_model(job, progress)
     except torch.cuda.OutOfMemoryError:
@@ -139,13 +142,19 @@ class GetModelJob:
         finally:
             lock.release()
 
+    def downloaded_bytes(self) -> int:
+        """What the download has on disk so far (kept for the next run)."""
+        return downloaded_bytes(self.source_folder)
+
     def _run(self, report: Reporter, cancel: threading.Event | None) -> GotModel:
         report(JobProgress(CHECKING, detail=self.name))
         recipe = self.recipe or self.entry.recipe
         check_free_name(self.name, self.out, replace=self.replace, store=self.store)  # before the download
-        if not (self.out / "manifest.json").is_file():
-            self._fetch(report, cancel)
-            quantize_into(self.source_folder, self.out, recipe, self.method, self.device, report, cancel, self.name)
+        with model_folder_lock(self.name):  # (and what a killed conversion of this name left goes)
+            if not (self.out / "manifest.json").is_file():
+                self._fetch(report, cancel)
+                quantize_into(self.source_folder, self.out, recipe, self.method, self.device, report, cancel,
+                              self.name, model_id=self.entry.ref(self.source).repo)
         report(JobProgress(REGISTERING, detail=self.name))
         is_default = register_model(self.name, self.out, make_default=self.make_default, replace=self.replace,
                                     store=self.store)
@@ -159,11 +168,14 @@ class GetModelJob:
         if is_complete(folder):
             return
         source = make_source(self.source, self.endpoint)
-        snapshot = self._snapshot(source)
-        download = SnapshotDownload(snapshot, folder)
-        check_free_space({folder: download.remaining_bytes(), self.out: self._checkpoint_bytes(snapshot)},
-                         f"{self.name} (the download and its checkpoint)")
-        download.run(report, cancel)
+        try:
+            snapshot = self._snapshot(source)
+            download = SnapshotDownload(snapshot, folder)
+            check_free_space({folder: download.remaining_bytes(), self.out: self._checkpoint_bytes(snapshot)},
+                             f"{self.name} (the download and its checkpoint)")
+            download.run(report, cancel)
+        except HubError as e:
+            raise keeping_download(e, self.downloaded_bytes()) from None
 
     def _snapshot(self, source):
         """The listing at the commit an earlier run of this download started from, if any (so

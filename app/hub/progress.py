@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.errors import QwenTrayError
 
@@ -34,6 +34,9 @@ class JobProgress:
     rate: float | None = None  # units per second
     eta_s: float | None = None
     detail: str = ""  # the file or layer being worked on
+    files: int = 0  # how many files the stage writes (the download's, the quantizer's)
+    folder: str = ""  # where the stage writes them
+    notice: str = ""  # something to tell once, beside the progress (a connection resumed)
 
     @property
     def fraction(self) -> float | None:
@@ -47,8 +50,9 @@ class RateMeter:
     """Counts work done for one stage and derives its rate and ETA over a sliding window."""
 
     def __init__(self, stage: str, total: int, unit: str, report: Reporter, cancel: threading.Event | None,
-                 done: int = 0, clock: Callable[[], float] = time.monotonic):
+                 done: int = 0, clock: Callable[[], float] = time.monotonic, files: int = 0, folder: str = ""):
         self.stage, self.total, self.unit, self.done = stage, total, unit, done
+        self.files, self.folder = files, folder
         self._report, self._cancel, self._clock = report, cancel, clock
         self._samples: deque[tuple[float, int]] = deque([(clock(), done)])
         self.detail = ""
@@ -77,11 +81,18 @@ class RateMeter:
         if check:
             self.check_cancel()
 
+    def tell(self, notice: str) -> None:
+        """Report ``notice`` once, with the progress as it is."""
+        with self._lock:
+            progress = replace(self.snapshot(), notice=notice)
+        self._report(progress)
+
     def snapshot(self) -> JobProgress:
         (t0, d0), (t1, d1) = self._samples[0], self._samples[-1]
         rate = (d1 - d0) / (t1 - t0) if t1 > t0 and d1 > d0 else None
         eta = (self.total - self.done) / rate if rate and self.total >= self.done else None
-        return JobProgress(self.stage, self.done, self.total, self.unit, rate, eta, self.detail)
+        return JobProgress(self.stage, self.done, self.total, self.unit, rate, eta, self.detail, self.files,
+                           self.folder)
 
 
 def format_bytes(n: float) -> str:

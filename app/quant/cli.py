@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from app.errors import Interrupted
+
 # Kept here (not imported from the quantizer) so `qwen-tray --help` does not import torch.
 # calibrated stays the default: on held-out text gptq reads better where layers are 3-bit but worse at
 # 4 bits, the recipe most models get (docs/results/quality.md, "The default method").
@@ -48,15 +50,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def quantize_with_progress(job, label: str):
-    """Run ``job`` with a progress bar on stderr and print one summary line; return the manifest."""
-    from app.progress import load_progress_bar
+def quantize_with_progress(job, label: str, *, registers: bool = False):
+    """Run ``job`` with a progress bar on stderr (in a log: a line per tenth of the files) and
+    print one summary line; return the manifest. Ctrl+C says what stays in ``job.out``
+    (``registers``: the command would have registered the checkpoint)."""
+    from app.progress import LOG_STEPS, load_progress_bar
     from app.quant.quantizer import quantize_model  # lazily: `qwen-tray --help` imports this module
 
     started = time.perf_counter()
-    with load_progress_bar(f"quantizing {label}", delay=0) as progress:  # a bar, or a line per file in a log
-        manifest = quantize_model(job, progress)
+    try:
+        with load_progress_bar(f"quantizing {label}", delay=0, steps=LOG_STEPS) as progress:
+            manifest = quantize_model(job, progress)
+    except KeyboardInterrupt:
+        raise Interrupted(stopped_quantizing(job.out, registers)) from None
     print(f"wrote {job.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
           f"{manifest.total_bytes / 2**30:.3f} GiB, {manifest.bits_per_weight:.3f} bits/weight "
           f"in {time.perf_counter() - started:.1f} s")
     return manifest
+
+
+def stopped_quantizing(out: Path, registers: bool) -> str:
+    """What Ctrl+C left of a quantization into ``out``: its finished files stay for the next run
+    (the journal; a file being written was removed), and without a manifest nothing loads it."""
+    finished = len(list(out.glob("*.safetensors"))) if out.is_dir() else 0
+    nothing = "nothing was registered and " if registers else ""
+    if finished == 0:
+        return f"stopped before the first layer was finished: {nothing}running the same command starts again"
+    return (f"stopped: {nothing}{out} is not a usable checkpoint yet (no manifest); its {finished} finished "
+            f"{'file is' if finished == 1 else 'files are'} kept and running the same command resumes from them")

@@ -71,9 +71,13 @@ class QuantizeJob:
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
+    # the model's name in the manifest (`checkpoint info`); default: the source folder's name, which
+    # for a download or a GGUF import is a staging name (Qwen2.5-3B-Instruct.hf, .NAME.fp16)
+    model_id: str = ""
 
     def __post_init__(self) -> None:
         self.model, self.out = Path(self.model), Path(self.out)
+        self.model_id = self.model_id or self.model.resolve().name
         self.adapter = Path(self.adapter) if self.adapter else None
         if self.method not in METHODS:
             raise QwenTrayError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
@@ -124,7 +128,7 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manife
         progress("done", len(units), len(units))
     copied = _copy_side_files(job.model, job.out)
     manifest = Manifest(spec=spec, recipe=job.recipe, method=job.method, files=journal.files,
-                        tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model.name,
+                        tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model_id,
                         adapter=job.adapter.name if job.adapter else None)
     write_manifest(job.out, manifest)
     journal.remove()

@@ -63,8 +63,22 @@ class Settings:
         if duplicates:
             raise ModelEntryError(f"two models are named {duplicates[0]!r}; names must be unique")
         self.models = list(entries)
+        self._keep_default_valid()
+
+    def remove_model(self, name: str) -> ModelEntry:
+        """Unregister ``name`` and return its entry; if it was the default, the first local model
+        left (in the order they were registered) becomes the default, else the first one, else none."""
+        entry = self.model(name)
+        if entry is None:
+            raise ModelEntryError(f"no model named {name!r}; `qwen-tray models list` shows the registered ones")
+        self.models = [m for m in self.models if m.name != name]
+        self._keep_default_valid()
+        return entry
+
+    def _keep_default_valid(self) -> None:
+        names = [m.name for m in self.models]
         if self.default_model not in names:
-            self.default_model = next((e.name for e in entries if e.kind == "local"), names[0] if names else None)
+            self.default_model = next((m.name for m in self.models if m.kind == "local"), names[0] if names else None)
 
     def set_default(self, name: str) -> None:
         if self.model(name) is None:

@@ -4,6 +4,8 @@ client: download -> quantize -> registered -> answers; HF_ENDPOINT, proxies, Mod
 from __future__ import annotations
 
 import filecmp
+import json
+import re
 
 from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, cli_env, qwen_tray, registered_models
 
@@ -12,6 +14,7 @@ from app.hub.catalog import find_entry
 from app.hub.download import STATE_FILE
 from app.hub.job import fit_of
 from app.hub.plan import plan_entry
+from app.hub.progress import format_bytes
 from tests.conftest import assert_one_line_error
 
 
@@ -36,6 +39,8 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     assert f"the tray runs it {fit_of(checkpoint, TINY_MODEL, Machine.detect()).text}" in got.stdout
     assert (checkpoint / "manifest.json").is_file()
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
+    _assert_logged_stages(got.stderr, source, checkpoint)
+    assert json.loads((checkpoint / "manifest.json").read_text())["model_id"] == TINY_REPO  # not "Tiny-Qwen2.hf"
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json"):
         assert filecmp.cmp(source / name, tiny_hub_model / name, shallow=False), name
@@ -48,6 +53,24 @@ def test_get_downloads_quantizes_registers_and_the_model_answers(hub, home, tiny
     answer = qwen_tray("ask", "--model", TINY_MODEL, "--max-tokens", "4", "--temperature", "0", "Hello", env=env)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip()
+
+
+def _assert_logged_stages(stderr: str, source, checkpoint) -> None:
+    """stderr is a pipe here, as in a log: each stage says when it starts, then one line per tenth of it."""
+    lines = stderr.splitlines()
+    assert lines[0] == f"downloading 5 files, {format_bytes(sum(_sizes(source)))}, to {source}", stderr
+    percents = [int(re.match(r"downloading: (\d+)% \(", line)[1]) for line in lines if line.startswith("downloading: ")]
+    assert percents == sorted(set(percents)) and percents[-1] == 100 and 3 <= len(percents) <= 10, stderr
+    quantizing = lines.index(f"quantizing into {checkpoint}: 3 files")  # 2 layers and the tables
+    rest = [re.sub(r" on the [CG]PU:", " on the device:", line) for line in lines[quantizing + 1:]]
+    assert rest == [f"quantizing {TINY_MODEL} on the device: layer_001.safetensors (1/3, 33%)",
+                    f"quantizing {TINY_MODEL} on the device: embeddings.safetensors (2/3, 66%)",
+                    f"quantizing {TINY_MODEL} on the device: done (3/3, 100%)",
+                    f"registering {TINY_MODEL}"], stderr
+
+
+def _sizes(folder):
+    return [p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name != STATE_FILE]
 
 
 def test_get_again_only_registers_the_finished_checkpoint(run_cli, hub, home, tiny_catalog):

@@ -9,7 +9,7 @@ import pytest
 from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml, registered_models
 from fake_hub import Faults
 
-from tests.conftest import assert_one_line_error
+from tests.conftest import assert_error_after_progress, assert_one_line_error
 
 WEIGHTS = "model.safetensors"
 
@@ -29,6 +29,7 @@ def test_an_unreachable_hub(run_cli, home, tiny_catalog):
         port = s.getsockname()[1]
     got = _get(run_cli, f"http://127.0.0.1:{port}")
     assert_one_line_error(got, f"cannot reach http://127.0.0.1:{port}", "ConnectError", "proxy", "mirror")
+    assert "kept" not in got.stderr  # nothing was downloaded: nothing to keep
     _nothing_registered(home)
 
 
@@ -56,8 +57,8 @@ def test_a_file_the_listing_names_but_the_hub_lacks(run_cli, home, hub, tiny_cat
 
 def test_a_truncated_file(run_cli, home, hub, tiny_catalog):
     hub.faults[WEIGHTS] = Faults(truncate=1 << 20)
-    got = _get(run_cli, hub.url)
-    assert_one_line_error(got, f"sent {WEIGHTS} of {TINY_REPO} with another size than its listing's")
+    got = _get(run_cli, hub.url)  # (the small files came first: the download had started)
+    assert_error_after_progress(got, f"sent {WEIGHTS} of {TINY_REPO} with another size than its listing's")
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
     assert not (source / (WEIGHTS + ".part")).exists() and not (source / WEIGHTS).exists()
     _nothing_registered(home)
@@ -66,8 +67,8 @@ def test_a_truncated_file(run_cli, home, hub, tiny_catalog):
 def test_a_corrupt_file_is_deleted_and_fetched_anew(run_cli, home, hub, tiny_catalog):
     hub.faults[WEIGHTS] = Faults(corrupt=True)
     got = _get(run_cli, hub.url)
-    assert_one_line_error(got, f"{WEIGHTS} of {TINY_REPO} from {hub.url} does not match its checksum",
-                          "it was deleted")
+    assert_error_after_progress(got, f"{WEIGHTS} of {TINY_REPO} from {hub.url} does not match its checksum",
+                                "it was deleted")
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
     assert not (source / (WEIGHTS + ".part")).exists() and not (source / WEIGHTS).exists()
     _nothing_registered(home)
