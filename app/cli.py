@@ -2,6 +2,8 @@
 
 ``qwen-tray`` alone starts the tray app (or hands its arguments to the running one); subcommands:
 tray, action, ask, models, doctor, serve, quantize, checkpoint. A user error (QwenTrayError) prints one line and exits 1; no traceback.
+A parameter the engine refuses is named by the option the user typed (``--top-p``), not by the
+engine's field (``top_p``), which the server keeps for its OpenAI-style messages.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import sys
 
 from app import __version__
-from app.errors import QwenTrayError
+from app.errors import InvalidParameterError, QwenTrayError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +53,7 @@ def _register_optional(sub, module_name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)  # (some option types import torch: Ctrl+C may come here)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -62,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
         return status
+    except InvalidParameterError as e:
+        print(f"qwen-tray: error: {option_message(e, args)}", file=sys.stderr)
+        return 1
     except QwenTrayError as e:
         print(f"qwen-tray: error: {e}", file=sys.stderr)
         return 1
@@ -82,6 +88,13 @@ def _is_terminal(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed, or a file-like object
         return False
+
+
+def option_message(error: InvalidParameterError, args: argparse.Namespace | None) -> str:
+    """``error`` naming the command's option (argparse's dest ``top_p`` is the option ``--top-p``)."""
+    if args is None or error.param not in vars(args):
+        return str(error)  # not one of this command's options: the engine's own words
+    return f"--{error.param.replace('_', '-')}: {error.reason}"
 
 
 if __name__ == "__main__":

@@ -31,11 +31,13 @@ class ContextLengthError(QwenTrayError):
 
 
 class InvalidParameterError(QwenTrayError):
-    """A generation parameter is out of range (names the parameter)."""
+    """A parameter is out of range: ``param`` as the engine's API spells it (``top_p``), ``reason``
+    why. The message is "param: reason"; the CLI names its option instead (``--top-p``)."""
 
-    def __init__(self, message: str, *, param: str):
-        super().__init__(message)
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param}: {reason}")
         self.param = param
+        self.reason = reason
 
 
 class EngineClosedError(QwenTrayError):

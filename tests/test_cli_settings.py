@@ -81,6 +81,40 @@ def test_import_gguf_refuses_a_taken_name_before_converting(cli, tmp_path, tiny_
     assert not (tmp_path / "data" / "models" / "tiny").exists()  # refused before the slow part
 
 
+def test_import_gguf_says_what_a_file_that_is_not_gguf_is(cli, tmp_path, tiny_qwen_dir):
+    """Checked by its first bytes, before the gguf reader (whose numpy errors said nothing)."""
+    notes, empty = tmp_path / "notes.gguf", tmp_path / "empty.gguf"
+    notes.write_text("just some text, saved with the wrong name\n")
+    empty.write_bytes(b"")
+    for path, fragment in [(notes, "(it does not start with the bytes 'GGUF')"), (empty, "(it is empty)"),
+                           (tiny_qwen_dir / "model.safetensors", "register the folder with `qwen-tray models add")]:
+        proc = cli("models", "import-gguf", str(path))
+        assert_one_line_error(proc, f"{path.resolve()} is not a GGUF file", fragment)
+        assert "Error" not in proc.stderr  # no ValueError/IndexError from the reader
+    assert_one_line_error(cli("models", "import-gguf", str(tiny_qwen_dir)),
+                          f"{tiny_qwen_dir.resolve()} is a folder, not a GGUF file", "models add")
+    assert cli("models", "list").stdout.startswith("no models registered")
+    assert not (tmp_path / "data" / "models").exists() or not any((tmp_path / "data" / "models").iterdir())
+
+
+def test_import_gguf_says_a_cut_short_file_is_truncated(cli, tmp_path):
+    from tests.test_gguf_import import write_tiny_gguf
+
+    whole = tmp_path / "whole.gguf"
+    write_tiny_gguf(whole, arch="qwen2")
+    data = whole.read_bytes()
+    for cut in (3, 6, 100, len(data) // 2, len(data) - 1):  # magic, version, header, tensor data
+        cut_short = tmp_path / f"cut{cut}.gguf"
+        cut_short.write_bytes(data[:cut])
+        proc = cli("models", "import-gguf", str(cut_short))
+        assert_one_line_error(proc, f"{cut_short.resolve()} is truncated or damaged")
+        assert "Error" not in proc.stderr
+    old = tmp_path / "old.gguf"
+    old.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + data[8:])
+    assert_one_line_error(cli("models", "import-gguf", str(old)), f"{old.resolve()} is a GGUF file of version 1")
+    assert cli("models", "list").stdout.startswith("no models registered")
+
+
 def test_models_default_names_a_registered_model(cli, tiny_qwen_dir):
     assert_one_line_error(cli("models", "default", "nope"), "no model named 'nope'", "models list")
     assert cli("models", "add", "tiny", str(tiny_qwen_dir)).returncode == 0

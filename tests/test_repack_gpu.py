@@ -76,7 +76,7 @@ def test_untileable_or_misplaced_weights_are_refused(kernel):
         kernel.w4_(rand_words(24, 16, seed=1))
     with pytest.raises(KernelArgumentError, match="contiguous"):
         kernel.w4_(rand_words(32, 32, seed=1)[:, :16])
-    with pytest.raises(KernelArgumentError, match="do not match"):
+    with pytest.raises(KernelArgumentError, match="does not match"):
         kernel.w3_(rand_words(16, 8, seed=1), rand_words(16, 8, seed=2))
     with pytest.raises(KernelArgumentError, match="CUDA"):
         kernel.w4_(torch.zeros((16, 16), dtype=torch.int32))

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from app.commands import text_input
-from app.errors import QwenTrayError
+from app.commands.arguments import memory_size, note_unused_vram_budget
+from app.errors import ContextLengthError, QwenTrayError
 
 
 def register(sub) -> None:
@@ -14,7 +15,8 @@ def register(sub) -> None:
                        description="Ask the model one question; the answer streams to standard output.")
     p.add_argument("prompt", metavar="PROMPT", help="the question; '-' reads it from standard input")
     p.add_argument("--model", metavar="PATH", help="model folder or registered name (default: the configured default)")
-    p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder to merge at load")
+    p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder (adapter_config.json + "
+                   "adapter_model.safetensors) to merge at load")
     p.add_argument("--server", metavar="URL", help="ask a running qwen-tray/OpenAI-compatible server instead")
     p.add_argument("--api-key", metavar="KEY", help="API key for --server")
     p.add_argument("--system", metavar="TEXT", help="a system message")
@@ -28,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     p.add_argument("--max-context", type=int, metavar="N",
                    help="tokens per request (default: model max, at most 4096, or what fits the GPU)")
-    p.add_argument("--vram-budget", metavar="SIZE",
+    p.add_argument("--vram-budget", type=memory_size, metavar="SIZE",
                    help="GPU memory the model may use, e.g. 3.2GiB (default: what is free minus a margin)")
     p.add_argument("--verify", action="store_true",
                    help="hash every file of a quantized checkpoint against its manifest, even those "
@@ -68,13 +70,26 @@ def _ask_local(args, messages, params) -> int:
                              adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
                              fit_to_vram=args.max_context is None, verify=args.verify)
     with engine:
-        generation = engine.chat(messages, params)
+        note_unused_vram_budget(args.vram_budget, engine.device)
+        try:
+            generation = engine.chat(messages, params)
+        except ContextLengthError as e:
+            raise QwenTrayError(prompt_too_long(e.requested, engine.max_context, engine.spec.max_position_embeddings,
+                                                given=args.max_context is not None)) from None
         try:
             _stream(generation)
         except KeyboardInterrupt:
             generation.cancel()
             raise
     return 0
+
+
+def prompt_too_long(needed: int, context: int, model_max: int, *, given: bool) -> str:
+    """The prompt (as the chat template wraps it) leaves no token of the context for the answer."""
+    limit = f"--max-context is {context}" if given else f"the context is {context} tokens"
+    fix = (f"give --max-context {needed + 1} or more, or shorten the prompt" if needed < model_max
+           else f"shorten the prompt (this model reads at most {model_max} tokens)")
+    return f"the prompt needs {needed} tokens with the chat template but {limit}; {fix}"
 
 
 def _ask_server(args, messages, params) -> int:

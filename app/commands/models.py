@@ -84,9 +84,15 @@ def run_add_starter(args: argparse.Namespace) -> int:
 
 
 def run_import_gguf(args: argparse.Namespace) -> int:
+    from app.engine.gguf_metadata import check_gguf_signature
+
     path = args.file.expanduser().resolve()
+    if path.is_dir():
+        raise QwenTrayError(f"{path} is a folder, not a GGUF file (register a model folder with "
+                            "`qwen-tray models add NAME FOLDER`)")
     if not path.is_file():
         raise QwenTrayError(f"{path}: no such GGUF file")
+    check_gguf_signature(path)  # before the name checks and the slow conversion
     name = check_model_name(args.name or path.name.removesuffix(".gguf"))
     if args.recipe:
         return _convert_quantize_and_register(path, name, args)

@@ -26,7 +26,7 @@ from app.engine.runner import RunnerOptions, TorchRunner
 from app.engine.scheduler import LOOKUP_MAX_DRAFT, Scheduler
 from app.engine.skeleton import load_skeleton
 from app.engine.tokenizer import Message, Tokenizer
-from app.errors import ContextLengthError, QwenTrayError
+from app.errors import ContextLengthError, InvalidParameterError, QwenTrayError
 from app.formats import checkpoint
 from app.formats.spec import ModelSpec
 
@@ -87,9 +87,9 @@ class Engine:
         ``verify``: hash every file of a checkpoint, even those verified before and unchanged
         since (app.formats.verified)."""
         if max_batch_size < 1:
-            raise QwenTrayError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            raise InvalidParameterError("max_batch_size", f"must be >= 1, got {max_batch_size}")
         if lookup_draft < 0:
-            raise QwenTrayError(f"lookup_draft must be >= 0 (0 turns guessing off), got {lookup_draft}")
+            raise InvalidParameterError("lookup_draft", f"must be >= 0 (0 turns guessing off), got {lookup_draft}")
         dev = resolve_device(device)
         started = time.perf_counter()
         reason = _cuda_runner_unavailable(dev, dtype, Path(path))

@@ -3,13 +3,18 @@ hyperparameters as Hugging Face config fields (used by :mod:`app.engine.gguf_imp
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
+from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
 
 from app.errors import ModelLoadError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file, then a uint32 version
 
 
 @dataclass(frozen=True)
@@ -32,16 +37,47 @@ ARCHITECTURES = {
 # Reading GGUF metadata (through ReaderField.parts/data, which every gguf>=0.10 has).
 
 
+def check_gguf_signature(path: Path) -> None:
+    """Refuse a file that is not GGUF, by its first bytes, before the gguf reader sees it (the
+    reader's numpy errors say nothing to a user), and a GGUF version the reader does not read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not head:
+        raise ModelLoadError(f"{path} is not a GGUF file (it is empty)")
+    if not (head.startswith(GGUF_MAGIC) or GGUF_MAGIC.startswith(head)):
+        hint = ("; a .safetensors file is part of a model folder: register the folder with "
+                "`qwen-tray models add NAME FOLDER`" if path.suffix.lower() == ".safetensors" else "")
+        raise ModelLoadError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'){hint}")
+    if len(head) < 8:
+        raise ModelLoadError(_truncated(path))
+    version = int.from_bytes(head[4:], "little")
+    if version & 0xFFFF == 0:  # a big-endian file (the reader reads those too)
+        version = int.from_bytes(head[4:], "big")
+    if version not in READER_SUPPORTED_VERSIONS:
+        raise ModelLoadError(f"{path} is a GGUF file of version {version}, which cannot be read here "
+                             f"(versions {' and '.join(map(str, READER_SUPPORTED_VERSIONS))})")
+
+
+def _truncated(path: Path) -> str:
+    return f"{path} is truncated or damaged (it ends early or its contents do not add up); download it again"
+
+
 class GGUFFile:
     """A GGUFReader whose getters raise ModelLoadError naming the file and the key."""
 
     def __init__(self, path: Path):
         self.path = path
+        check_gguf_signature(path)
         try:
             self.reader = GGUFReader(path)
         except (ValueError, KeyError, IndexError, OSError) as exc:
-            # GGUFReader reports bad magic, truncation and garbage offsets with these.
-            raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+            # Past a valid signature, the reader reports a cut-short file or garbage offsets
+            # with these (numpy's words: kept for --verbose, not for the sentence).
+            log.info("%s: GGUFReader: %s: %s", path, type(exc).__name__, exc)
+            raise ModelLoadError(_truncated(path)) from exc
 
     def _field(self, key: str, required: bool):
         field = self.reader.fields.get(key)

@@ -13,7 +13,7 @@ from app.engine.models.decoder import DecoderModel
 from app.engine.quantized.modules import build_quantized_model, default_backend
 from app.engine.tokenizer import Tokenizer
 from app.engine.weights import LayerProgress, TensorSource, load_hf_weights, materialize, one_copy_thread
-from app.errors import ModelLoadError, QwenTrayError
+from app.errors import InvalidParameterError, ModelLoadError
 from app.formats import checkpoint
 from app.formats.spec import ModelSpec
 
@@ -114,7 +114,7 @@ def context_length(model_max: int, requested: int | None) -> int:
     if requested is None:
         return min(model_max, DEFAULT_MAX_CONTEXT)
     if requested < 2:
-        raise QwenTrayError(f"max_context must be >= 2, got {requested}")
+        raise InvalidParameterError("max_context", f"must be >= 2, got {requested}")
     if requested > model_max:
-        raise QwenTrayError(f"max_context {requested} is larger than the model's maximum ({model_max} tokens)")
+        raise InvalidParameterError("max_context", f"{requested} is more than the model's maximum ({model_max} tokens)")
     return requested

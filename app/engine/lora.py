@@ -22,11 +22,22 @@ from app.errors import ModelLoadError
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def _file_not_folder(path: Path) -> str:
+    """A file given where the adapter's folder belongs (often one of the adapter's own files)."""
+    hint = f"; give its folder, {path.parent}" if path.name in ADAPTER_FILES else ""
+    return (f"{path} is a file, but a PEFT LoRA adapter is a folder holding {ADAPTER_FILES[0]} and "
+            f"{ADAPTER_FILES[1]}{hint}")
+
+
 class LoraAdapter:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        config_path = self.folder / "adapter_config.json"
-        weights_path = self.folder / "adapter_model.safetensors"
+        config_path, weights_path = (self.folder / name for name in ADAPTER_FILES)
+        if self.folder.is_file():
+            raise ModelLoadError(_file_not_folder(self.folder))
         if not self.folder.is_dir():
             raise ModelLoadError(f"{self.folder}: adapter folder not found")
         for path in (config_path, weights_path):

@@ -17,7 +17,7 @@ MAX_STOP_LENGTH = 256
 
 def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
-        raise InvalidParameterError(f"{param}: {message}", param=param)
+        raise InvalidParameterError(param, message)
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "or fewer with a shorter context where the GPU cannot hold them)")
     parser.add_argument("--max-context", type=_at_least(2), default=None,
                         help="tokens per request, prompt + answer (default: model max, at most 4096)")
-    parser.add_argument("--vram-budget", default=None, metavar="SIZE",
+    parser.add_argument("--vram-budget", type=_memory_size, default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
     parser.add_argument("--verify", action="store_true",
                         help="hash every file of a quantized checkpoint against its manifest, even those "
@@ -97,6 +97,17 @@ def _keep_alive(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--keep-alive: ")) from None
 
 
+def _memory_size(text: str) -> int:
+    """An argparse type: bytes from '3.2GiB', '3200MiB', '800M' or plain bytes, parsed on every
+    machine (a typo is refused on a CPU-only one too, not only where the GPU would use it)."""
+    from app.engine.cuda.memory import size_in_bytes  # imports torch: only when the option is given
+
+    try:
+        return size_in_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, model_id=args.model_id,
@@ -133,9 +144,12 @@ def _load_engine(args: argparse.Namespace):
 
     def load(progress):
         loads.append(progress)
-        return Engine.load(args.model_path, device=args.device, max_batch_size=batch, max_context=args.max_context,
-                           vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
-                           verify=args.verify and len(loads) == 1, **options)
+        engine = Engine.load(args.model_path, device=args.device, max_batch_size=batch, max_context=args.max_context,
+                             vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
+                             verify=args.verify and len(loads) == 1, **options)
+        if args.vram_budget is not None and engine.device == "cpu" and len(loads) == 1:
+            print("qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU", file=sys.stderr)
+        return engine
 
     with load_progress_bar(f"loading {Path(args.model_path).name}") as progress:
         engine = ReloadingEngine(load, keep_alive=args.keep_alive, progress=progress, on_state=_log_state)

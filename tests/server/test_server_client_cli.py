@@ -97,7 +97,22 @@ def test_cli_serve_refuses_a_negative_lookup_draft_in_one_line(tiny_qwen_dir, ca
 
     assert main(["serve", "--model", str(tiny_qwen_dir), "--device", "cpu", "--lookup-draft", "-1"]) == 1
     err = capsys.readouterr().err
-    assert "lookup_draft" in err and "Traceback" not in err
+    assert "qwen-tray: error: --lookup-draft: must be >= 0" in err and "Traceback" not in err
+    assert "lookup_draft" not in err  # the option typed, not the engine's keyword
+
+
+def test_cli_serve_refuses_a_vram_budget_that_is_no_size_on_every_machine(tiny_qwen_dir):
+    """Refused by the argument parser, before listening, on the CPU as on the GPU."""
+    proc = _serve("--model", str(tiny_qwen_dir), "--device", "cpu", "--port", "0", "--vram-budget", "lots")
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("serve started with --vram-budget lots")
+    assert proc.returncode == 2
+    assert "argument --vram-budget: 'lots' is not a size like 3.2GiB" in err and "Traceback" not in err
+    assert "serving on" not in err
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name == "nt", reason="POSIX signals")

@@ -73,6 +73,12 @@ def test_bad_chat_request(server, engine, fields, status, param, code):
     assert set(error) == {"message", "type", "param", "code"}
 
 
+def test_a_bad_sampling_value_is_named_by_its_api_field(server, engine):
+    """The field the client sent (top_p), not the CLI's option (--top-p)."""
+    response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 0})
+    assert response.status == 400 and response.error["message"] == "top_p: must be in (0, 1]"
+
+
 COMPLETION_ERRORS = [
     ({"prompt": ["a", "b"]}, 400, "prompt", "unsupported_value"),
     ({"prompt": None}, 400, "prompt", "missing_required_parameter"),

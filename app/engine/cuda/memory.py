@@ -90,13 +90,21 @@ RTX_3050_LAPTOP = GpuInfo("NVIDIA GeForce RTX 3050 Laptop GPU", 4 * GiB, int(3.4
 
 def parse_size(text: str, what: str = "--vram-budget") -> int:
     """'3.2GiB', '3200MiB', '3.2G', '800M' or plain bytes -> bytes (G/M are binary too)."""
+    try:
+        return size_in_bytes(text)
+    except ValueError as e:
+        raise QwenTrayError(f"{what}: {e}") from None
+
+
+def size_in_bytes(text: str) -> int:
+    """parse_size's parsing, for an argparse type too: ValueError says why ``text`` is no size."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
     if not match:
-        raise QwenTrayError(f"{what}: {text!r} is not a size like 3.2GiB or 3200MiB")
+        raise ValueError(f"{text!r} is not a size like 3.2GiB or 3200MiB")
     unit = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}[match.group(2).upper()]
     value = int(float(match.group(1)) * unit)
     if value <= 0:
-        raise QwenTrayError(f"{what}: must be more than 0, got {text!r}")
+        raise ValueError(f"must be more than 0, got {text!r}")
     return value
 
 
