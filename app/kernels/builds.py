@@ -32,8 +32,8 @@ from app.progress import GPU_STAGE, KERNELS_STAGE
 log = logging.getLogger(__name__)
 
 # Kernel instances a first build compiles when no build was recorded here yet: a Qwen2.5 3B `w4`
-# or 7B `mixed` load counts 14 (the two dequantization kernels are built before the count
-# starts; bench_startup reports the count it saw, docs/results/startup_*.json).
+# load counts 14, the 7B `mixed` 12 (docs/results/first_load_h200.json's counts plus the two
+# tile repack kernels; the two dequantization kernels are built before the count starts).
 FIRST_BUILD_ESTIMATE = 14
 Progress = Callable[[str, int, int], None]
 

@@ -76,7 +76,8 @@ def test_bad_chat_request(server, engine, fields, status, param, code):
 def test_a_bad_sampling_value_is_named_by_its_api_field(server, engine):
     """The field the client sent (top_p), not the CLI's option (--top-p)."""
     response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 0})
-    assert response.status == 400 and response.error["message"] == "top_p: must be in (0, 1]"
+    assert response.status == 400 and response.error["message"] == "Invalid value for 'top_p': must be in (0, 1]."
+    assert response.error["param"] == "top_p" and "--" not in response.error["message"]
 
 
 COMPLETION_ERRORS = [
