@@ -57,14 +57,14 @@ class Removal:
 
 
 def plan_removal(entry: ModelEntry, models: list[ModelEntry], *, keep_files: bool = False) -> RemovalPlan:
-    """What removing ``entry`` from the registry ``models`` would do (looks at the disk, changes nothing)."""
+    """What removing ``entry`` from the registry ``models`` would do (looks at the disk, changes nothing).
+    ``keep_files`` keeps a folder that would be deleted; the tray passes it also when its question
+    said the files stay, so a folder is never deleted that the user was told would stay."""
     if entry.kind == "remote":
         return RemovalPlan(entry, None, False, kept=KEPT_REMOTE)
     folder = Path(entry.path).expanduser()
     if entry.kind == "gguf":
         return RemovalPlan(entry, folder, False, kept=KEPT_GGUF)
-    if keep_files:
-        return RemovalPlan(entry, folder, False, kept=KEPT_ASKED)
     if not folder.exists():
         return RemovalPlan(entry, folder, False, kept=KEPT_MISSING)
     other = other_user(entry, models)
@@ -72,6 +72,8 @@ def plan_removal(entry: ModelEntry, models: list[ModelEntry], *, keep_files: boo
         return RemovalPlan(entry, folder, False, kept=KEPT_SHARED, other=other)
     if entry.kind != "local" or not folder.is_dir() or not is_app_folder(folder):
         return RemovalPlan(entry, folder, False, kept=KEPT_USERS)
+    if keep_files:  # said last: a folder that would stay anyway stays for its own reason
+        return RemovalPlan(entry, folder, False, kept=KEPT_ASKED)
     return RemovalPlan(entry, folder, True, nbytes=folder_bytes(folder))
 
 
