@@ -18,16 +18,16 @@ APP = Path(__file__).resolve().parents[1] / "app"
 # package -> the packages of app/ it must never import (its own sub-packages are its own).
 FORBIDDEN = {
     "app.formats": ("app.engine", "app.kernels", "app.quant", "app.server", "app.ui", "app.commands", "app.cli",
-                    "app.settings", "app.model_import", "app.hub"),
+                    "app.settings", "app.model_import", "app.model_removal", "app.hub"),
     "app.kernels": ("app.engine", "app.quant", "app.server", "app.ui", "app.commands", "app.cli", "app.settings",
-                    "app.model_import", "app.hub"),
+                    "app.model_import", "app.model_removal", "app.hub"),
     "app.engine": ("app.quant", "app.server", "app.ui", "app.commands", "app.cli", "app.settings",
-                   "app.model_import", "app.hub"),
+                   "app.model_import", "app.model_removal", "app.hub"),
     "app.quant": ("app.server", "app.ui", "app.commands", "app.hub"),
     "app.server": ("app.ui", "app.quant", "app.commands", "app.hub"),
     # beside the engine: the CLI, the server and the tray read it; the engine takes settings as arguments
     "app.settings": ("app.engine", "app.kernels", "app.formats", "app.quant", "app.server", "app.ui",
-                     "app.commands", "app.cli", "app.model_import", "app.hub"),
+                     "app.commands", "app.cli", "app.model_import", "app.model_removal", "app.hub"),
     # model downloads: on the engine's planner, the quantizer and the settings; the CLI and the tray drive it
     "app.hub": ("app.ui", "app.server", "app.commands", "app.cli"),
 }

@@ -71,6 +71,14 @@ def test_keep_files_only_unregisters(cli, imported):
     assert (folder / "config.json").is_file() and "kept" not in _registered()
 
 
+def test_keep_files_on_a_folder_that_stays_anyway_says_why_it_stays(cli, tiny_qwen_dir):
+    assert cli("models", "add", "mine", str(tiny_qwen_dir)).returncode == 0
+    removed = cli("models", "remove", "mine", "--keep-files")
+    assert removed.stdout.splitlines() == [f"removed mine: its folder {tiny_qwen_dir} was added with `models add` "
+                                           "and is yours, so it stays; nothing was deleted; there is no default "
+                                           "model now (`qwen-tray models default NAME` chooses one)"]
+
+
 def test_a_folder_another_name_uses_stays(cli, imported):
     folder = imported("one")
     assert cli("models", "add", "alias", str(folder)).returncode == 0

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from app.errors import Interrupted, QwenTrayError
 from app.hub import cli as hub_cli
 from app.hub.progress import format_bytes
-from app.model_folders import (delete_moved_aside, folder_bytes, is_app_folder, model_folder_lock,
-                               move_aside_for_removal)
+from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, check_model_name, register_model
+from app.model_removal import (KEPT_ASKED, KEPT_GGUF, KEPT_MISSING, KEPT_REMOTE, KEPT_SHARED, KEPT_USERS, Removal,
+                               RemovalPlan, app_folder_to_delete, delete_app_folder, remove_model)
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 from app.settings.console import console_store
 from app.settings.models import ModelEntry
@@ -171,7 +171,7 @@ def run_add(args: argparse.Namespace) -> int:
     if replaced is None:
         print(f"{name}: {path}")
         return 0
-    old = _app_folder_to_delete(replaced, models)
+    old = app_folder_to_delete(replaced, models)
     if old is not None and (old.resolve() == path or old.resolve() in path.parents):
         old = None  # the new folder is (inside) the old one
     gone = f"; {_delete_app_folder(old)}" if old is not None else ""
@@ -181,88 +181,46 @@ def run_add(args: argparse.Namespace) -> int:
 
 def run_remove(args: argparse.Namespace) -> int:
     """Unregister a model; delete its folder when the app made it and no other entry uses it."""
-    store = console_store()
-    settings = store.load()
-    entry = settings.model(args.name)
-    if entry is None:
-        raise QwenTrayError(f"no model named {args.name!r}; `qwen-tray models list` shows the registered ones")
-    folder = None if args.keep_files else _app_folder_to_delete(entry, settings.models)
-    if folder is None:
-        default = _unregister(store, entry.name)
-        print(f"removed {entry.name}: {_why_kept(entry, settings.models, args.keep_files)}; nothing was deleted{default}")
+    removal = remove_model(args.name, keep_files=args.keep_files, store=console_store())
+    plan, default = removal.plan, _default_now(removal)
+    if not plan.delete:
+        print(f"removed {plan.entry.name}: {_why_kept(plan)}; nothing was deleted{default}")
         return 0
-    with model_folder_lock(folder.name):
-        nbytes = folder_bytes(folder)
-        aside = move_aside_for_removal(folder)  # out of its place first: a failed unregistering puts it back
-        try:
-            default = _unregister(store, entry.name)
-        except BaseException:
-            os.replace(aside, folder)
-            raise
-        deleted = delete_moved_aside(aside)
-    left = "" if deleted else f" (some files could not be deleted: {aside} holds them)"
-    print(f"removed {entry.name}: deleted {folder}, {format_bytes(nbytes)} freed{left}{default}")
+    left = f" (some files could not be deleted: {removal.left_in} holds them)" if removal.left_in else ""
+    print(f"removed {plan.entry.name}: deleted {plan.folder}, {format_bytes(removal.freed)} freed{left}{default}")
     return 0
 
 
-def _unregister(store: SettingsStore, name: str) -> str:
-    """Remove ``name`` from the registry; what became of the default model, as the end of a line."""
-    with store.edit() as settings:
-        was_default = settings.default_model == name
-        settings.remove_model(name)
-        default = settings.default_model
-    if not was_default:
+def _default_now(removal: Removal) -> str:
+    """What became of the default model, as the end of a line."""
+    if not removal.was_default:
         return ""
-    if default is None:
+    if removal.default is None:
         return "; there is no default model now (`qwen-tray models default NAME` chooses one)"
-    return f"; the default model is now {default}"
+    return f"; the default model is now {removal.default}"
 
 
-def _app_folder_to_delete(entry: ModelEntry, models: list[ModelEntry]) -> Path | None:
-    """``entry``'s folder if the app made it, it exists and no other entry uses it; else None."""
-    if entry.kind != "local":
-        return None
-    folder = Path(entry.path).expanduser()
-    if not folder.is_dir() or not is_app_folder(folder) or _other_user(entry, models) is not None:
-        return None
-    return folder
-
-
-def _other_user(entry: ModelEntry, models: list[ModelEntry]) -> str | None:
-    """The name of another local entry registered to ``entry``'s folder, if any."""
-    folder = Path(entry.path).expanduser().resolve()
-    return next((m.name for m in models if m.name != entry.name and m.kind == "local"
-                 and Path(m.path).expanduser().resolve() == folder), None)
-
-
-def _why_kept(entry: ModelEntry, models: list[ModelEntry], keep_files: bool) -> str:
-    if entry.kind == "remote":
-        return f"a remote endpoint ({entry.base_url}), nothing on disk"
-    if entry.kind == "gguf":
-        return f"its GGUF file {entry.path} is yours and stays"
-    folder = Path(entry.path).expanduser()
-    if keep_files:
-        return f"its folder {folder} stays (--keep-files)"
-    if not folder.exists():
-        return f"its folder {folder} was already gone"
-    other = _other_user(entry, models)
-    if other is not None:
-        return f"its folder {folder} stays, model {other!r} uses it too"
-    return f"its folder {folder} was added with `models add` and is yours, so it stays"
+def _why_kept(plan: RemovalPlan) -> str:
+    entry, folder = plan.entry, plan.folder
+    return {
+        KEPT_REMOTE: lambda: f"a remote endpoint ({entry.base_url}), nothing on disk",
+        KEPT_GGUF: lambda: f"its GGUF file {entry.path} is yours and stays",
+        KEPT_ASKED: lambda: f"its folder {folder} stays (--keep-files)",
+        KEPT_MISSING: lambda: f"its folder {folder} was already gone",
+        KEPT_SHARED: lambda: f"its folder {folder} stays, model {plan.other!r} uses it too",
+        KEPT_USERS: lambda: f"its folder {folder} was added with `models add` and is yours, so it stays",
+    }[plan.kept]()
 
 
 def _delete_app_folder(folder: Path) -> str:
     """Delete an app-made folder no entry uses any more; what happened, as part of a line."""
     try:
-        with model_folder_lock(folder.name):
-            nbytes = folder_bytes(folder)
-            aside = move_aside_for_removal(folder)
-            deleted = delete_moved_aside(aside)
+        deletion = delete_app_folder(folder)
     except QwenTrayError as e:
         return f"its folder was not deleted: {e}"
-    if not deleted:
-        return f"its folder {folder} was moved to {aside}, which could not be deleted completely"
-    return f"its folder {folder} was deleted, {format_bytes(nbytes)} freed"
+    if deletion.left_in is not None:
+        return f"its folder {folder} was moved to {deletion.left_in}, which could not be deleted completely"
+    return f"its folder {folder} was deleted, {format_bytes(deletion.freed)} freed"
 
 
 def _check_model_folder(path: Path) -> None:

@@ -18,10 +18,12 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
 from app.hub.job import GotModel
+from app.model_removal import Removal
 from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
+from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
@@ -29,6 +31,7 @@ from app.ui.controllers.history_keeper import HistoryKeeper
 from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
+from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
@@ -80,6 +83,10 @@ class TrayApp(QObject):
         self.model_jobs.finished.connect(self._model_ready)
         self.model_jobs.failed.connect(lambda message: self.notify(tr("Could not get the model: {message}",
                                                                       message=message)))
+        self.model_removal = ModelRemoval(self.host, SettingsStore(self.store.path), parent=self)  # Settings: Remove
+        self.model_removal.finished.connect(self._model_removed)
+        self.model_removal.failed.connect(lambda message: self.notify(tr("Could not remove the model: {message}",
+                                                                         message=message)))
         provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
         self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
         self.chat_window = None
@@ -165,6 +172,15 @@ class TrayApp(QObject):
         if activate:
             self.switch_model(ModelEntry(name=got.name, kind="local", path=str(got.path)))
 
+    def _model_removed(self, removal: Removal, in_use: bool) -> None:
+        """Settings removed a model: say what happened; if the tray was using it, it goes on with
+        the default model (unless another one was chosen meanwhile)."""
+        self.store.forget_model(removal.plan.entry.name)
+        self.notify(removal_summary(removal))
+        if in_use and self.host.entry is None:
+            models = self.models()
+            self.switch_model(next((m for m in models if m.name == removal.default), models[0]))
+
     # -- hotkeys and actions ---------------------------------------------------------------------
     def effective_hotkeys(self) -> dict[str, str]:
         overrides = self.store.prefs.hotkeys
@@ -238,7 +254,7 @@ class TrayApp(QObject):
             self.settings_dialog = SettingsDialog(
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
-                model_jobs=self.model_jobs)
+                model_jobs=self.model_jobs, model_removal=self.model_removal)
             self.settings_dialog.finished.connect(lambda _result: setattr(self, "settings_dialog", None))
         self.settings_dialog.show()
         self.settings_dialog.raise_()
@@ -284,6 +300,7 @@ class TrayApp(QObject):
         self._shut_down = True
         self.action_controller.stop()
         self.model_jobs.shutdown()  # what it did is kept: the next start of the job resumes
+        self.model_removal.wait(30)  # a deletion cut short is finished by the next work on the name
         self.local_api.stop()
         self.hotkeys.close()
         self.injector.close()

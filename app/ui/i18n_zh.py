@@ -145,6 +145,28 @@ ZH_CN: dict[str, str] = {
     "mixed: a 7B on a 4 GB GPU": "mixed：让 7B 模型放入 4 GB 显卡",
     "float16: not quantized": "float16：不量化",
     "Importing {name}; it is added when ready": "正在导入 {name}；完成后自动添加",
+    # Settings -> Models -> Remove
+    "Remove {name}": "移除 {name}",
+    "Keep the files": "保留文件",
+    "Remove {name} and delete its files ({size}) from {folder}?": "移除 {name} 并从 {folder} 删除其文件（{size}）？",
+    "Remove {name}? Only its entry is removed: {why}.": "移除 {name}？只移除这一条目：{why}。",
+    "Qwen Tray is using {name}: it is unloaded first, then the default model is loaded.":
+        "Qwen Tray 正在使用 {name}：会先将其卸载，然后加载默认模型。",
+    "Removing {name}…": "正在移除 {name}…",
+    "Wait until {name} is removed, then save": "请等 {name} 移除完成后再保存",
+    "Could not remove the model: {message}": "无法移除模型：{message}",
+    "Removed {name}: deleted {folder}, {size} freed": "已移除 {name}：已删除 {folder}，释放了 {size}",
+    " (some files could not be deleted: {folder} holds them)": "（部分文件无法删除，仍在 {folder} 中）",
+    "Removed {name}: {why}; nothing was deleted": "已移除 {name}：{why}；未删除任何文件",
+    "; the default model is now {model}": "；默认模型现在是 {model}",
+    "; there is no default model now": "；现在没有默认模型",
+    "a remote endpoint ({url}), nothing on disk": "这是远程接口（{url}），磁盘上没有文件",
+    "its GGUF file {file} is yours and stays": "其 GGUF 文件 {file} 属于你，会保留",
+    "its folder {folder} stays, as you asked": "按你的选择，其目录 {folder} 保留",
+    "its folder {folder} was already gone": "其目录 {folder} 已不存在",
+    "its folder {folder} stays, model {model} uses it too": "其目录 {folder} 保留，模型 {model} 也在使用它",
+    "its folder {folder} was added from elsewhere and is yours, so it stays":
+        "其目录 {folder} 是从别处添加的，属于你，因此保留",
     "{name} is not quantized and does not fit this GPU ({verdict}); quantize it, or click Add model again":
         "{name} 未量化，放不进此 GPU（{verdict}）；请先量化，或再次点击“添加模型”按原样添加",
     "{name} does not fit this GPU ({verdict}); click Add model again to add it anyway":

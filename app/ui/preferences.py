@@ -61,6 +61,13 @@ class PreferencesStore:
             self.settings.models, self.settings.default_model = fresh.models, fresh.default_model
         return self.settings
 
+    def forget_model(self, name: str) -> Settings:
+        """``name`` was unregistered on disk (a removal): gone from this run's registry too, so a
+        registry change this run could not save yet does not write it back."""
+        if self.settings.model(name) is not None:
+            self.settings.remove_model(name)
+        return self.refresh()
+
     def update(self, **changes) -> Preferences:
         """Apply preference ``changes`` (PreferencesError names a bad one; nothing is applied then),
         tell listeners and save; a save that fails is told as a notice."""

@@ -419,7 +419,9 @@ def test_settings_keep_what_a_command_registered_while_the_dialog_was_open(qtbot
     register(ModelEntry("Downloaded", path=str(tmp_path / "dl")))  # a `models get` that finished
     page = dialog.models_page
     page.list.setCurrentRow(next(i for i in range(page.list.count()) if page.list.item(i).data(Qt.UserRole) == "Old"))
-    page._remove()  # the Remove button
+    qtbot.mouseClick(page.remove_button, Qt.LeftButton)  # removed once confirmed, not at Apply
+    with qtbot.waitSignal(page.removed, timeout=10000):
+        page.confirm.accept()
     assert dialog.apply()
     assert [m.name for m in saved().models] == [LOCAL_B.name, "From the CLI", "Downloaded"]
 

@@ -62,6 +62,34 @@ def test_switches_during_a_load_are_queued_and_the_last_wins(qtbot):
     assert host.backend.name == "model-c"
 
 
+def test_unload_closes_the_model_and_loads_none(qtbot):
+    opener = FakeOpener()
+    host = EngineHost(opener)
+    with qtbot.waitSignal(host.loaded, timeout=5000):
+        host.switch_to(A)
+    with qtbot.waitSignal(host.unloaded, timeout=5000):
+        host.unload()
+        assert host.state == "empty" and host.entry is None and host.backend is None  # at once
+    assert opener.log == [("open", "model-a"), ("close", "model-a")]
+    with qtbot.waitSignal(host.loaded, timeout=5000):
+        host.switch_to(B)  # a later switch loads as usual
+    assert host.backend.name == "model-b"
+
+
+def test_unload_during_a_load_closes_that_model_when_it_is_in(qtbot):
+    gate = threading.Event()
+    opener = FakeOpener(gate=gate)
+    host = EngineHost(opener)
+    loaded = []
+    host.loaded.connect(lambda: loaded.append(host.entry))
+    host.switch_to(A)
+    host.unload()
+    with qtbot.waitSignal(host.unloaded, timeout=5000):
+        gate.set()
+    assert opener.log == [("open", "model-a"), ("close", "model-a")]
+    assert loaded == [] and host.state == "empty" and host.backend is None
+
+
 def test_a_failed_load_is_an_error_state_with_the_message(qtbot):
     host = EngineHost(FakeOpener(fail={"model-b"}))
     with qtbot.waitSignal(host.loadFailed, timeout=5000) as failed:

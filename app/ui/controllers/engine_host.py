@@ -6,6 +6,8 @@ the backend stays, and the next request loads it again: ``loading``, then ``read
 ``busy`` is ready with at least one request running. A switch cancels running requests,
 closes the old backend (``engine.close()`` frees its memory) and only then opens the new
 one, all on a loader thread. A switch asked for while loading is queued; the last wins.
+:meth:`EngineHost.unload` closes the model the same way and opens none (``empty``): a removal
+deletes its files next, which Windows refuses while the model holds them open.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class EngineHost(QObject):
     loadProgress = Signal(str, int, int)
     loadFailed = Signal(str)
     loaded = Signal()
+    unloaded = Signal()  # unload() is done: the model's memory and files are given back
     # Internal: from the loader thread to the UI thread.
     _loadedFromThread = Signal(object, object)  # (entry, backend)
     _failedFromThread = Signal(object, str)
+    _unloadedFromThread = Signal()
     _backendState = Signal(object, str)  # (backend, "unloaded" | "loading" | "ready") from its threads
 
     def __init__(self, opener: Opener = open_backend, parent: QObject | None = None):
@@ -47,12 +51,13 @@ class EngineHost(QObject):
         self.progress: tuple[str, int, int] = ("", 0, 0)
         self._tasks: set[StreamTask] = set()
         self._loader: threading.Thread | None = None
-        self._pending: ModelEntry | None = None
+        self._queued: list[ModelEntry | None] = []  # what to load when the running load ends (None: nothing)
         self._closing = False
         self.idle_unload_seconds: float | None = None  # None: the model stays loaded
         self._backendState.connect(self._on_backend_state)
         self._loadedFromThread.connect(self._on_loaded)
         self._failedFromThread.connect(self._on_failed)
+        self._unloadedFromThread.connect(self._on_unloaded)
         self.loadProgress.connect(self._remember_progress)
 
     # -- state -------------------------------------------------------------------------------
@@ -101,31 +106,42 @@ class EngineHost(QObject):
 
     # -- switching -------------------------------------------------------------------------------
     def switch_to(self, entry: ModelEntry) -> None:
+        self._start_loader(entry)
+
+    def unload(self) -> None:
+        """Close the model and load none (state ``empty``); ``unloaded`` says when it is closed.
+        Asked for while a model loads, it happens when that load ends."""
+        self._start_loader(None)
+
+    def _start_loader(self, entry: ModelEntry | None) -> None:
         if self._loader is not None:
-            self._pending = entry  # picked up when the current load ends
+            self._queued = [entry]  # picked up when the current load ends; the last wish wins
             return
         old, self.backend = self.backend, None
         self.entry = entry
         for task in list(self._tasks):
             task.cancel()
         self.progress = ("", 0, 0)
-        self._set_state("loading")
+        self._set_state("loading" if entry is not None else "empty")
         self._loader = threading.Thread(target=self._load, args=(old, entry), name="qwen-tray-loader", daemon=True)
         self._loader.start()
 
-    def _load(self, old: ChatBackend | None, entry: ModelEntry) -> None:
-        """Loader thread: free the old model first, then open the new one."""
+    def _load(self, old: ChatBackend | None, entry: ModelEntry | None) -> None:
+        """Loader thread: free the old model first, then open the new one (if any)."""
         try:
             if old is not None:
                 self.loadProgress.emit("unloading", 0, 1)
                 old.close()
                 del old
                 gc.collect()  # drop the last references to the old weights before allocating new ones
+            if entry is None:
+                self._unloadedFromThread.emit()
+                return
             backend = self._opener(entry, progress=self.loadProgress.emit)
         except QwenTrayError as e:
             self._failedFromThread.emit(entry, str(e))
         except Exception as e:  # noqa: BLE001 - a bug; report it in the tray instead of dying silently
-            log.exception("loading %s failed", entry.name)
+            log.exception("loading %s failed", entry.name if entry else "nothing")
             self._failedFromThread.emit(entry, tr("Internal error: {error}", error=f"{type(e).__name__}: {e}"))
         else:
             self._loadedFromThread.emit(entry, backend)
@@ -135,9 +151,8 @@ class EngineHost(QObject):
         if self._loader is not None:
             self._loader.join()
             self._loader = None
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.switch_to(pending)
+        if self._queued:
+            self._start_loader(self._queued.pop())
             return True
         return False
 
@@ -152,17 +167,26 @@ class EngineHost(QObject):
         self._set_state("ready")
         self.loaded.emit()
 
-    def _on_failed(self, entry: ModelEntry, message: str) -> None:
+    def _on_unloaded(self) -> None:
+        if self._closing or self._finish_loader():
+            return
+        self.unloaded.emit()
+
+    def _on_failed(self, entry: ModelEntry | None, message: str) -> None:
         if self._closing:
             return
         if self._finish_loader():
+            return
+        if entry is None:  # unload(): closing the model failed; it is not used any more either way
+            log.warning("unloading the model: %s", message)
+            self.unloaded.emit()
             return
         self._set_state("error", message)
         self.loadFailed.emit(message)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Quit: cancel requests, wait for a running load, close the backend."""
-        self._pending = None
+        self._queued = []
         self._closing = True
         for task in list(self._tasks):
             task.cancel()

@@ -11,8 +11,10 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 from app.errors import QwenTrayError
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.models import ModelEntry, rebase_models
+from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY
 from app.ui.controllers.model_jobs import ModelJobs
+from app.ui.controllers.model_removal import ModelRemoval
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.catalog_page import CatalogPage
@@ -41,7 +43,7 @@ class SettingsDialog(QDialog):
                  builtin_models: list[ModelEntry], user_models: list[ModelEntry],
                  hotkey_status: Callable[[], tuple[dict, dict]],
                  on_apply: Callable[[dict, list[Action]], None], parent: QWidget | None = None,
-                 model_jobs: ModelJobs | None = None):
+                 model_jobs: ModelJobs | None = None, model_removal: ModelRemoval | None = None):
         super().__init__(parent)
         self.setWindowTitle(tr("Qwen Tray settings"))
         self.setWindowIcon(app_icon())
@@ -56,7 +58,11 @@ class SettingsDialog(QDialog):
         self.actions_page = ActionsPage(user_actions, {a.id for a in builtin_actions})
         self.actions_page.changed.connect(self._fill_hotkeys)
         self.tabs.addTab(self.actions_page, tr("Actions"))
-        self.models_page = ModelsPage(builtin_models, user_models, jobs=model_jobs)
+        # Removing a model takes effect when confirmed (not on OK): the tray's remover, which can
+        # unload the model first; a dialog of its own has nothing loaded to let go of.
+        removal = model_removal or ModelRemoval(None, SettingsStore(store.path), parent=self)
+        self.models_page = ModelsPage(builtin_models, user_models, removal, jobs=model_jobs)
+        self.models_page.removed.connect(self._model_removed)
         self._models_shown = list(user_models)  # the registry as this dialog knows it (rebase_models)
         self.catalog_page = CatalogPage(model_jobs, store) if model_jobs is not None else None
         self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
@@ -68,6 +74,9 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self._ok)
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.Apply).clicked.connect(self.apply)
+        self._save_buttons = [buttons.button(QDialogButtonBox.Ok), buttons.button(QDialogButtonBox.Apply)]
+        removal.runningChanged.connect(self._removal_running)
+        self._removal_running(removal.running)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
         layout.addWidget(self.error)
@@ -150,6 +159,9 @@ class SettingsDialog(QDialog):
         return changes, list(self.actions_page.actions)
 
     def apply(self) -> bool:
+        if self.models_page.removal.running:
+            self.error.setText(tr("Wait until {name} is removed, then save", name=self.models_page.removal.name))
+            return False
         try:
             changes, actions = self.collect()
             self._on_apply(changes, actions)
@@ -161,6 +173,16 @@ class SettingsDialog(QDialog):
         self.error.clear()
         self._fill_hotkeys()  # show what the OS accepted this time
         return True
+
+    def _model_removed(self, name: str) -> None:
+        """The registry on disk no longer has ``name``: not an edit of this dialog any more, so
+        OK neither removes it again nor adds it back."""
+        self._models_shown = [m for m in self._models_shown if m.name != name]
+
+    def _removal_running(self, running: bool) -> None:
+        # Saving the registry while a removal writes it could put the removed entry back.
+        for button in self._save_buttons:
+            button.setEnabled(not running)
 
     def _ok(self) -> None:
         if self.apply():

@@ -12,13 +12,16 @@ from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
 from app.hub.gguf import ImportGgufJob
 from app.hub.job import GotModel
+from app.model_removal import Removal
 from app.settings.actions import MODES, Action
 from app.settings.keys import normalize_hotkey
 from app.settings.models import ModelEntry, check_model_name
 from app.ui.actions import new_action_id
 from app.ui.controllers.model_jobs import ModelJobs
+from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import tr
 from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
+from app.ui.widgets.remove_model_dialog import RemoveModelDialog
 from app.ui.widgets.system_page import key_storage_text
 
 
@@ -116,15 +119,22 @@ class ActionsPage(QWidget):
 
 
 class ModelsPage(QWidget):
-    """The configured models; the user adds local folders and remote OpenAI-compatible endpoints."""
+    """The configured models; the user adds local folders and remote OpenAI-compatible endpoints.
+
+    Adding is an edit the dialog saves; removing a registered model happens when the user
+    confirms it (its files may be deleted: no undo), on ``removal``'s worker thread, and
+    ``removed`` tells the dialog it is off the registry already."""
 
     changed = Signal()
+    removed = Signal(str)  # a registered model was removed from the registry on disk
 
-    def __init__(self, builtin: list[ModelEntry], user: list[ModelEntry], parent: QWidget | None = None,
-                 jobs: ModelJobs | None = None):
+    def __init__(self, builtin: list[ModelEntry], user: list[ModelEntry], removal: ModelRemoval,
+                 parent: QWidget | None = None, jobs: ModelJobs | None = None):
         super().__init__(parent)
         self._builtin, self.user = builtin, list(user)
         self.jobs = jobs  # GGUF imports run as model jobs; None: converted on first load (float16)
+        self.removal = removal
+        self.confirm: RemoveModelDialog | None = None  # the open "Remove NAME?" question
         self._confirmed: tuple[str, str] | None = None  # an fp16 folder the user adds despite the warning
         self.list = QListWidget()
         self.name, self.path = QLineEdit(), QLineEdit()
@@ -156,17 +166,19 @@ class ModelsPage(QWidget):
         self.form.addRow(tr("API key"), self.api_key)
         self.form.addRow(tr("Model id"), self.model)
         self.form.addRow(tr("Context (tokens)"), self.max_context)
-        self.error = QLabel()
+        self.error = QLabel(wordWrap=True)
         self.error.setStyleSheet("color: #b91c1c")
-        add, remove = QPushButton(tr("Add model")), QPushButton(tr("Remove"))
+        self.status = QLabel(wordWrap=True)  # the outcome of the last removal
+        add, self.remove_button = QPushButton(tr("Add model")), QPushButton(tr("Remove"))
         add.clicked.connect(self.add_from_form)
-        remove.clicked.connect(self._remove)
+        self.remove_button.clicked.connect(self.ask_to_remove)
         buttons = QHBoxLayout()
         buttons.addWidget(add)
-        buttons.addWidget(remove)
+        buttons.addWidget(self.remove_button)
         right = QVBoxLayout()
         right.addLayout(self.form)
         right.addWidget(self.error)
+        right.addWidget(self.status)
         right.addLayout(buttons)
         layout = QHBoxLayout(self)
         layout.addWidget(self.list, 1)
@@ -175,6 +187,10 @@ class ModelsPage(QWidget):
         self._refresh()
         if jobs is not None:
             jobs.finished.connect(self._registered)
+        removal.runningChanged.connect(self._removal_running)
+        removal.finished.connect(self._removal_done)
+        removal.failed.connect(self._removal_failed)
+        self._removal_running(removal.running)
 
     def _refresh(self) -> None:
         self.list.clear()
@@ -258,9 +274,37 @@ class ModelsPage(QWidget):
             self.user.append(ModelEntry(name=got.name, kind="local", path=str(got.path)))
             self._refresh()
 
-    def _remove(self) -> None:
+    def ask_to_remove(self) -> None:
+        """Remove: an entry added in this dialog is dropped (nothing was saved); a registered one
+        after the user confirms what will happen to its files."""
         item = self.list.currentItem()
-        if item is not None:
-            self.user = [e for e in self.user if e.name != item.data(Qt.UserRole)]
-            self._refresh()
+        if item is None or self.removal.running:
+            return
+        name = item.data(Qt.UserRole)
+        plan = self.removal.plan(name)
+        if plan is None:  # not registered (yet, or any more): only this dialog lists it
+            self._forget(name)
             self.changed.emit()
+            return
+        self.confirm = dialog = RemoveModelDialog(plan, self.removal.in_use(name), parent=self)
+        dialog.accepted.connect(lambda: self.removal.start(name, dialog.keeps_files))
+        dialog.open()
+
+    def _forget(self, name: str) -> None:
+        self.user = [e for e in self.user if e.name != name]
+        self._refresh()
+
+    def _removal_running(self, running: bool) -> None:
+        self.remove_button.setEnabled(not running)
+        if running:
+            self.error.clear()
+            self.status.setText(tr("Removing {name}…", name=self.removal.name))
+
+    def _removal_done(self, removal: Removal, _in_use: bool) -> None:
+        self._forget(removal.plan.entry.name)
+        self.status.setText(removal_summary(removal))
+        self.removed.emit(removal.plan.entry.name)
+
+    def _removal_failed(self, message: str) -> None:
+        self.status.clear()
+        self.error.setText(message)
