@@ -118,5 +118,6 @@ def missing_libraries(library: Path | None) -> list[str]:
 
 
 def not_found(ldd_output: str) -> list[str]:
-    """``libxcb-cursor.so.0 => not found`` lines of ldd's output, in its order."""
-    return re.findall(r"^\s*(\S+)\s*=>\s*not found", ldd_output, flags=re.MULTILINE)
+    """The libraries of ``libxcb-cursor.so.0 => not found`` lines of ldd's output, each once, in its
+    order (ldd repeats one that the library and one of its own libraries both need)."""
+    return list(dict.fromkeys(re.findall(r"^\s*(\S+)\s*=>\s*not found", ldd_output, flags=re.MULTILINE)))
