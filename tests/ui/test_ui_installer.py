@@ -130,7 +130,7 @@ def test_installer_refuses_unknown_options(tmp_path):
 class _EmptyIndex(http.server.SimpleHTTPRequestHandler):
     """A package index that has nothing (every project page: 404), as PyPI for ``qwen-tray``."""
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server calls it by this name
         self.send_error(404)
 
     def log_message(self, *args):
