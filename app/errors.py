@@ -9,6 +9,15 @@ and keeps its traceback.
 from __future__ import annotations
 
 
+def pip_install_extra(extras: str) -> str:
+    """How to add an optional part (an extra) of Qwen Tray: from its checkout, as it is not on PyPI."""
+    return f'in the qwen-tray folder: pip install -e ".[{extras}]"'
+
+
+# CuPy and NVRTC for the CUDA major version PyTorch was built with.
+CUPY_HINT = f'{pip_install_extra("cuda12")}; ".[cuda13]" with a CUDA 13 build of PyTorch'
+
+
 class QwenTrayError(Exception):
     """An error caused by input or environment, explained in one line."""
 

@@ -6,18 +6,20 @@
 .EXAMPLE
   powershell -ExecutionPolicy Bypass -File installer\install.ps1
   powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Autostart
-  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Source C:\src\qwen-tray   # a checkout or wheel
+  powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Source C:\src\qwen-tray   # another checkout or a wheel
   powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Torch cpu                 # no NVIDIA GPU
   powershell -ExecutionPolicy Bypass -File installer\install.ps1 -Uninstall
 
 .NOTES
   Everything goes under %LOCALAPPDATA%\QwenTray; no administrator rights are needed.
+  Without -Source it installs the checkout it lives in (the folder above installer\): Qwen Tray
+  is not on PyPI.
   Settings and chat history live in %LOCALAPPDATA%\qwen-tray and are kept on uninstall.
 #>
 [CmdletBinding()]
 param(
     [string]$Prefix = (Join-Path $env:LOCALAPPDATA "QwenTray"),
-    [string]$Source = "qwen-tray",
+    [string]$Source = "",
     [string]$Python = "",
     # PyTorch wheel index: cu124 / cu126 / cu128 are CUDA 12 builds, cu130 CUDA 13 (RTX 30xx = SM86 is
     # supported by all); cpu for no GPU.
@@ -37,6 +39,47 @@ $IconSource = Join-Path $PSScriptRoot "..\app\resources\icons\qwen-tray.ico"
 function Fail([string]$Message) {
     Write-Host "install.ps1: error: $Message" -ForegroundColor Red
     exit 1
+}
+
+$SourceHint = "pass -Source with a Qwen Tray checkout (the folder with pyproject.toml) or wheel"
+
+function Resolve-Source {
+    # The checkout this script lives in is the default; a given source is checked before anything
+    # is downloaded (PyTorch with CUDA is gigabytes).
+    if (-not $Source) {
+        $checkout = Split-Path -Parent $PSScriptRoot
+        if (Test-Path (Join-Path $checkout "pyproject.toml")) { return $checkout }
+        return "qwen-tray"
+    }
+    $isPath = ($Source -match '[\\/:]') -or (Test-Path $Source)
+    if (-not $isPath) { return $Source }
+    if (Test-Path $Source -PathType Container) {
+        if (-not ((Test-Path (Join-Path $Source "pyproject.toml")) -or (Test-Path (Join-Path $Source "setup.py")))) {
+            Fail "-Source $Source is a folder without pyproject.toml: $SourceHint"
+        }
+    } elseif (Test-Path $Source -PathType Leaf) {
+        if ($Source -notmatch '\.(whl|tar\.gz|zip)$') {
+            Fail "-Source $Source is neither a folder nor a wheel (.whl) or sdist (.tar.gz, .zip): $SourceHint"
+        }
+    } else {
+        Fail "-Source $Source does not exist: $SourceHint"
+    }
+    return (Resolve-Path $Source).Path
+}
+
+function Test-Requirement([string]$VenvPython, [string]$Requirement) {
+    # A name or URL: fetch only its own small archive, without dependencies. pip's stderr is read
+    # here, which Windows PowerShell turns into a terminating error under "Stop".
+    $ErrorActionPreference = "Continue"
+    $probe = Join-Path ([IO.Path]::GetTempPath()) ("qwen-tray-probe-" + [Guid]::NewGuid())
+    $output = & $VenvPython -m pip download -q --no-deps -d $probe $Requirement 2>&1
+    $failed = $LASTEXITCODE -ne 0
+    Remove-Item -Recurse -Force -ErrorAction SilentlyContinue $probe
+    if ($failed) {
+        $reason = ($output | ForEach-Object { "$_" } | Where-Object { $_ -like "ERROR: *" } | Select-Object -First 1)
+        $reason = if ($reason) { $reason.Substring(7).TrimEnd(".") } else { "pip download failed" }
+        Fail "pip cannot install $Requirement ($reason): $SourceHint"
+    }
 }
 
 function Invoke-Checked([string]$Exe, [string[]]$Arguments) {
@@ -76,6 +119,8 @@ if ($Uninstall) {
     exit 0
 }
 
+$Source = Resolve-Source
+
 # 1. The virtual environment.
 $py = @(Find-Python)  # @(): a one-element result would otherwise become a plain string
 $pyExe = $py[0]
@@ -88,6 +133,7 @@ if (-not (Test-Path (Join-Path $Venv "Scripts\python.exe"))) {
 }
 $VenvPython = Join-Path $Venv "Scripts\python.exe"
 Invoke-Checked $VenvPython @("-m", "pip", "install", "--upgrade", "pip")
+if (-not (Test-Path $Source)) { Test-Requirement $VenvPython $Source }
 
 # 2. PyTorch (CUDA build from PyTorch's own index: PyPI's Windows wheels are CPU-only), then the app.
 Invoke-Checked $VenvPython @("-m", "pip", "install", "torch>=2.4", "--index-url", "https://download.pytorch.org/whl/$Torch")

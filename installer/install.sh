@@ -5,7 +5,7 @@
 #   installer/install.sh                      # CUDA build of PyTorch (PyPI's Linux default) + the cuda12/13 extra
 #   installer/install.sh --cpu                # CPU-only PyTorch
 #   installer/install.sh --autostart          # also start Qwen Tray at login
-#   installer/install.sh --source /path/to/checkout   # install from a checkout or wheel instead of PyPI
+#   installer/install.sh --source /path/to/checkout   # another checkout or a wheel (default: this checkout)
 #   installer/install.sh --offline            # use the packages PYTHON already has (no downloads)
 #   installer/install.sh --uninstall          # remove the menu entry, autostart entry, icons and venv
 set -euo pipefail
@@ -13,7 +13,7 @@ set -euo pipefail
 DATA_HOME="${XDG_DATA_HOME:-$HOME/.local/share}"
 CONFIG_HOME="${XDG_CONFIG_HOME:-$HOME/.config}"
 PREFIX="$DATA_HOME/qwen-tray/venv"
-SOURCE="qwen-tray"
+SOURCE=""
 PYTHON="${PYTHON:-python3}"
 CUDA=1
 AUTOSTART=0
@@ -23,6 +23,24 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ICONS="$HERE/../app/resources/icons"
 
 die() { echo "install.sh: error: $*" >&2; exit 1; }
+SOURCE_HINT="pass --source with a Qwen Tray checkout (the folder with pyproject.toml) or wheel"
+
+# What pip can install the app from without downloading it: a folder with pyproject.toml or
+# setup.py, or a wheel / sdist file. Anything else (a name, a URL) is a requirement for pip.
+is_local_source() { [[ "$1" == */* || -e "$1" ]]; }
+
+check_local_source() {
+    if [ -d "$1" ]; then
+        [ -f "$1/pyproject.toml" ] || [ -f "$1/setup.py" ] || die "--source $1 is a folder without pyproject.toml: $SOURCE_HINT"
+    elif [ -f "$1" ]; then
+        case "$1" in
+            *.whl|*.tar.gz|*.zip) ;;
+            *) die "--source $1 is neither a folder nor a wheel (.whl) or sdist (.tar.gz, .zip): $SOURCE_HINT" ;;
+        esac
+    else
+        die "--source $1 does not exist: $SOURCE_HINT"
+    fi
+}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,7 +52,7 @@ while [ $# -gt 0 ]; do
         --autostart) AUTOSTART=1; shift ;;
         --offline) OFFLINE=1; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -43,6 +61,15 @@ APPLICATIONS="$DATA_HOME/applications"
 AUTOSTART_DIR="$CONFIG_HOME/autostart"
 ICON_PNG="$DATA_HOME/icons/hicolor/256x256/apps/qwen-tray.png"
 ICON_SVG="$DATA_HOME/icons/hicolor/scalable/apps/qwen-tray.svg"
+
+# The checkout this script lives in is the default source: Qwen Tray is not on PyPI.
+if [ -z "$SOURCE" ]; then
+    if [ -f "$HERE/../pyproject.toml" ]; then
+        SOURCE="$(cd "$HERE/.." && pwd)"
+    else
+        SOURCE="qwen-tray"
+    fi
+fi
 
 if [ "$UNINSTALL" = 1 ]; then
     rm -f "$APPLICATIONS/qwen-tray.desktop" "$AUTOSTART_DIR/qwen-tray.desktop" "$ICON_PNG" "$ICON_SVG"
@@ -73,8 +100,17 @@ PY
     [ -z "$MISSING" ] || die "--offline builds Qwen Tray with $PYTHON, which $MISSING: run $PYTHON -m pip install 'setuptools>=70.1'"
 fi
 
+# The source is checked before anything is downloaded (PyTorch with CUDA is gigabytes).
+if is_local_source "$SOURCE"; then
+    check_local_source "$SOURCE"
+elif [ "$OFFLINE" = 1 ]; then
+    die "--offline cannot download $SOURCE: $SOURCE_HINT"
+fi
+
 # 1. The virtual environment.
+NEW_VENV=0
 if [ ! -x "$PREFIX/bin/python" ]; then
+    NEW_VENV=1
     if [ "$OFFLINE" = 1 ]; then
         # No packages of its own: it uses PYTHON's (pip too).
         "$PYTHON" -m venv --system-site-packages --without-pip "$PREFIX"
@@ -89,6 +125,18 @@ if sys.prefix != sys.base_prefix: print("\n".join(dict.fromkeys(sysconfig.get_pa
     fi
 fi
 PIP=("$PREFIX/bin/python" -m pip --disable-pip-version-check)
+
+if ! is_local_source "$SOURCE"; then
+    # A requirement (a name, a URL): fetch only its own small archive, without dependencies.
+    PROBE_DIR=$(mktemp -d)
+    if ! PROBE_ERR=$("${PIP[@]}" download -q --no-deps -d "$PROBE_DIR" "$SOURCE" 2>&1 >/dev/null); then
+        rm -rf "$PROBE_DIR"
+        [ "$NEW_VENV" = 0 ] || rm -rf "$PREFIX"
+        REASON=$(printf '%s\n' "$PROBE_ERR" | grep -m1 '^ERROR: ' | sed 's/^ERROR: //; s/[.]$//' || true)
+        die "pip cannot install $SOURCE (${REASON:-pip download failed}): $SOURCE_HINT"
+    fi
+    rm -rf "$PROBE_DIR"
+fi
 
 # 2. PyTorch, then the app with its extras (CuPy and NVRTC for the CUDA major version PyTorch was built with).
 EXTRAS="ui"

@@ -80,3 +80,19 @@ def test_the_tools_a_doc_names_exist():
                 module = script[:-3].replace("/", ".")
                 problems.append(f"{where(page, number)}: `python {script}`: run it as `python -m {module}`")
     assert not problems, "\n".join(problems)
+
+
+CODE_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def test_ci_runs_the_readmes_test_command():
+    """The block after "Run the tests" / "运行测试" in each README is a command .ci/run runs as it is."""
+    ci_lines = {line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()}
+    for page, heading in (("README.md", "Run the tests"), ("README.zh-CN.md", "运行测试")):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert heading in text, f"{page} has no '{heading}' paragraph"
+        block = CODE_BLOCK.search(text, text.index(heading))
+        assert block is not None, f"{page}: no bash block after '{heading}'"
+        commands = [line for line in block.group(1).splitlines() if line.strip()]
+        assert commands and all(command.strip() in ci_lines for command in commands), (
+            f"{page}: .ci/run does not run the README's test command {commands}")

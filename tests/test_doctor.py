@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +48,9 @@ def test_doctor_on_this_machine_names_what_is_missing_and_every_model(cli, tmp_p
         weights = model_weights(tiny_qwen_dir)[1]  # Qwen's vocabulary: 2 x 151,936 x 64 fp16 embeddings
         assert f"* tiny: float16 folder, {gib(weights)} of weights; on the CPU" in lines
     assert f"  gone: missing ({gone})" in lines
+    if importlib.util.find_spec("cupy") is None:  # the command that works from a checkout (not on PyPI)
+        assert ('CuPy: not installed (in the qwen-tray folder: pip install -e ".[cuda12]"; '
+                '".[cuda13]" with a CUDA 13 build of PyTorch)') in lines
     assert done.stderr == ""
 
 

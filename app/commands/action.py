@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from app.commands import text_input
-from app.errors import QwenTrayError
+from app.errors import QwenTrayError, pip_install_extra
 from app.settings.actions import Action
 from app.settings.console import console_store
 from app.ui.actions import load_builtin_actions, with_unique_ids
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from app.ui.single_instance import InstanceLock, request_running
     except ImportError as e:
-        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+        raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     reply = request_running({"command": "action", "id": args.name, "text": text}, InstanceLock())
     if reply is None:
         raise QwenTrayError(NOT_RUNNING)

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from app.errors import pip_install_extra
+
 # Platforms that need no display server (tests, VNC, framebuffer devices).
 HEADLESS_PLATFORMS = ("offscreen", "minimal", "minimalegl", "vnc", "eglfs", "linuxfb", "vkkhrdisplay")
 WITHOUT_DISPLAY = "`qwen-tray ask` and `qwen-tray serve` work without one"
@@ -88,7 +90,7 @@ def _probe(env: Mapping[str, str]) -> str | None:
         display = unreachable.group(1) or env.get("DISPLAY", "")
         return f"the X display {display} cannot be reached (is the desktop session running, and is DISPLAY right?)"
     if "No module named" in text:
-        return "PySide6 does not import: pip install 'qwen-tray[ui]'"
+        return f"PySide6 does not import: {pip_install_extra('ui')}"
     qt_lines = [line.removeprefix("qt.qpa.plugin: ").strip() for line in text.splitlines()
                 if line.startswith(("qt.qpa", "This application failed"))]
     return "Qt cannot start its platform plugin" + (f" ({qt_lines[0]})" if qt_lines else "")
@@ -116,5 +118,6 @@ def missing_libraries(library: Path | None) -> list[str]:
 
 
 def not_found(ldd_output: str) -> list[str]:
-    """``libxcb-cursor.so.0 => not found`` lines of ldd's output, in its order."""
-    return re.findall(r"^\s*(\S+)\s*=>\s*not found", ldd_output, flags=re.MULTILINE)
+    """The libraries of ``libxcb-cursor.so.0 => not found`` lines of ldd's output, each once, in its
+    order (ldd repeats one that the library and one of its own libraries both need)."""
+    return list(dict.fromkeys(re.findall(r"^\s*(\S+)\s*=>\s*not found", ldd_output, flags=re.MULTILINE)))

@@ -15,7 +15,7 @@ import platform
 from pathlib import Path
 
 from app import __version__
-from app.errors import QwenTrayError
+from app.errors import CUPY_HINT, QwenTrayError
 
 
 def register(sub) -> None:
@@ -54,7 +54,7 @@ def _cupy_line() -> str:
     try:
         import cupy
     except ImportError:
-        return "CuPy: not installed (pip install 'qwen-tray[cuda12]')"
+        return f"CuPy: not installed ({CUPY_HINT})"
     try:
         from cupy_backends.cuda.libs import nvrtc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from app.commands.display import display_problem
-from app.errors import QwenTrayError
+from app.errors import QwenTrayError, pip_install_extra
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from app.ui.single_instance import claim_instance
     except ImportError as e:
-        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+        raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     # A running tray takes the arguments (no display needed for that); else this one starts.
     instance = claim_instance(argv, replace=getattr(args, "replace", False))
     if instance is None:
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         from app.ui.app import run_tray
     except ImportError as e:
         instance.release()
-        raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
+        raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     return run_tray(argv, instance)
 
 

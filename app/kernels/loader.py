@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from app.errors import CUPY_HINT
 from app.kernels import programmatic
 from app.kernels.errors import (  # noqa: F401 - re-exported: the kernel modules import them from here
     KernelArgumentError, KernelCompileError, KernelError, KernelUnavailableError,
@@ -52,7 +53,7 @@ def _probe() -> str | None:
     try:
         import cupy  # optional (the cuda12 / cuda13 extra): its absence is the reason returned
     except ImportError as e:
-        return f"CuPy is not installed ({e}); install qwen-tray[cuda12] or qwen-tray[cuda13]"
+        return f"CuPy is not installed ({e}); {CUPY_HINT}"
     try:
         cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CuPy raises its own CUDARuntimeError types; any of them means no GPU

@@ -53,3 +53,34 @@ def test_missing_libraries_are_named_with_their_debian_packages():
     missing = not_found(ldd)
     assert missing == ["libxcb-cursor.so.0", "libxkbcommon-x11.so.0"]
     assert [DEBIAN_PACKAGES[lib] for lib in missing] == ["libxcb-cursor0", "libxkbcommon-x11-0"]
+
+
+def test_a_library_ldd_lists_twice_is_named_once():
+    """ldd repeats a library that the plugin and one of its own libraries both need (libqwayland.so)."""
+    ldd = ("\tlibQt6WaylandClient.so.6 => /opt/PySide6/Qt/lib/libQt6WaylandClient.so.6 (0x00007f5288a0d000)\n"
+           "\tlibwayland-client.so.0 => /lib/x86_64-linux-gnu/libwayland-client.so.0 (0x00007f52889f2000)\n"
+           "\tlibwayland-cursor.so.0 => not found\n"
+           "\tlibxkbcommon-x11.so.0 => not found\n"
+           "\tlibwayland-cursor.so.0 => not found\n")
+    assert not_found(ldd) == ["libwayland-cursor.so.0", "libxkbcommon-x11.so.0"]
+
+
+def _readme_apt_packages() -> set[str]:
+    line = next(line for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("sudo apt-get install "))
+    return set(line.split()[3:])
+
+
+def test_the_wayland_plugins_missing_libraries_are_named_once_and_readmes_packages_bring_them(ui_home):
+    """The wayland plugin on a compositor nobody serves: the CLI names what this machine lacks for it."""
+    missing = missing_libraries(plugin_library("wayland"))
+    done = _qwen_tray(ui_home, WAYLAND_DISPLAY="qwen-tray-test-nobody", QT_QPA_PLATFORM="wayland")
+    assert done.returncode == 1
+    if missing:  # a machine without libwayland-cursor0 (this one, CI's)
+        packages = " ".join(dict.fromkeys(DEBIAN_PACKAGES[lib] for lib in missing))
+        assert done.stderr == (f"qwen-tray: error: Qt's wayland platform plugin cannot load: {', '.join(missing)} "
+                               f"{'is' if len(missing) == 1 else 'are'} missing (Debian/Ubuntu: sudo apt-get install "
+                               f"{packages}); `qwen-tray ask` and `qwen-tray serve` work without one\n")
+        assert set(packages.split()) <= _readme_apt_packages()
+    else:
+        assert done.stderr.startswith("qwen-tray: error: Qt cannot start its platform plugin")

@@ -1,13 +1,17 @@
 """The Linux installer, run for real into a temporary HOME: venv, app, menu entry, autostart,
 uninstall. ``--offline`` reuses this machine's packages so the test downloads nothing; it builds
-the wheel with the setuptools the dev extra installed. A fresh Python (a venv from ensurepip:
+the wheel with the setuptools the dev extra installed. Without ``--source`` it installs the
+checkout it lives in; a source it cannot install is refused in one sentence before any download
+(pip's index is an empty loopback server there, so nothing can come from the network). A fresh Python (a venv from ensurepip:
 an old setuptools, no wheel package, no pip cache) gets one sentence saying what it lacks, and
 builds once it has what the dev extra declares."""
 
 from __future__ import annotations
 
 import configparser
+import http.server
 import os
+import threading
 import tomllib
 import venv
 import shutil
@@ -24,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "installer" / "install.sh"
 
 
-BUILD_INPUTS = ("pyproject.toml", "README.md", "app")  # what building the wheel reads
+BUILD_INPUTS = ("pyproject.toml", "README.md", "app", "installer")  # what building the wheel reads, and the installer
 
 
 def _checkout_copy(dest: Path) -> Path:
@@ -50,10 +54,14 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "QWEN_TRAY_", "PYTHONPATH"))}
 
 
-def _run(*args: str, home: Path, python: str = sys.executable) -> subprocess.CompletedProcess:
+def _run(*args: str, home: Path, python: str = sys.executable, installer: Path = INSTALLER,
+         **env_vars: str) -> subprocess.CompletedProcess:
     env = _clean_env()
-    env.update(HOME=str(home), PYTHON=python, PIP_NO_CACHE_DIR="1")
-    return subprocess.run(["bash", str(INSTALLER), *args], env=env, capture_output=True, text=True, timeout=300)
+    env.update(HOME=str(home), PYTHON=python, PIP_NO_CACHE_DIR="1", **env_vars)
+    return subprocess.run(["bash", str(installer), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+MARK = "# the installer test's copy of the checkout"
 
 
 def _desktop(path: Path) -> configparser.SectionProxy:
@@ -67,7 +75,10 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     source = _checkout_copy(tmp_path / "src")
-    done = _run("--offline", "--source", str(source), "--autostart", home=home)
+    with (source / "app" / "__init__.py").open("a", encoding="utf-8") as init:
+        init.write(MARK + "\n")
+    # No --source: the checkout the installer lives in (Qwen Tray is not on PyPI).
+    done = _run("--offline", "--autostart", home=home, installer=source / "installer" / "install.sh")
     assert done.returncode == 0, done.stderr[-3000:]
     reason = unavailable_reason()  # the installer's GPU check says it too (here: no GPU)
     assert (f"warning: Qwen Tray's CUDA kernels cannot run here: {reason}"
@@ -99,6 +110,7 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
     assert probe.returncode == 0, probe.stderr[-2000:]
     installed_at, resources = probe.stdout.split()
     assert installed_at.startswith(str(venv))  # the installed copy, not the checkout
+    assert MARK in Path(installed_at).read_text(encoding="utf-8")  # from the installer's own checkout
     assert (Path(resources) / "actions.toml").is_file(), "the wheel must ship app/resources/actions.toml"
 
     again = _run("--offline", "--source", str(source), home=home)  # re-run without autostart: idempotent
@@ -113,6 +125,58 @@ def test_install_into_a_temporary_home_then_uninstall(tmp_path):
 def test_installer_refuses_unknown_options(tmp_path):
     done = _run("--frobnicate", home=tmp_path)
     assert done.returncode != 0 and "unknown option --frobnicate" in done.stderr
+
+
+class _EmptyIndex(http.server.SimpleHTTPRequestHandler):
+    """A package index that has nothing (every project page: 404), as PyPI for ``qwen-tray``."""
+
+    def do_GET(self):  # http.server calls it by this name
+        self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def empty_index():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EmptyIndex)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+
+
+HINT = "pass --source with a Qwen Tray checkout (the folder with pyproject.toml) or wheel"
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["online", "offline"])
+def test_a_source_it_cannot_install_is_refused_in_one_sentence_before_any_download(tmp_path, empty_index, offline):
+    """Before PyTorch (gigabytes) is fetched; pip's only index is an empty loopback server."""
+    not_a_checkout = tmp_path / "not-a-checkout"
+    not_a_checkout.mkdir()
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a wheel")
+    lone_installer = tmp_path / "downloaded" / "install.sh"  # the script without its checkout
+    lone_installer.parent.mkdir()
+    shutil.copy2(INSTALLER, lone_installer)
+    mode = ["--offline"] if offline else []
+    cases = [
+        (["--source", str(tmp_path / "missing")], INSTALLER, f"--source {tmp_path / 'missing'} does not exist"),
+        (["--source", str(not_a_checkout)], INSTALLER, f"--source {not_a_checkout} is a folder without pyproject.toml"),
+        (["--source", str(text_file)], INSTALLER,
+         f"--source {text_file} is neither a folder nor a wheel (.whl) or sdist (.tar.gz, .zip)"),
+        ([], lone_installer, "--offline cannot download qwen-tray" if offline else
+         "pip cannot install qwen-tray (Could not find a version that satisfies the requirement qwen-tray "
+         "(from versions: none))"),
+    ]
+    for args, installer, reason in cases:
+        home = tmp_path / f"home-{len(list(tmp_path.glob('home-*')))}"
+        home.mkdir()
+        done = _run(*mode, "--cpu", *args, home=home, installer=installer, PIP_INDEX_URL=empty_index)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert done.stderr.strip().splitlines() == [f"install.sh: error: {reason}: {HINT}"]
+        assert not (home / ".local/share/qwen-tray/venv").exists()  # nothing left behind, nothing downloaded
 
 
 def _dev_build_requirements() -> list[str]:
