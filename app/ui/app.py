@@ -40,6 +40,7 @@ from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.system_page import open_folder
+from app.ui.widgets.tray import TrayIcon, fill_app_menu
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,6 @@ class TrayApp(QObject):
         self.settings_dialog = None
         self.tray = None
         if with_tray_icon:
-            from app.ui.widgets.tray import TrayIcon
-
             self.tray = TrayIcon(self)
             self.tray.show()
         self.store.on_notice(self.notify)  # what was wrong with the settings file, and where it went
@@ -218,13 +217,23 @@ class TrayApp(QObject):
         if self.chat_window is None:
             from app.ui.widgets.chat import ChatWindow
 
-            self.chat_window = ChatWindow(self.host, self.store, self.history.chats)
+            # Without a system tray the chat window is the only way in: it carries the menu,
+            # and closing it quits (else the app would run on with nothing on the screen).
+            no_tray = self.tray is None
+            self.chat_window = ChatWindow(self.host, self.store, self.history.chats,
+                                          fill_menu=(lambda menu: fill_app_menu(menu, self)) if no_tray else None)
+            if no_tray:
+                self.chat_window.closed.connect(self._chat_closed_without_tray)
             for notice in self.chat_window.notices:
                 self.notify(notice)
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
         self.chat_window.input.setFocus()
+
+    def _chat_closed_without_tray(self) -> None:
+        log.info("the chat window was closed and there is no system tray: quitting")
+        self.quit()
 
     def open_conversation(self, conversation_id: str) -> None:
         """A conversation from the History window, in the chat window."""
@@ -360,13 +369,14 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
     qapp.setWindowIcon(app_icon())
-    tray_app = TrayApp(language=args.language)
+    has_tray = QSystemTrayIcon.isSystemTrayAvailable()  # not on GNOME without its AppIndicator extension
+    tray_app = TrayApp(language=args.language, with_tray_icon=has_tray)
     if args.model:
         tray_app.switch_to_named(args.model)
     else:
         tray_app.start()
-    if not QSystemTrayIcon.isSystemTrayAvailable():  # (GNOME without its AppIndicator extension)
-        log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
+    if not has_tray:
+        log.warning("no system tray found: the chat window carries the menu, and closing it quits")
         tray_app.open_chat()  # something to see: started from a menu, it would run invisibly
     qapp.aboutToQuit.connect(tray_app.shutdown)
     # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.

@@ -18,6 +18,7 @@ from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore, settings_path
 from app.ui.app import TrayApp
 from app.ui.models import STARTER_NAME, ModelEntry
+from app.ui.widgets.tray import state_text
 from tests import unprivileged
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
@@ -56,13 +57,14 @@ class FakeServer:
 def make_app(qtbot):
     apps = []
 
-    def make(opener=None, taken=(), server=None, language=None, selection="selected words here"):
+    def make(opener=None, taken=(), server=None, language=None, selection="selected words here", tray=True):
         FakeHotkeys.taken = set(taken)
         clipboard = QGuiApplication.clipboard()
         missing = (None, "app.server has no start_server_in_thread()")
         finder = (lambda: (server.start, "")) if server else (lambda: missing)
         app = TrayApp(opener=opener or FakeOpener(), hotkey_factory=FakeHotkeys,
-                      injector=RecordingInjector(clipboard, selection), server_finder=finder, language=language)
+                      injector=RecordingInjector(clipboard, selection), server_finder=finder, language=language,
+                      with_tray_icon=tray)
         apps.append(app)
         return app
 
@@ -105,6 +107,37 @@ def test_menu_is_built_from_state(qtbot, make_app):
     assert "start_server_in_thread" in api.actions()[0].text()
     assert STARTER_NAME in app.tray.toolTip() and "fake · cpu" not in app.tray.toolTip()
     assert f"{STARTER_NAME} · cpu" in app.tray.toolTip()
+
+
+def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_quits(qtbot, make_app, caplog):
+    app = make_app(tray=False)
+    _start(qtbot, app)
+    app.open_chat()
+    chat = app.chat_window
+    qtbot.waitExposed(chat)
+    assert chat.menu_button is not None and chat.menu_button.text() == "Menu"
+    texts = _menu_texts(chat.menu_button.menu())
+    assert texts[0] == state_text(app)  # the tray menu's status line
+    assert texts[-5:] == ["Model", "Local API", "Settings…", "Open log folder", "Quit"]
+    models = _submenu(chat.menu_button.menu(), "Model")
+    assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, True)]
+    settings = next(a for a in chat.menu_button.menu().actions() if a.text() == "Settings…")
+    settings.trigger()
+    assert app.settings_dialog is not None and app.settings_dialog.isVisible()
+    app.settings_dialog.close()
+    with caplog.at_level("INFO", logger="app.ui.app"):
+        chat.close()
+    assert app.host.state == "empty"  # shut down: no model left running unseen
+    assert "the chat window was closed and there is no system tray: quitting" in caplog.text
+
+
+def test_with_a_tray_the_chat_window_has_no_menu_and_closing_it_keeps_the_app(qtbot, make_app):
+    app = make_app()
+    _start(qtbot, app)
+    app.open_chat()
+    assert app.chat_window.menu_button is None
+    app.chat_window.close()
+    assert app.host.state == "ready"
 
 
 @pytest.mark.parametrize("device,expected", [
@@ -442,15 +475,16 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
         started.append(self)
 
     monkeypatch.setattr(app_module.TrayApp, "__init__", spy_init)
-    def quit_after_failure():
-        # Quit once the (missing) model has failed to load: the loop ran and the app reacted.
+    def close_the_chat_after_failure():
+        # Once the (missing) model has failed to load (the loop ran and the app reacted), the user
+        # closes the chat window: without a system tray that quits the app.
         tray = started[0]
         if tray.host.state == "error":
-            tray.quit()
+            tray.chat_window.close()
         else:
-            tray.host.loadFailed.connect(lambda _m: tray.quit())
+            tray.host.loadFailed.connect(lambda _m: tray.chat_window.close())
 
-    QTimer.singleShot(0, quit_after_failure)
+    QTimer.singleShot(0, close_the_chat_after_failure)
     QTimer.singleShot(60000, lambda: started[0].quit())  # never hang the suite
     try:
         assert app_module.run_tray(["--language", "en"]) == 0
@@ -461,8 +495,10 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     assert any("no-such-model" in n for n in tray.notices)
     assert any("global hotkeys are unavailable" in n for n in tray.notices)
     assert not QSystemTrayIcon.isSystemTrayAvailable()  # offscreen has no tray area:
-    assert tray.chat_window is not None  # so the chat window was shown, not an invisible app
+    assert tray.chat_window is not None and tray.tray is None  # so the chat window was shown, not an invisible app
     log = (ui_home / "data" / "qwen-tray.log").read_text(encoding="utf-8")
+    assert "no system tray found: the chat window carries the menu, and closing it quits" in log
+    assert "the chat window was closed and there is no system tray: quitting" in log
     assert "no-such-model" in log  # no console under pythonw: the log file tells what happened
 
 

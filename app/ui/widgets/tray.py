@@ -75,50 +75,56 @@ class TrayIcon(QSystemTrayIcon):
         self.setToolTip(f"{title}\n{state_text(self.app)}")
 
     def rebuild_menu(self) -> None:
-        menu, app = self.menu, self.app
-        menu.clear()
-        status = menu.addAction(state_text(app))
-        status.setEnabled(False)
-        menu.addSeparator()
-        hotkeys = app.effective_hotkeys()
-        for action in app.actions:
-            label = action.label(current_language())
-            item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
-            item.setEnabled(app.host.backend is not None)
-            item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
-        menu.addSeparator()
-        menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
-        menu.addAction(tr("History…")).triggered.connect(app.open_history)
-        self._model_menu(menu.addMenu(tr("Model")))
-        self._api_menu(menu.addMenu(tr("Local API")))
-        menu.addSeparator()
-        menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
-        menu.addAction(tr("Open log folder")).triggered.connect(app.open_log_folder)
-        menu.addAction(tr("Quit")).triggered.connect(app.quit)
+        fill_app_menu(self.menu, self.app)
 
-    def _model_menu(self, sub: QMenu) -> None:
-        app = self.app
-        group = QActionGroup(sub)
-        group.setExclusive(True)
-        current = app.host.entry.name if app.host.entry else ""
-        for entry in app.models():
-            item = QAction(entry.name, sub, checkable=True)
-            item.setChecked(entry.name == current)
-            item.triggered.connect(lambda _checked=False, e=entry: app.switch_model(e))
-            group.addAction(item)
-            sub.addAction(item)
 
-    def _api_menu(self, sub: QMenu) -> None:
-        api = self.app.local_api
-        if not api.available:
-            sub.setEnabled(False)
-            sub.setToolTip(api.unavailable_reason)
-            sub.addAction(tr("Unavailable: {reason}", reason=api.unavailable_reason)).setEnabled(False)
-            return
-        toggle = QAction(tr("Enabled"), sub, checkable=True)
-        toggle.setChecked(api.running)
-        toggle.setEnabled(self.app.host.backend is not None and self.app.host.entry.is_local_engine)
-        toggle.toggled.connect(self.app.set_local_api)
-        sub.addAction(toggle)
-        address = sub.addAction(api.url if api.running else tr("Not running"))
-        address.setEnabled(False)
+def fill_app_menu(menu: QMenu, app: TrayApp) -> None:
+    """The app's menu from its state: the tray icon's menu, and without a system tray the chat
+    window's Menu button (both rebuild it on aboutToShow)."""
+    menu.clear()
+    status = menu.addAction(state_text(app))
+    status.setEnabled(False)
+    menu.addSeparator()
+    hotkeys = app.effective_hotkeys()
+    for action in app.actions:
+        label = action.label(current_language())
+        item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
+        item.setEnabled(app.host.backend is not None)
+        item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
+    menu.addSeparator()
+    menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
+    menu.addAction(tr("History…")).triggered.connect(app.open_history)
+    _model_menu(menu.addMenu(tr("Model")), app)
+    _api_menu(menu.addMenu(tr("Local API")), app)
+    menu.addSeparator()
+    menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
+    menu.addAction(tr("Open log folder")).triggered.connect(app.open_log_folder)
+    menu.addAction(tr("Quit")).triggered.connect(app.quit)
+
+
+def _model_menu(sub: QMenu, app: TrayApp) -> None:
+    group = QActionGroup(sub)
+    group.setExclusive(True)
+    current = app.host.entry.name if app.host.entry else ""
+    for entry in app.models():
+        item = QAction(entry.name, sub, checkable=True)
+        item.setChecked(entry.name == current)
+        item.triggered.connect(lambda _checked=False, e=entry: app.switch_model(e))
+        group.addAction(item)
+        sub.addAction(item)
+
+
+def _api_menu(sub: QMenu, app: TrayApp) -> None:
+    api = app.local_api
+    if not api.available:
+        sub.setEnabled(False)
+        sub.setToolTip(api.unavailable_reason)
+        sub.addAction(tr("Unavailable: {reason}", reason=api.unavailable_reason)).setEnabled(False)
+        return
+    toggle = QAction(tr("Enabled"), sub, checkable=True)
+    toggle.setChecked(api.running)
+    toggle.setEnabled(app.host.backend is not None and app.host.entry.is_local_engine)
+    toggle.toggled.connect(app.set_local_api)
+    sub.addAction(toggle)
+    address = sub.addAction(api.url if api.running else tr("Not running"))
+    address.setEnabled(False)
