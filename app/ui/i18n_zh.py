@@ -15,6 +15,7 @@ ZH_CN: dict[str, str] = {
     "Settings…": "设置…",
     "Quit": "退出",
     "Menu": "菜单",
+    "{action} runs once {model} is loaded": "{model} 加载完成后将执行“{action}”",
     "Settings, history, models and Quit (this desktop shows no system tray)": "设置、历史、模型与退出（此桌面没有系统托盘）",
     "Ready · {tokens} tokens of context": "就绪 · 上下文 {tokens} token",
     "Ready · {tokens} tokens of context · {gib} GiB of VRAM": "就绪 · 上下文 {tokens} token · 显存 {gib} GiB",

@@ -137,6 +137,47 @@ def test_qwen_tray_action_runs_on_given_text_and_streams_into_the_popup(env, run
     running_tray.wait_for("answer")
 
 
+def test_qwen_tray_action_sent_while_the_model_loads_runs_once_it_is_ready(env, tiny_qwen_dir):
+    """A desktop shortcut pressed right after login: the real model's load is in progress."""
+    tray = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir), "--hold-load"], env)
+    try:
+        tray.wait_for("loading")
+        action = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "summarize", "--text",
+                                   "The budget review moved to Friday afternoon."], env=env, cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tray.wait_for("notice")["text"] == "Summarize runs once test model is loaded"
+        assert send_request({"command": "ping"})["message"] == "model test model: loading"
+        tray.send("release-load")
+        out, err = action.communicate(timeout=TIMEOUT * 2)
+        assert (action.returncode, err) == (0, "")
+        assert out == "Summarize runs on the given text; the answer shows in its popup\n"
+        assert [e["event"] for e in tray.seen].index("ready") < [e["event"] for e in tray.seen].index("captured")
+        captured = tray.wait_for("captured")
+        assert (captured["origin"], captured["text"]) == ("given", "The budget review moved to Friday afternoon.")
+        assert tray.wait_for("answer")["popup_visible"]
+    finally:
+        tray.stop()
+
+
+def test_qwen_tray_action_sent_while_a_load_fails_gets_the_loads_error(env, tmp_path):
+    (tmp_path / "no-model-here").mkdir()
+    tray = Child(["ui_x11_driver.py", "--model", str(tmp_path / "no-model-here"), "--hold-load"], env)
+    try:
+        tray.wait_for("loading")
+        action = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "summarize", "--text", "Some words."],
+                                  env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tray.wait_for("notice")["text"] == "Summarize runs once test model is loaded"
+        assert send_request({"command": "ping"})["message"] == "model test model: loading"
+        tray.send("release-load")
+        out, err = action.communicate(timeout=TIMEOUT * 2)
+        assert (action.returncode, out) == (1, "")
+        assert err.startswith("qwen-tray: error: the model could not be loaded, so Summarize did not run: ")
+        assert "no-model-here" in err and len(err.strip().splitlines()) == 1
+        assert not any(e["event"] == "captured" for e in tray.seen)
+    finally:
+        tray.stop()
+
+
 def test_qwen_tray_action_errors_are_one_line(env, running_tray):
     unknown = qwen_tray(env, "action", "summarise", "--text", "x")
     assert unknown.returncode == 1
