@@ -81,6 +81,13 @@ def test_a_second_qwen_tray_hands_over_and_exits_then_replace_restarts(env, tmp_
         assert second.returncode == 0, second.stderr
         assert second.stdout.strip() == f"Qwen Tray is already running (process {first.pid}): it opened its chat window"
         assert first.poll() is None and send_request({"command": "ping"})["pid"] == first.pid
+        chinese = qwen_tray(env, "--language", "zh_CN")  # the UI is not translated again while it runs
+        assert chinese.returncode == 0, chinese.stderr
+        assert chinese.stdout.strip() == (
+            f"Qwen Tray is already running (process {first.pid}): it opened its chat window; it keeps its "
+            "language (English): `qwen-tray --language zh_CN --replace` restarts it in Simplified Chinese")
+        same = qwen_tray(env, "--language", "en")
+        assert same.stdout.strip().endswith(": it opened its chat window")
 
         third = start_tray(env, *model, "--replace")
         assert first.wait(TIMEOUT) == 0  # asked to quit, it quit cleanly

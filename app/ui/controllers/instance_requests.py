@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer
 
-from app.ui.i18n import tr
+from app.ui.i18n import current_language, resolve_language, tr
 from app.ui.single_instance import QUEUED_ACTION_LIMIT_S, PendingReply
 
 if TYPE_CHECKING:
@@ -65,9 +65,19 @@ class InstanceRequests:
             return refused(f"bad arguments: {' '.join(argv)}")
         if args.model:
             self.app.switch_to_named(args.model)
-            return ok(f"it is loading {args.model}")
+            return ok(f"it is loading {args.model}{self._language_note(args.language)}")
         self.app.open_chat()
-        return ok("it opened its chat window")
+        return ok(f"it opened its chat window{self._language_note(args.language)}")
+
+    @staticmethod
+    def _language_note(asked: str | None) -> str:
+        """The UI's language is chosen at start (its windows are not translated again): say so
+        rather than ignore ``--language``."""
+        if asked is None or resolve_language(asked) == current_language():
+            return ""
+        names = {"en": "English", "zh_CN": "Simplified Chinese"}
+        return (f"; it keeps its language ({names[current_language()]}): "
+                f"`qwen-tray --language {asked} --replace` restarts it in {names[resolve_language(asked)]}")
 
     def _action(self, action_id: object, text: object) -> dict:
         if not isinstance(action_id, str) or (text is not None and not isinstance(text, str)):
