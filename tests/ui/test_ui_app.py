@@ -17,7 +17,8 @@ from app.settings.document import Settings
 from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore, settings_path
 from app.ui.app import TrayApp
-from app.ui.models import STARTER_NAME, ModelEntry
+from app.ui.i18n import set_language
+from app.ui.models import STARTER_NAME, ModelEntry, open_backend
 from app.ui.widgets.tray import state_text
 from tests import unprivileged
 
@@ -96,7 +97,7 @@ def test_menu_is_built_from_state(qtbot, make_app):
         assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct…"
         assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # actions wait for the model
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"Ready · {app.host.backend.max_context} tokens of context"
+    assert texts[0] == f"{STARTER_NAME} · CPU · ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
                           "Rewrite / polish\tCtrl+Alt+R", "Explain"]
     assert texts[6:] == ["Open chat", "History…", "Model", "Local API", "Settings…", "Open log folder", "Quit"]
@@ -105,8 +106,18 @@ def test_menu_is_built_from_state(qtbot, make_app):
     api = _submenu(app.tray.menu, "Local API")
     assert not api.isEnabled()  # app.server lacks the start function in this test
     assert "start_server_in_thread" in api.actions()[0].text()
-    assert STARTER_NAME in app.tray.toolTip() and "fake · cpu" not in app.tray.toolTip()
-    assert f"{STARTER_NAME} · cpu" in app.tray.toolTip()
+    assert app.tray.toolTip() == f"Qwen Tray\n{texts[0]}"
+
+
+def test_the_status_line_does_not_claim_a_context_a_remote_endpoint_did_not_report(qtbot, make_app):
+    app = make_app(opener=open_backend)
+    remote = ModelEntry("Team server", kind="remote", base_url="http://127.0.0.1:9/v1", model="qwen2.5-7b",
+                        api_key="sk-test")
+    with qtbot.waitSignal(app.host.loaded, timeout=10000):
+        app.host.switch_to(remote)  # (nothing is sent to the endpoint before a request)
+    assert _menu_texts(app.tray.menu)[0] == "Team server · remote endpoint · ready · 32768 tokens of context as configured"
+    set_language("zh_CN")
+    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 token（按配置）"
 
 
 def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_quits(qtbot, make_app, caplog):
@@ -323,7 +334,7 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
+    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} token"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
     assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
@@ -517,7 +528,8 @@ def test_status_line_says_when_the_gpu_is_being_prepared(make_app):
 
 
 def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
-    app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712), language="zh_CN")
+    app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712, device="cuda"),
+                   language="zh_CN")
     _start(qtbot, app)
-    assert _menu_texts(app.tray.menu)[0] == "就绪 · 上下文 3712 token · 显存 3.20 GiB"
+    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 token · 显存 3.20 GiB"
     assert "显存 3.20 GiB" in app.tray.toolTip()

@@ -2,8 +2,8 @@
 
 Menu: status line · the actions · Open chat · History · Model ▸ · Local API ▸ · Settings · Open log
 folder · Quit.
-The icon shows the engine state (loading with progress, ready, busy, error); the tooltip
-names the model and the device.
+The icon shows the engine state (loading with progress, ready, busy, error); the menu's first
+line and the tooltip name the model, its device (GPU, CPU, remote endpoint) and its state.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.progress import GPU_STAGE, KERNELS_STAGE
+from app.ui.backend.base import ChatBackend
 from app.ui.i18n import current_language, tr
 from app.ui.widgets.icons import state_icon
 
@@ -36,15 +37,28 @@ def state_text(app: TrayApp) -> str:
         return tr("Model unloaded to free memory; it loads again when needed")
     if host.state == "error":
         return tr("Error: {message}", message=host.error)
-    if host.busy:
-        return tr("Busy")
-    if host.state == "ready":  # the context too: on a small card a model may load with less than asked
-        vram = host.backend.vram_bytes()
-        if vram is None:
-            return tr("Ready · {tokens} tokens of context", tokens=host.backend.max_context)
-        return tr("Ready · {tokens} tokens of context · {gib} GiB of VRAM", tokens=host.backend.max_context,
-                  gib=f"{vram / 2**30:.2f}")
+    if host.state == "ready":
+        return ready_text(host.backend, busy=host.busy)
     return tr("No model loaded")
+
+
+def device_label(device: str) -> str:
+    return {"cuda": tr("GPU"), "cpu": tr("CPU"), "remote": tr("remote endpoint")}.get(device, device)
+
+
+def ready_text(backend: ChatBackend, busy: bool = False) -> str:
+    """The status line of a loaded model, e.g. "SmolLM2-135M-Instruct · CPU · ready · 4096 tokens of
+    context": the model, where it runs and
+    the context it loaded with (on a small card less than asked); a remote endpoint's context is
+    the value its entry configures (the server does not report one)."""
+    head = f"{backend.name} · {device_label(backend.device)} · " + (tr("busy") if busy else tr("ready"))
+    if backend.device == "remote":
+        return head + " · " + tr("{tokens} tokens of context as configured", tokens=backend.max_context)
+    vram = backend.vram_bytes()
+    context = tr("{tokens} tokens of context", tokens=backend.max_context)
+    if vram is None:
+        return f"{head} · {context}"
+    return f"{head} · {context} · " + tr("{gib} GiB of VRAM", gib=f"{vram / 2**30:.2f}")
 
 
 class TrayIcon(QSystemTrayIcon):
@@ -69,8 +83,8 @@ class TrayIcon(QSystemTrayIcon):
         state = "busy" if host.busy else host.state
         stage, done, total = host.progress
         self.setIcon(state_icon(state, done / total if host.state == "loading" and total else None))
-        backend = host.backend
-        model = f"{backend.name} · {backend.device}" if backend else (host.entry.name if host.entry else "")
+        # The status line names the model and its device once it is loaded; before, the title does.
+        model = host.entry.name if host.entry and host.backend is None else ""
         title = f"Qwen Tray — {model}" if model else "Qwen Tray"
         self.setToolTip(f"{title}\n{state_text(self.app)}")
 
