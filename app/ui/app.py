@@ -23,7 +23,7 @@ from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
-from app.settings.store import SettingsStore
+from app.settings.store import SettingsStore, settings_path
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
@@ -55,6 +55,7 @@ class TrayApp(QObject):
         qapp = QApplication.instance()
         self._shut_down = False
         self.notices: list[str] = []  # everything told to the user this run, oldest first
+        first_start = not settings_path().exists()
         self.store = PreferencesStore()
         set_language(language or self.store.prefs.language)
         install_qt_translation(qapp)
@@ -100,6 +101,8 @@ class TrayApp(QObject):
         for notice in renamed:
             self.notify(notice)
         self.apply_hotkeys()
+        if first_start and self.tray is not None:
+            self._welcome()
 
     # -- notices ---------------------------------------------------------------------------------
     def notify(self, message: str | Notice) -> None:
@@ -109,6 +112,20 @@ class TrayApp(QObject):
         self.notified.emit(text)
         if self.tray is not None and QSystemTrayIcon.supportsMessages():
             self.tray.showMessage("Qwen Tray", text, QSystemTrayIcon.Information, 8000)
+
+    def _welcome(self) -> None:
+        """The first start: one notice saying where the app is and which hotkeys it listens to
+        (as registered now); saving the settings makes the next start not a first one."""
+        active = self.hotkeys.active
+        pressed = ", ".join(f"{a.label(current_language())} {active[a.id]}" for a in self.actions if a.id in active)
+        if not pressed:
+            self.notify(tr("Qwen Tray is in the system tray: its menu has the actions, the chat and Settings."))
+        elif OPEN_CHAT_ID in active:
+            self.notify(tr("Qwen Tray is in the system tray. Select text and press {hotkeys}; {chat} opens the chat.",
+                           hotkeys=pressed, chat=active[OPEN_CHAT_ID]))
+        else:
+            self.notify(tr("Qwen Tray is in the system tray. Select text and press {hotkeys}.", hotkeys=pressed))
+        self.store.write_if_missing()
 
     def _notice_without_kernels(self) -> None:
         """Say once per load why a model on a GPU machine runs slower than it could."""

