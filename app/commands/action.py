@@ -52,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
     if text is not None and not text.strip():
         raise QwenTrayError("the text to work on is empty")
     try:
-        from app.ui.single_instance import QUEUED_REPLY_TIMEOUT_MS, InstanceLock, request_running
+        from app.ui.single_instance import (
+            QUEUED_REPLY_TIMEOUT_MS,
+            InstanceLock,
+            request_running,
+        )
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6: pip install 'qwen-tray[ui]' ({e.name} is missing)") from None
     # A tray still loading its model answers once the load is over (a shortcut pressed right after login).

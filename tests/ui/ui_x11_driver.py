@@ -39,10 +39,8 @@ def main() -> int:
 
     from app.ui.app import TrayApp, parse_args
     from app.ui.controllers.instance_requests import InstanceRequests
-    from app.ui.models import ModelEntry
+    from app.ui.models import ModelEntry, open_backend
     from app.ui.single_instance import InstanceServer, claim_instance
-
-    from app.ui.models import open_backend
 
     release_load = threading.Event()
     opener = open_backend
