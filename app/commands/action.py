@@ -52,10 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if text is not None and not text.strip():
         raise QwenTrayError("the text to work on is empty")
     try:
-        from app.ui.single_instance import InstanceLock, request_running
+        from app.ui.single_instance import QUEUED_REPLY_TIMEOUT_MS, InstanceLock, request_running
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
-    reply = request_running({"command": "action", "id": args.name, "text": text}, InstanceLock())
+    # A tray still loading its model answers once the load is over (a shortcut pressed right after login).
+    reply = request_running({"command": "action", "id": args.name, "text": text}, InstanceLock(),
+                            reply_timeout_ms=QUEUED_REPLY_TIMEOUT_MS)
     if reply is None:
         raise QwenTrayError(NOT_RUNNING)
     if not reply.get("ok"):

@@ -23,7 +23,7 @@ from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
-from app.settings.store import SettingsStore
+from app.settings.store import SettingsStore, settings_path
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
@@ -40,6 +40,7 @@ from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.system_page import open_folder
+from app.ui.widgets.tray import TrayIcon, fill_app_menu
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class TrayApp(QObject):
         qapp = QApplication.instance()
         self._shut_down = False
         self.notices: list[str] = []  # everything told to the user this run, oldest first
+        first_start = not settings_path().exists()
         self.store = PreferencesStore()
         set_language(language or self.store.prefs.language)
         install_qt_translation(qapp)
@@ -93,14 +95,14 @@ class TrayApp(QObject):
         self.settings_dialog = None
         self.tray = None
         if with_tray_icon:
-            from app.ui.widgets.tray import TrayIcon
-
             self.tray = TrayIcon(self)
             self.tray.show()
         self.store.on_notice(self.notify)  # what was wrong with the settings file, and where it went
         for notice in renamed:
             self.notify(notice)
         self.apply_hotkeys()
+        if first_start and self.tray is not None:
+            self._welcome()
 
     # -- notices ---------------------------------------------------------------------------------
     def notify(self, message: str | Notice) -> None:
@@ -110,6 +112,20 @@ class TrayApp(QObject):
         self.notified.emit(text)
         if self.tray is not None and QSystemTrayIcon.supportsMessages():
             self.tray.showMessage("Qwen Tray", text, QSystemTrayIcon.Information, 8000)
+
+    def _welcome(self) -> None:
+        """The first start: one notice saying where the app is and which hotkeys it listens to
+        (as registered now); saving the settings makes the next start not a first one."""
+        active = self.hotkeys.active
+        pressed = ", ".join(f"{a.label(current_language())} {active[a.id]}" for a in self.actions if a.id in active)
+        if not pressed:
+            self.notify(tr("Qwen Tray is in the system tray: its menu has the actions, the chat and Settings."))
+        elif OPEN_CHAT_ID in active:
+            self.notify(tr("Qwen Tray is in the system tray. Select text and press {hotkeys}; {chat} opens the chat.",
+                           hotkeys=pressed, chat=active[OPEN_CHAT_ID]))
+        else:
+            self.notify(tr("Qwen Tray is in the system tray. Select text and press {hotkeys}.", hotkeys=pressed))
+        self.store.write_if_missing()
 
     def _notice_without_kernels(self) -> None:
         """Say once per load why a model on a GPU machine runs slower than it could."""
@@ -218,13 +234,23 @@ class TrayApp(QObject):
         if self.chat_window is None:
             from app.ui.widgets.chat import ChatWindow
 
-            self.chat_window = ChatWindow(self.host, self.store, self.history.chats)
+            # Without a system tray the chat window is the only way in: it carries the menu,
+            # and closing it quits (else the app would run on with nothing on the screen).
+            no_tray = self.tray is None
+            self.chat_window = ChatWindow(self.host, self.store, self.history.chats,
+                                          fill_menu=(lambda menu: fill_app_menu(menu, self)) if no_tray else None)
+            if no_tray:
+                self.chat_window.closed.connect(self._chat_closed_without_tray)
             for notice in self.chat_window.notices:
                 self.notify(notice)
         self.chat_window.show()
         self.chat_window.raise_()
         self.chat_window.activateWindow()
         self.chat_window.input.setFocus()
+
+    def _chat_closed_without_tray(self) -> None:
+        log.info("the chat window was closed and there is no system tray: quitting")
+        self.quit()
 
     def open_conversation(self, conversation_id: str) -> None:
         """A conversation from the History window, in the chat window."""
@@ -360,13 +386,14 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
     qapp.setApplicationName("qwen-tray")
     qapp.setQuitOnLastWindowClosed(False)  # closing the chat window keeps the tray running
     qapp.setWindowIcon(app_icon())
-    tray_app = TrayApp(language=args.language)
+    has_tray = QSystemTrayIcon.isSystemTrayAvailable()  # not on GNOME without its AppIndicator extension
+    tray_app = TrayApp(language=args.language, with_tray_icon=has_tray)
     if args.model:
         tray_app.switch_to_named(args.model)
     else:
         tray_app.start()
-    if not QSystemTrayIcon.isSystemTrayAvailable():  # (GNOME without its AppIndicator extension)
-        log.warning("no system tray found; use the Open chat hotkey (%s)", DEFAULT_OPEN_CHAT_HOTKEY)
+    if not has_tray:
+        log.warning("no system tray found: the chat window carries the menu, and closing it quits")
         tray_app.open_chat()  # something to see: started from a menu, it would run invisibly
     qapp.aboutToQuit.connect(tray_app.shutdown)
     # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.

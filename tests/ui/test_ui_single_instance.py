@@ -81,6 +81,13 @@ def test_a_second_qwen_tray_hands_over_and_exits_then_replace_restarts(env, tmp_
         assert second.returncode == 0, second.stderr
         assert second.stdout.strip() == f"Qwen Tray is already running (process {first.pid}): it opened its chat window"
         assert first.poll() is None and send_request({"command": "ping"})["pid"] == first.pid
+        chinese = qwen_tray(env, "--language", "zh_CN")  # the UI is not translated again while it runs
+        assert chinese.returncode == 0, chinese.stderr
+        assert chinese.stdout.strip() == (
+            f"Qwen Tray is already running (process {first.pid}): it opened its chat window; it keeps its "
+            "language (English): `qwen-tray --language zh_CN --replace` restarts it in Simplified Chinese")
+        same = qwen_tray(env, "--language", "en")
+        assert same.stdout.strip().endswith(": it opened its chat window")
 
         third = start_tray(env, *model, "--replace")
         assert first.wait(TIMEOUT) == 0  # asked to quit, it quit cleanly
@@ -135,6 +142,47 @@ def test_qwen_tray_action_runs_on_given_text_and_streams_into_the_popup(env, run
     assert piped.returncode == 0, piped.stderr
     assert running_tray.wait_for("captured")["text"] == "会议改到周五下午三点。\n"
     running_tray.wait_for("answer")
+
+
+def test_qwen_tray_action_sent_while_the_model_loads_runs_once_it_is_ready(env, tiny_qwen_dir):
+    """A desktop shortcut pressed right after login: the real model's load is in progress."""
+    tray = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir), "--hold-load"], env)
+    try:
+        tray.wait_for("loading")
+        action = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "summarize", "--text",
+                                   "The budget review moved to Friday afternoon."], env=env, cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tray.wait_for("notice")["text"] == "Summarize runs once test model is loaded"
+        assert send_request({"command": "ping"})["message"] == "model test model: loading"
+        tray.send("release-load")
+        out, err = action.communicate(timeout=TIMEOUT * 2)
+        assert (action.returncode, err) == (0, "")
+        assert out == "Summarize runs on the given text; the answer shows in its popup\n"
+        assert [e["event"] for e in tray.seen].index("ready") < [e["event"] for e in tray.seen].index("captured")
+        captured = tray.wait_for("captured")
+        assert (captured["origin"], captured["text"]) == ("given", "The budget review moved to Friday afternoon.")
+        assert tray.wait_for("answer")["popup_visible"]
+    finally:
+        tray.stop()
+
+
+def test_qwen_tray_action_sent_while_a_load_fails_gets_the_loads_error(env, tmp_path):
+    (tmp_path / "no-model-here").mkdir()
+    tray = Child(["ui_x11_driver.py", "--model", str(tmp_path / "no-model-here"), "--hold-load"], env)
+    try:
+        tray.wait_for("loading")
+        action = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "summarize", "--text", "Some words."],
+                                  env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tray.wait_for("notice")["text"] == "Summarize runs once test model is loaded"
+        assert send_request({"command": "ping"})["message"] == "model test model: loading"
+        tray.send("release-load")
+        out, err = action.communicate(timeout=TIMEOUT * 2)
+        assert (action.returncode, out) == (1, "")
+        assert err.startswith("qwen-tray: error: the model could not be loaded, so Summarize did not run: ")
+        assert "no-model-here" in err and len(err.strip().splitlines()) == 1
+        assert not any(e["event"] == "captured" for e in tray.seen)
+    finally:
+        tray.stop()
 
 
 def test_qwen_tray_action_errors_are_one_line(env, running_tray):

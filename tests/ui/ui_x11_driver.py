@@ -1,6 +1,7 @@
 """The tray app under test in the X11 end-to-end test, with real hotkeys, keys and clipboard.
 
-``--model PATH`` loads that folder with the real engine; ``--fake`` uses the fake backend.
+``--model PATH`` loads that folder with the real engine; ``--fake`` uses the fake backend;
+``--hold-load``: the load starts (event "loading") and goes on when stdin says "release-load".
 Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
 came from), answer (with the Replace button's screen position and the popup's state),
 pasted, notice. stdin: "quit". Like the real tray it answers other ``qwen-tray`` processes
@@ -31,21 +32,30 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model")
     parser.add_argument("--fake", action="store_true")
+    parser.add_argument("--hold-load", action="store_true")
     args = parser.parse_args()
     qapp = QApplication(sys.argv[:1])
     qapp.setQuitOnLastWindowClosed(False)
 
     from app.ui.app import TrayApp, parse_args
     from app.ui.controllers.instance_requests import InstanceRequests
-    from app.ui.models import ModelEntry
+    from app.ui.models import ModelEntry, open_backend
     from app.ui.single_instance import InstanceServer, claim_instance
 
-    opener_kwargs = {}
+    release_load = threading.Event()
+    opener = open_backend
     if args.fake:
         from ui_fakes import FakeOpener
 
-        opener_kwargs["opener"] = FakeOpener()
-    tray = TrayApp(with_tray_icon=False, **opener_kwargs)
+        opener = FakeOpener()
+    if args.hold_load:
+        def held_opener(entry, _open=opener, **kwargs):
+            emit(event="loading")
+            release_load.wait(120)
+            return _open(entry, **kwargs)
+
+        opener = held_opener
+    tray = TrayApp(with_tray_icon=False, opener=opener)
     # What run_tray does too: other qwen-tray processes (`qwen-tray action`) reach this one.
     instance = claim_instance([])
     if instance is None:
@@ -78,7 +88,15 @@ def main() -> int:
 
     commands = Commands()
     commands.received.connect(lambda line: qapp.quit() if line == "quit" else None)
-    threading.Thread(target=lambda: [commands.received.emit(line.strip()) for line in sys.stdin], daemon=True).start()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "release-load":
+                release_load.set()  # (the loader thread waits on it)
+            else:
+                commands.received.emit(line.strip())
+
+    threading.Thread(target=read_stdin, daemon=True).start()
     qapp.aboutToQuit.connect(tray.shutdown)
     try:
         return qapp.exec()

@@ -3,7 +3,9 @@
 - ``activate``: a second ``qwen-tray`` was started: open the chat window, or with ``--model``
   switch to that model, instead of a second tray;
 - ``action``: ``qwen-tray action NAME [--text TEXT | -]`` runs an action as its hotkey would
-  (on the selection, or on the given text), streaming into the popup;
+  (on the selection, or on the given text), streaming into the popup; sent while the model
+  loads (a desktop shortcut pressed right after login), it waits for the load and is answered
+  then: it ran, or the load's error (at most QUEUED_ACTION_LIMIT_S);
 - ``quit``: ``qwen-tray --replace``; ``ping``: is it up.
 
 Each answer is one sentence (English, like the CLI) for the other process to print.
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer
 
+from app.ui.i18n import current_language, resolve_language, tr
+from app.ui.single_instance import QUEUED_ACTION_LIMIT_S, PendingReply
 
 if TYPE_CHECKING:
     from app.ui.app import TrayApp
@@ -61,9 +65,19 @@ class InstanceRequests:
             return refused(f"bad arguments: {' '.join(argv)}")
         if args.model:
             self.app.switch_to_named(args.model)
-            return ok(f"it is loading {args.model}")
+            return ok(f"it is loading {args.model}{self._language_note(args.language)}")
         self.app.open_chat()
-        return ok("it opened its chat window")
+        return ok(f"it opened its chat window{self._language_note(args.language)}")
+
+    @staticmethod
+    def _language_note(asked: str | None) -> str:
+        """The UI's language is chosen at start (its windows are not translated again): say so
+        rather than ignore ``--language``."""
+        if asked is None or resolve_language(asked) == current_language():
+            return ""
+        names = {"en": "English", "zh_CN": "Simplified Chinese"}
+        return (f"; it keeps its language ({names[current_language()]}): "
+                f"`qwen-tray --language {asked} --replace` restarts it in {names[resolve_language(asked)]}")
 
     def _action(self, action_id: object, text: object) -> dict:
         if not isinstance(action_id, str) or (text is not None and not isinstance(text, str)):
@@ -71,10 +85,44 @@ class InstanceRequests:
         action = next((a for a in self.app.actions if a.id == action_id), None)
         if action is None:
             return refused(f"there is no action {action_id!r} (`qwen-tray action --list` shows them)")
-        if self.app.host.backend is None:
-            return refused(f"no model is ready yet ({self._model_state()})")
         if text is not None and not text.strip():
             return refused("the text to work on is empty")
+        if self.app.host.backend is None and self.app.host.loading:
+            return self._after_the_load(action_id, action.name, text)
+        if self.app.host.backend is None:
+            return refused(f"no model is ready yet ({self._model_state()})")
+        return self._run(action_id, action.name, text)
+
+    def _run(self, action_id: str, name: str, text: str | None) -> dict:
         self.app.run_action(action_id, text)
         where = "the selection" if text is None else "the given text"
-        return ok(f"{action.name} runs on {where}; the answer shows in its popup")
+        return ok(f"{name} runs on {where}; the answer shows in its popup")
+
+    def _after_the_load(self, action_id: str, name: str, text: str | None) -> PendingReply:
+        """Answer once the model being loaded is ready (then run the action) or its load failed."""
+        pending = PendingReply(self.app)
+        host = self.app.host
+        limit = QTimer(pending, singleShot=True, interval=QUEUED_ACTION_LIMIT_S * 1000)
+
+        def answer(reply: dict) -> None:
+            host.loaded.disconnect(on_loaded)
+            host.loadFailed.disconnect(on_failed)
+            limit.stop()
+            pending.ready.emit(reply)
+            pending.deleteLater()
+
+        def on_loaded() -> None:
+            answer(self._run(action_id, name, text))
+
+        def on_failed(message: str) -> None:
+            answer(refused(f"the model could not be loaded, so {name} did not run: {message}"))
+
+        host.loaded.connect(on_loaded)
+        host.loadFailed.connect(on_failed)
+        limit.timeout.connect(lambda: answer(refused(
+            f"the model was still loading after {QUEUED_ACTION_LIMIT_S // 60} minutes, so {name} did not run "
+            f"({self._model_state()})")))
+        limit.start()
+        model = host.entry.name if host.entry else ""
+        self.app.notify(tr("{action} runs once {model} is loaded", action=name, model=model))
+        return pending

@@ -9,10 +9,12 @@ turns are left out of the request (the window says so) rather than failing.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer
+from collections.abc import Callable
+
+from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton,
-                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMenu, QPlainTextEdit,
+                               QPushButton, QScrollArea, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.engine.request import PRIORITY_NORMAL
@@ -45,9 +47,14 @@ def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tok
 
 
 class ChatWindow(QWidget):
+    closed = Signal()  # the user closed the window (without a system tray the app quits then)
+
     def __init__(self, host: EngineHost, store: PreferencesStore, history: ChatHistory | None = None,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, fill_menu: Callable[[QMenu], None] | None = None):
+        """``fill_menu``: where no system tray shows the app's menu, the window carries it behind
+        a Menu button; the function fills it each time it opens (the tray's menu builder)."""
         super().__init__(parent)
+        self._fill_menu = fill_menu
         self.setWindowTitle(tr("Qwen Tray chat"))
         self.setWindowIcon(app_icon())
         self.host, self.store = host, store
@@ -78,7 +85,12 @@ class ChatWindow(QWidget):
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
-        left_layout.addWidget(self.new_button)
+        self.menu_button = self._menu_button() if self._fill_menu else None
+        header = QHBoxLayout()
+        if self.menu_button is not None:
+            header.addWidget(self.menu_button)
+        header.addWidget(self.new_button, 1)
+        left_layout.addLayout(header)
         left_layout.addWidget(self.list, 1)
 
         self.messages_box = QWidget()
@@ -112,6 +124,16 @@ class ChatWindow(QWidget):
         splitter.setSizes([200, 620])
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
+
+    def _menu_button(self) -> QToolButton:
+        button = QToolButton()
+        button.setText(tr("Menu"))
+        button.setToolTip(tr("Settings, history, models and Quit (this desktop shows no system tray)"))
+        button.setPopupMode(QToolButton.InstantPopup)
+        menu = QMenu(button)
+        menu.aboutToShow.connect(lambda: self._fill_menu(menu))
+        button.setMenu(menu)
+        return button
 
     def _placeholder(self) -> str:
         if self.store.prefs.chat_send_key == "ctrl_enter":
@@ -276,3 +298,4 @@ class ChatWindow(QWidget):
         geometry = bytes(self.saveGeometry().toBase64()).decode()
         self.store.update(geometry={**self.store.prefs.geometry, "chat": geometry})
         super().closeEvent(event)
+        self.closed.emit()

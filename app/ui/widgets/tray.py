@@ -2,8 +2,8 @@
 
 Menu: status line · the actions · Open chat · History · Model ▸ · Local API ▸ · Settings · Open log
 folder · Quit.
-The icon shows the engine state (loading with progress, ready, busy, error); the tooltip
-names the model and the device.
+The icon shows the engine state (loading with progress, ready, busy, error); the menu's first
+line and the tooltip name the model, its device (GPU, CPU, remote endpoint) and its state.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.progress import GPU_STAGE, KERNELS_STAGE
+from app.ui.backend.base import ChatBackend
 from app.ui.i18n import current_language, tr
 from app.ui.widgets.icons import state_icon
 
@@ -36,15 +37,28 @@ def state_text(app: TrayApp) -> str:
         return tr("Model unloaded to free memory; it loads again when needed")
     if host.state == "error":
         return tr("Error: {message}", message=host.error)
-    if host.busy:
-        return tr("Busy")
-    if host.state == "ready":  # the context too: on a small card a model may load with less than asked
-        vram = host.backend.vram_bytes()
-        if vram is None:
-            return tr("Ready · {tokens} tokens of context", tokens=host.backend.max_context)
-        return tr("Ready · {tokens} tokens of context · {gib} GiB of VRAM", tokens=host.backend.max_context,
-                  gib=f"{vram / 2**30:.2f}")
+    if host.state == "ready":
+        return ready_text(host.backend, busy=host.busy)
     return tr("No model loaded")
+
+
+def device_label(device: str) -> str:
+    return {"cuda": tr("GPU"), "cpu": tr("CPU"), "remote": tr("remote endpoint")}.get(device, device)
+
+
+def ready_text(backend: ChatBackend, busy: bool = False) -> str:
+    """The status line of a loaded model, e.g. "SmolLM2-135M-Instruct · CPU · ready · 4096 tokens of
+    context": the model, where it runs and
+    the context it loaded with (on a small card less than asked); a remote endpoint's context is
+    the value its entry configures (the server does not report one)."""
+    head = f"{backend.name} · {device_label(backend.device)} · " + (tr("busy") if busy else tr("ready"))
+    if backend.device == "remote":
+        return head + " · " + tr("{tokens} tokens of context as configured", tokens=backend.max_context)
+    vram = backend.vram_bytes()
+    context = tr("{tokens} tokens of context", tokens=backend.max_context)
+    if vram is None:
+        return f"{head} · {context}"
+    return f"{head} · {context} · " + tr("{gib} GiB of VRAM", gib=f"{vram / 2**30:.2f}")
 
 
 class TrayIcon(QSystemTrayIcon):
@@ -69,56 +83,62 @@ class TrayIcon(QSystemTrayIcon):
         state = "busy" if host.busy else host.state
         stage, done, total = host.progress
         self.setIcon(state_icon(state, done / total if host.state == "loading" and total else None))
-        backend = host.backend
-        model = f"{backend.name} · {backend.device}" if backend else (host.entry.name if host.entry else "")
+        # The status line names the model and its device once it is loaded; before, the title does.
+        model = host.entry.name if host.entry and host.backend is None else ""
         title = f"Qwen Tray — {model}" if model else "Qwen Tray"
         self.setToolTip(f"{title}\n{state_text(self.app)}")
 
     def rebuild_menu(self) -> None:
-        menu, app = self.menu, self.app
-        menu.clear()
-        status = menu.addAction(state_text(app))
-        status.setEnabled(False)
-        menu.addSeparator()
-        hotkeys = app.effective_hotkeys()
-        for action in app.actions:
-            label = action.label(current_language())
-            item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
-            item.setEnabled(app.host.backend is not None)
-            item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
-        menu.addSeparator()
-        menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
-        menu.addAction(tr("History…")).triggered.connect(app.open_history)
-        self._model_menu(menu.addMenu(tr("Model")))
-        self._api_menu(menu.addMenu(tr("Local API")))
-        menu.addSeparator()
-        menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
-        menu.addAction(tr("Open log folder")).triggered.connect(app.open_log_folder)
-        menu.addAction(tr("Quit")).triggered.connect(app.quit)
+        fill_app_menu(self.menu, self.app)
 
-    def _model_menu(self, sub: QMenu) -> None:
-        app = self.app
-        group = QActionGroup(sub)
-        group.setExclusive(True)
-        current = app.host.entry.name if app.host.entry else ""
-        for entry in app.models():
-            item = QAction(entry.name, sub, checkable=True)
-            item.setChecked(entry.name == current)
-            item.triggered.connect(lambda _checked=False, e=entry: app.switch_model(e))
-            group.addAction(item)
-            sub.addAction(item)
 
-    def _api_menu(self, sub: QMenu) -> None:
-        api = self.app.local_api
-        if not api.available:
-            sub.setEnabled(False)
-            sub.setToolTip(api.unavailable_reason)
-            sub.addAction(tr("Unavailable: {reason}", reason=api.unavailable_reason)).setEnabled(False)
-            return
-        toggle = QAction(tr("Enabled"), sub, checkable=True)
-        toggle.setChecked(api.running)
-        toggle.setEnabled(self.app.host.backend is not None and self.app.host.entry.is_local_engine)
-        toggle.toggled.connect(self.app.set_local_api)
-        sub.addAction(toggle)
-        address = sub.addAction(api.url if api.running else tr("Not running"))
-        address.setEnabled(False)
+def fill_app_menu(menu: QMenu, app: TrayApp) -> None:
+    """The app's menu from its state: the tray icon's menu, and without a system tray the chat
+    window's Menu button (both rebuild it on aboutToShow)."""
+    menu.clear()
+    status = menu.addAction(state_text(app))
+    status.setEnabled(False)
+    menu.addSeparator()
+    hotkeys = app.effective_hotkeys()
+    for action in app.actions:
+        label = action.label(current_language())
+        item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
+        item.setEnabled(app.host.backend is not None)
+        item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
+    menu.addSeparator()
+    menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
+    menu.addAction(tr("History…")).triggered.connect(app.open_history)
+    _model_menu(menu.addMenu(tr("Model")), app)
+    _api_menu(menu.addMenu(tr("Local API")), app)
+    menu.addSeparator()
+    menu.addAction(tr("Settings…")).triggered.connect(app.open_settings)
+    menu.addAction(tr("Open log folder")).triggered.connect(app.open_log_folder)
+    menu.addAction(tr("Quit")).triggered.connect(app.quit)
+
+
+def _model_menu(sub: QMenu, app: TrayApp) -> None:
+    group = QActionGroup(sub)
+    group.setExclusive(True)
+    current = app.host.entry.name if app.host.entry else ""
+    for entry in app.models():
+        item = QAction(entry.name, sub, checkable=True)
+        item.setChecked(entry.name == current)
+        item.triggered.connect(lambda _checked=False, e=entry: app.switch_model(e))
+        group.addAction(item)
+        sub.addAction(item)
+
+
+def _api_menu(sub: QMenu, app: TrayApp) -> None:
+    api = app.local_api
+    if not api.available:
+        sub.setEnabled(False)
+        sub.setToolTip(api.unavailable_reason)
+        sub.addAction(tr("Unavailable: {reason}", reason=api.unavailable_reason)).setEnabled(False)
+        return
+    toggle = QAction(tr("Enabled"), sub, checkable=True)
+    toggle.setChecked(api.running)
+    toggle.setEnabled(app.host.backend is not None and app.host.entry.is_local_engine)
+    toggle.toggled.connect(app.set_local_api)
+    sub.addAction(toggle)
+    address = sub.addAction(api.url if api.running else tr("Not running"))
+    address.setEnabled(False)
