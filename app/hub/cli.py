@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.errors import Interrupted
+from app.errors import Interrupted, QwenTrayError
 from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
@@ -44,7 +44,11 @@ def run_catalog(args: argparse.Namespace) -> int:
 
     machine = Machine.detect()
     for entry in load_catalog():
-        plan = plan_entry(entry, machine)
+        try:
+            plan = plan_entry(entry, machine)
+        except QwenTrayError as e:  # one entry's problem: the others are still listed
+            print(f"{entry.name}  (recipe {entry.recipe}; {e})")
+            continue
         sizes = (f"download {format_bytes(plan.download_bytes)}, checkpoint {format_bytes(plan.checkpoint_bytes)}"
                  if plan.download_bytes is not None else "sizes unknown (no [config] in its entry)")
         print(f"{entry.name}  (recipe {plan.recipe}; {sizes})")

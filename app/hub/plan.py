@@ -12,8 +12,9 @@ import logging
 from dataclasses import dataclass
 
 from app.engine.cuda.fit import Fit, Machine, model_fit
+from app.errors import QwenTrayError
 from app.formats.recipe import Recipe, hf_tensor_shapes, load_recipe, plan_model
-from app.hub.catalog import CatalogEntry
+from app.hub.catalog import CatalogEntry, CatalogError
 
 SOURCE_WEIGHTS = Recipe("bfloat16", ())  # what the hub stores: 16-bit weights, 2 bytes each
 
@@ -28,13 +29,20 @@ class EntryPlan:
 
 
 def plan_entry(entry: CatalogEntry, machine: Machine | None = None, recipe: str | None = None) -> EntryPlan:
+    """The entry's sizes and fit; a :class:`CatalogError` naming the entry when its [config]
+    cannot be planned (callers show it for that entry and go on with the others)."""
     recipe = recipe or entry.recipe
     spec = entry.spec
     if spec is None:
         return EntryPlan(entry, recipe, None, None, None)
-    shapes = hf_tensor_shapes(entry.config)
-    download = plan_model(SOURCE_WEIGHTS, shapes).total_bytes
-    checkpoint = plan_model(load_recipe(recipe), shapes).total_bytes
+    try:
+        shapes = hf_tensor_shapes(entry.config)
+        download = plan_model(SOURCE_WEIGHTS, shapes).total_bytes
+        checkpoint = plan_model(load_recipe(recipe), shapes).total_bytes
+    except KeyError as e:
+        raise CatalogError(f"catalog entry {entry.name}: [config] lacks {e.args[0]!r}") from None
+    except (TypeError, ValueError, QwenTrayError) as e:
+        raise CatalogError(f"catalog entry {entry.name}: cannot plan its sizes ({e})") from None
     fit = None
     if machine is not None:
         logging.disable(logging.WARNING)  # the planner's warnings are about a real load, not this what-if

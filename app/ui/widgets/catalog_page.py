@@ -161,19 +161,28 @@ class CatalogPage(QWidget):
         machine = self.jobs.machine()
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
-            plan = plan_entry(entry, machine)
-            summary = entry.summary_zh if current_language() == "zh_CN" and entry.summary_zh else entry.summary
-            cells = (entry.name, plan.recipe, _size(plan.download_bytes), _size(plan.checkpoint_bytes),
-                     fit_label(plan.fit))
-            for column, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(plan.fit.text if column == FIT_COLUMN and plan.fit else summary)
-                self.table.setItem(row, column, item)
+            self._fill_row(row, entry, machine)
         self.table.resizeColumnsToContents()
         rows = sum(self.table.rowHeight(r) for r in range(min(len(self.entries), 5)))
         self.table.setMinimumHeight(self.table.horizontalHeader().height() + rows + 4)  # every entry, up to 5
         if self.entries and self.table.currentRow() < 0:
             self.table.selectRow(0)
+
+    def _fill_row(self, row: int, entry: CatalogEntry, machine) -> None:
+        """One entry's cells; an entry that cannot be planned shows why in its last cell."""
+        summary = entry.summary_zh if current_language() == "zh_CN" and entry.summary_zh else entry.summary
+        try:
+            plan = plan_entry(entry, machine)
+        except QwenTrayError as e:
+            cells, fit_tip = (entry.name, entry.recipe, "?", "?", str(e)), str(e)
+        else:
+            cells = (entry.name, plan.recipe, _size(plan.download_bytes), _size(plan.checkpoint_bytes),
+                     fit_label(plan.fit))
+            fit_tip = plan.fit.text if plan.fit else summary
+        for column, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            item.setToolTip(fit_tip if column == FIT_COLUMN else summary)
+            self.table.setItem(row, column, item)
 
     def select(self, name: str) -> None:
         row = next(i for i, e in enumerate(self.entries) if e.name == name)
