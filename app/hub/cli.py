@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from app.errors import Interrupted, QwenTrayError
+from app.hub.errors import HubUnreachableError
 from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
@@ -23,7 +24,7 @@ def register(models_sub) -> None:
     get.add_argument("name", metavar="NAME", help="a name from `qwen-tray models catalog`")
     get.add_argument("--source", choices=("hf", "modelscope"), default="hf",
                      help="hf: the Hugging Face Hub or its mirror (default); modelscope: ModelScope")
-    get.add_argument("--endpoint", metavar="URL", help="another endpoint for the source, e.g. a Hugging Face mirror "
+    get.add_argument("--endpoint", metavar="URL", type=endpoint_url, help="another endpoint for the source, e.g. a Hugging Face mirror "
                      "such as https://hf-mirror.com (default: HF_ENDPOINT / MODELSCOPE_ENDPOINT or the official site)")
     get.add_argument("--recipe", metavar="RECIPE", help="w4, mixed, q4 or a recipe file (default: the catalog's)")
     get.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
@@ -35,6 +36,28 @@ def register(models_sub) -> None:
     get.add_argument("--replace", action="store_true",
                      help="point the name at this model even if it is registered to another one")
     get.set_defaults(func=run_get)
+
+
+def endpoint_url(text: str) -> str:
+    """--endpoint: a URL with its scheme (a bare host name would be read as a path)."""
+    url = text.strip()
+    if not url.startswith(("https://", "http://")):
+        raise argparse.ArgumentTypeError(f"{text!r} needs https:// in front (e.g. https://{url or 'hf-mirror.com'})")
+    return url
+
+
+def unreachable_advice(error: HubUnreachableError) -> str:
+    """What to try when the source does not answer, in the CLI's options."""
+    if error.source == "modelscope":
+        if error.custom_endpoint:
+            return ("check the network, the proxy and the endpoint (--endpoint or MODELSCOPE_ENDPOINT), "
+                    "or use --source hf")
+        return "check the network or the proxy, or use --source hf (with --endpoint https://hf-mirror.com if needed)"
+    if error.custom_endpoint:
+        return ("check the network, the proxy and the mirror's URL (--endpoint or HF_ENDPOINT), or leave the "
+                "mirror out to use huggingface.co, or use --source modelscope")
+    return ("check the network or the proxy, or use a mirror (--endpoint https://hf-mirror.com or HF_ENDPOINT) "
+            "or --source modelscope")
 
 
 def run_catalog(args: argparse.Namespace) -> int:
@@ -76,6 +99,8 @@ def run_get(args: argparse.Namespace) -> int:
             got = job.run(stage)
         except KeyboardInterrupt:
             raise Interrupted(stopped_getting(job, stage.last)) from None
+        except HubUnreachableError as e:
+            raise e.advised(unreachable_advice(e), "the same command resumes it") from None
     default = " (default)" if got.is_default else ""
     print(f"{got.name}{default}: {got.path}")
     if got.fit is not None:

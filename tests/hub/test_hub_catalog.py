@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from app.engine.cuda.fit import Machine
 from app.engine.cuda.memory import RTX_3050_LAPTOP
 from app.hub.catalog import load_catalog
@@ -64,7 +62,7 @@ def test_a_model_whose_hidden_size_is_not_a_multiple_of_128_is_listed(run_cli, h
 def test_settings_lists_it_and_opens_whatever_one_entry_says(qtbot, home):
     user_catalog(home, SMOLLM2 + SMOLLM2.replace("SmolLM2-135M-Instruct", "Broken", 1)
                  .replace("hidden_size = 576", 'hidden_size = "576"'))
-    page, rows = page_rows(qtbot)
+    _, rows = page_rows(qtbot)
     assert rows["SmolLM2-135M-Instruct"][2] != "?" and rows["SmolLM2-135M-Instruct"][4] == "Fits the GPU"
     assert rows["Broken"][2:4] == ["?", "?"]
     assert rows["Broken"][4].startswith("catalog entry Broken: cannot plan its sizes")

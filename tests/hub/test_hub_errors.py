@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml, registered_models
+from hub_support import TINY_MODEL, TINY_NAME, TINY_REPO, catalog_toml, cli_env, qwen_tray, registered_models
 from fake_hub import Faults
 
 from tests.conftest import assert_error_after_progress, assert_one_line_error
@@ -28,9 +28,35 @@ def test_an_unreachable_hub(run_cli, home, tiny_catalog):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     got = _get(run_cli, f"http://127.0.0.1:{port}")
-    assert_one_line_error(got, f"cannot reach http://127.0.0.1:{port}", "ConnectError", "proxy", "mirror")
+    # the mirror itself failed: check it, or go without it, or to the other source, in the CLI's words
+    assert_one_line_error(got, f"cannot reach http://127.0.0.1:{port}", "ConnectError", "proxy",
+                          "the mirror's URL (--endpoint or HF_ENDPOINT)", "--source modelscope")
+    assert "Settings" not in got.stderr and "use a mirror" not in got.stderr
     assert "kept" not in got.stderr  # nothing was downloaded: nothing to keep
     _nothing_registered(home)
+    got = _get(run_cli, f"http://127.0.0.1:{port}", "--source", "modelscope")
+    assert_one_line_error(got, f"cannot reach http://127.0.0.1:{port}", "--endpoint or MODELSCOPE_ENDPOINT",
+                          "--source hf")
+    assert "HF_ENDPOINT" not in got.stderr and "Settings" not in got.stderr
+
+
+def test_an_unreachable_official_hub_suggests_a_mirror_or_modelscope(home, tiny_catalog):
+    with socket.socket() as s:  # the system proxy: a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in cli_env(home, HTTPS_PROXY=proxy).items() if k not in ("HF_ENDPOINT", "MODELSCOPE_ENDPOINT")}
+    got = qwen_tray("models", "get", TINY_NAME, "--method", "rtn", env=env, timeout=120)
+    assert_one_line_error(got, "cannot reach https://huggingface.co", "use a mirror (--endpoint https://hf-mirror.com",
+                          "--source modelscope")
+    got = qwen_tray("models", "get", TINY_NAME, "--source", "modelscope", env=env, timeout=120)
+    assert_one_line_error(got, "cannot reach https://www.modelscope.cn", "--source hf")
+    assert "HF_ENDPOINT" not in got.stderr
+
+
+def test_an_endpoint_without_its_scheme_is_refused_when_parsed(home, tiny_catalog):
+    got = qwen_tray("models", "get", TINY_NAME, "--endpoint", "hf-mirror.com", env=cli_env(home), timeout=120)
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert "'hf-mirror.com' needs https:// in front (e.g. https://hf-mirror.com)" in got.stderr
 
 
 def test_a_repo_that_is_not_there(run_cli, home, hub, tiny_hub_model):
@@ -97,4 +123,17 @@ def test_a_repo_modelscope_does_not_have(run_cli, home, hub, tiny_hub_model, mon
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.url)
     got = run_cli("models", "get", TINY_NAME, "--source", "modelscope", "--method", "rtn")
     assert_one_line_error(got, f"tiny-org/Nope (revision master) was not found on {hub.url}")
+    _nothing_registered(home)
+
+
+@pytest.mark.parametrize("source", ["hf", "modelscope"])
+def test_a_hub_that_accepts_the_connection_but_never_answers(run_cli, home, tiny_catalog, monkeypatch, source):
+    """A proxy or mirror that hangs: the listing gives up after HF_HUB_ETAG_TIMEOUT seconds."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "0.5")
+    with socket.socket() as silent:  # the kernel completes the handshake; nobody ever reads or answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        got = _get(run_cli, url, "--source", source)
+    assert_one_line_error(got, f"cannot reach {url}", "Timeout", "HF_HUB_ETAG_TIMEOUT")
     _nothing_registered(home)

@@ -71,8 +71,8 @@ class JobPanel(QWidget):
         layout.addWidget(self.status)
         jobs.progress.connect(self.show_progress)
         jobs.finished.connect(self._finished)
-        jobs.failed.connect(lambda message: self.status.setText(tr("Failed: {message}", message=message)))
-        jobs.cancelled.connect(lambda: self.status.setText(
+        jobs.failed.connect(lambda message: self._stopped(tr("Failed: {message}", message=message)))
+        jobs.cancelled.connect(lambda: self._stopped(
             tr("Cancelled; what was done is kept and the next try resumes from it")))
         jobs.runningChanged.connect(self._running)
         self._running(jobs.running)
@@ -92,6 +92,12 @@ class JobPanel(QWidget):
         self.bar.setValue(1)
         where = f" ({fit_label(got.fit)})" if got.fit is not None else ""
         self.status.setText(tr("{model} is ready", model=got.name) + where)
+
+    def _stopped(self, text: str) -> None:
+        """A failed or cancelled job: an empty, still bar (not a full or busy one) and why."""
+        self.bar.setRange(0, 1000)
+        self.bar.reset()
+        self.status.setText(text)
 
     def _running(self, running: bool) -> None:
         self.cancel.setEnabled(running)
@@ -195,8 +201,13 @@ class CatalogPage(QWidget):
             self.error.setText(tr("Choose a model first"))
             return False
         entry, source = self.entries[row], self.source.currentData()
+        mirror_url = self.mirror.text().strip()
+        if mirror_url and not mirror_url.startswith(("https://", "http://")):
+            self.error.setText(tr("“{field}” needs https:// in front, e.g. https://{url}",
+                                  field=tr("Hugging Face mirror"), url=mirror_url))
+            return False
         try:
-            self.store.update(model_source=source, hf_mirror=self.mirror.text().strip())
+            self.store.update(model_source=source, hf_mirror=mirror_url)
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False
