@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from app.errors import Interrupted, QwenTrayError
 from app.hub.errors import HubUnreachableError
@@ -46,6 +47,11 @@ def endpoint_url(text: str) -> str:
     return url
 
 
+def warn_about(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"qwen-tray: warning: {problem}", file=sys.stderr)
+
+
 def unreachable_advice(error: HubUnreachableError) -> str:
     """What to try when the source does not answer, in the CLI's options."""
     if error.source == "modelscope":
@@ -62,11 +68,13 @@ def unreachable_advice(error: HubUnreachableError) -> str:
 
 def run_catalog(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
-    from app.hub.catalog import load_catalog
+    from app.hub.catalog import read_catalog
     from app.hub.plan import plan_entry
 
+    catalog = read_catalog()
+    warn_about(catalog.problems)
     machine = Machine.detect()
-    for entry in load_catalog():
+    for entry in catalog.entries:
         try:
             plan = plan_entry(entry, machine)
         except QwenTrayError as e:  # one entry's problem: the others are still listed
@@ -85,12 +93,14 @@ def run_catalog(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
-    from app.hub.catalog import find_entry
+    from app.hub.catalog import find_entry, read_catalog
     from app.hub.job import GetModelJob
     from app.hub.reporting import job_reporter
     from app.settings.console import console_store
 
-    job = GetModelJob(find_entry(args.name), source=args.source, recipe=args.recipe, method=args.method,
+    catalog = read_catalog()
+    warn_about(catalog.problems)
+    job = GetModelJob(find_entry(args.name, catalog.entries), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
                       device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
     with job_reporter() as report:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.engine.cuda.fit import Machine
 from app.engine.cuda.memory import RTX_3050_LAPTOP
 from app.hub.catalog import load_catalog
@@ -67,3 +69,15 @@ def test_settings_lists_it_and_opens_whatever_one_entry_says(qtbot, home):
     assert rows["Broken"][2:4] == ["?", "?"]
     assert rows["Broken"][4].startswith("catalog entry Broken: cannot plan its sizes")
     assert rows["Qwen2.5-3B-Instruct"][4] == "Fits the GPU"
+
+
+@pytest.mark.parametrize("text, fragment", [('[[model]]\nname = "X"\n', "model 'X': needs [hf] or [modelscope]"),
+                                            ('[[model]\nname = "X"\n', "invalid TOML")])
+def test_a_bad_user_entry_is_named_above_the_table_and_the_built_in_ones_stay(qtbot, home, text, fragment):
+    path = user_catalog(home, text)
+    page, rows = page_rows(qtbot)
+    assert page.problems.isVisibleTo(page) and page.problems.text().startswith(str(path))
+    assert fragment in page.problems.text() and "skipped" in page.problems.text()
+    assert {"Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-1.5B-Instruct"} <= set(rows)
+    page.select("Qwen2.5-3B-Instruct")
+    assert page.table.currentRow() >= 0 and not page.error.text()

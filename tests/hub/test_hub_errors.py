@@ -108,13 +108,33 @@ def test_an_unknown_catalog_name(run_cli, home, name, fragment):
     assert_one_line_error(run_cli("models", "get", name), fragment, "Qwen2.5-3B-Instruct")
 
 
-def test_a_broken_user_catalog_names_the_file_and_field(run_cli, home):
+@pytest.mark.parametrize("text, fragments", [
+    ('[[model]]\nname = "X"\nrecipe = "w5"\nhf = { repo = "a/b" }\n', ("model 'X'", "w5", "the entry is skipped")),
+    ('[[model]]\nname = "X"\n', ("model 'X'", "needs [hf] or [modelscope]", "the entry is skipped")),
+    ('[[model]]\nname = "X"\nhf = { repo = "a/b" }\n', ("'recipe' must be a non-empty string", "skipped")),
+    ('[[model]\nname = "X"\n', ("invalid TOML", "its entries are skipped")),
+])
+def test_a_broken_user_catalog_entry_is_named_and_the_built_in_ones_still_work(run_cli, home, text, fragments):
     path = home / "config" / "catalog.toml"
     path.parent.mkdir(parents=True)
-    path.write_text('[[model]]\nname = "X"\nrecipe = "w5"\nhf = { repo = "a/b" }\n')
-    assert_one_line_error(run_cli("models", "catalog"), str(path), "model 'X'", "w5")
-    path.write_text('[[model]]\nname = "X"\nrecipe = "w4"\n')
-    assert_one_line_error(run_cli("models", "catalog"), "needs [hf] or [modelscope]")
+    path.write_text(text + '\n' if "[[model]\n" in text else text + catalog_good_entry())
+    got = run_cli("models", "catalog")
+    assert got.returncode == 0
+    warnings = [line for line in got.stderr.splitlines() if line.startswith("qwen-tray: warning: ")]
+    assert len(warnings) == 1 and str(path) in warnings[0], got.stderr
+    assert all(f in warnings[0] for f in fragments), warnings[0]
+    assert "Qwen2.5-3B-Instruct  (recipe w4; download " in got.stdout
+    if "[[model]\n" not in text:  # the good entry beside the bad one is listed too
+        assert "Good  (recipe w4" in got.stdout
+    with socket.socket() as s:  # `models get` of a built-in entry goes as far as the network
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = run_cli("models", "get", "Qwen2.5-3B-Instruct", "--endpoint", f"http://127.0.0.1:{port}")
+    assert got.stderr.startswith("qwen-tray: warning: ") and f"cannot reach http://127.0.0.1:{port}" in got.stderr
+
+
+def catalog_good_entry() -> str:
+    return '\n[[model]]\nname = "Good"\nrecipe = "w4"\nhf = { repo = "a/good" }\n'
 
 
 def test_a_repo_modelscope_does_not_have(run_cli, home, hub, tiny_hub_model, monkeypatch):

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLay
 
 from app.engine.cuda.fit import CPU, GPU, GPU_PYTORCH, Fit
 from app.errors import QwenTrayError
-from app.hub.catalog import CatalogEntry, load_catalog
+from app.hub.catalog import CatalogEntry, read_catalog
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
@@ -148,7 +148,11 @@ class CatalogPage(QWidget):
             options.addWidget(widget)
         options.addStretch(1)
         options.addWidget(self.get)
+        self.problems = QLabel()
+        self.problems.setStyleSheet("color: #b45309")
+        self.problems.setWordWrap(True)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.problems)
         layout.addWidget(self.table, 1)
         layout.addLayout(form)
         layout.addLayout(options)
@@ -159,11 +163,10 @@ class CatalogPage(QWidget):
 
     def refresh(self) -> None:
         """Fill the table from the catalog, planned for this machine."""
-        try:
-            self.entries = load_catalog()
-        except QwenTrayError as e:
-            self.entries = []
-            self.error.setText(str(e))
+        catalog = read_catalog()
+        self.entries = catalog.entries
+        self.problems.setText("\n".join(catalog.problems))  # the user entries skipped, and why
+        self.problems.setVisible(bool(catalog.problems))
         machine = self.jobs.machine()
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
