@@ -7,7 +7,7 @@ import sys
 
 from app.errors import Interrupted, QwenTrayError
 from app.hub.errors import HubUnreachableError
-from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes
+from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
@@ -80,7 +80,7 @@ def run_catalog(args: argparse.Namespace) -> int:
         except QwenTrayError as e:  # one entry's problem: the others are still listed
             print(f"{entry.name}  (recipe {entry.recipe}; {e})")
             continue
-        sizes = (f"download {format_bytes(plan.download_bytes)}, checkpoint {format_bytes(plan.checkpoint_bytes)}"
+        sizes = (f"download {format_size_gb(plan.download_bytes)}, checkpoint {format_size_gb(plan.checkpoint_bytes)}"
                  if plan.download_bytes is not None else "sizes unknown (no [config] in its entry)")
         print(f"{entry.name}  (recipe {plan.recipe}; {sizes})")
         if plan.fit is not None:

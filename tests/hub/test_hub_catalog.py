@@ -81,3 +81,13 @@ def test_a_bad_user_entry_is_named_above_the_table_and_the_built_in_ones_stay(qt
     assert {"Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-1.5B-Instruct"} <= set(rows)
     page.select("Qwen2.5-3B-Instruct")
     assert page.table.currentRow() >= 0 and not page.error.text()
+
+
+def test_sizes_are_in_one_unit_and_the_same_in_settings_and_the_cli(qtbot, run_cli, home):
+    user_catalog(home, SMOLLM2)  # a small model (~0.3 GB) beside 15 GB ones
+    _, rows = page_rows(qtbot)
+    out = run_cli("models", "catalog").stdout
+    for name, cells in rows.items():
+        assert cells[2].endswith(" GB") and cells[3].endswith(" GB"), cells
+        assert f"{name}  (recipe {cells[1]}; download {cells[2]}, checkpoint {cells[3]})" in out
+    assert rows["SmolLM2-135M-Instruct"][2] == "0.3 GB"

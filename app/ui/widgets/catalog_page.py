@@ -17,7 +17,7 @@ from app.hub.catalog import CatalogEntry, read_catalog
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes, format_duration)
+                              format_bytes, format_duration, format_size_gb)
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
@@ -229,5 +229,5 @@ class CatalogPage(QWidget):
 
 
 def _size(nbytes: int | None) -> str:
-    return "?" if nbytes is None else format_bytes(nbytes)
+    return "?" if nbytes is None else format_size_gb(nbytes)
 
