@@ -91,3 +91,14 @@ def test_sizes_are_in_one_unit_and_the_same_in_settings_and_the_cli(qtbot, run_c
         assert cells[2].endswith(" GB") and cells[3].endswith(" GB"), cells
         assert f"{name}  (recipe {cells[1]}; download {cells[2]}, checkpoint {cells[3]})" in out
     assert rows["SmolLM2-135M-Instruct"][2] == "0.3 GB"
+
+
+def test_the_planned_download_is_the_weights_in_the_configs_dtype(home, tiny_catalog, tiny_hub_model):
+    """The tiny model is stored in float32: 4 bytes a weight, not the 2 of a bfloat16 model."""
+    from app.hub.catalog import find_entry
+
+    entry = find_entry("Tiny-Qwen2")
+    assert entry.spec.torch_dtype == "float32"  # (newer transformers write it as "dtype")
+    weights = sum(p.stat().st_size for p in tiny_hub_model.glob("*.safetensors"))
+    planned = plan_entry(entry).download_bytes
+    assert planned <= weights < planned + (64 << 10)  # the files are the tensors plus a small JSON header
