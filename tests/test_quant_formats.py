@@ -6,6 +6,8 @@ each k inside the words), independently of app.formats' packing code (words -> k
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -365,5 +367,24 @@ def test_unknown_recipe_and_k_rule_in_plans():
 
     with pytest.raises(QwenTrayError, match="not a built-in recipe"):
         load_recipe("w5")
-    with pytest.raises(QwenTrayError, match=r"model\.embed_tokens\.weight.*K=576"):
-        plan_model(load_recipe("w4"), [("model.embed_tokens.weight", (49152, 576))])
+    # K=576 (SmolLM2-135M's hidden size) is planned as the quantizer stores it: padded to 640
+    plan = plan_model(load_recipe("w4"), [("model.embed_tokens.weight", (49152, 576))])
+    assert plan.total_bytes == 49152 * 640 // 2 + 49152 * 5 * 2
+
+
+def test_the_plan_is_what_the_quantizer_writes_when_k_is_padded(tiny_qwen_dir, tmp_path):
+    """hidden_size 64: every weight's K is padded to 128; planning must not refuse what quantize does."""
+    from safetensors import safe_open
+
+    from app.formats.recipe import hf_tensor_shapes, load_recipe, plan_model
+    from app.quant.quantizer import QuantizeJob, quantize_model
+
+    config = json.loads((tiny_qwen_dir / "config.json").read_text())
+    plan = plan_model(load_recipe("w4"), hf_tensor_shapes(config))
+    out = tmp_path / "ckpt"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=out, recipe=load_recipe("w4"), method="rtn"))
+    stored = 0
+    for path in out.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            stored += sum(f.get_tensor(k).nbytes for k in f.keys())  # noqa: SIM118 - safe_open is not a dict
+    assert plan.total_bytes == stored

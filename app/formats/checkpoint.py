@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from app import __version__
 from app.errors import ModelLoadError, QwenTrayError
-from app.formats.core import GROUP_SIZE
+from app.formats.core import GROUP_SIZE, padded_k
 from app.formats.recipe import Recipe
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMATS, QuantizedTensor
@@ -47,11 +47,6 @@ _HASH_BLOCK = 8 << 20
 
 def layer_file(index: int) -> str:
     return f"layer_{index:03d}.safetensors"
-
-
-def padded_k(k: int) -> int:
-    """Stored K of a quantized weight: K rounded up to whole groups of 128."""
-    return -(-k // GROUP_SIZE) * GROUP_SIZE
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,12 @@ def unpack_fields(words: torch.Tensor, width: int) -> torch.Tensor:
     return fields.reshape(r, n_words * per_word)
 
 
+def padded_k(k: int) -> int:
+    """Stored K of a quantized weight: K rounded up to whole groups of 128 (the quantizer
+    zero-pads the missing columns; they quantize to 0)."""
+    return -(-k // GROUP_SIZE) * GROUP_SIZE
+
+
 def quantized_nbytes(n: int, k: int, bits: int) -> int:
     """Bytes of an [N, K] weight in format ``bits``: packed values plus fp16 scales."""
     check_k(k, "weight")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import QwenTrayError
-from app.formats.core import GROUP_SIZE, quantized_nbytes
+from app.formats.core import padded_k, quantized_nbytes
 
 VALID_BITS = (3, 4, 16)
 FP16_BYTES = 2
@@ -219,8 +219,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 def plan_model(recipe: Recipe, tensors: Iterable[tuple[str, tuple[int, ...]]]) -> ModelPlan:
     """Per-tensor bits and bytes of a model (its state-dict names and shapes) under ``recipe``.
 
-    A weight the recipe quantizes must have K (shape[1]) divisible by 128; otherwise a
-    :class:`QwenTrayError` names it (give it 16 bits in the recipe).
+    A quantized weight whose K (shape[1]) is not a multiple of 128 is planned as the quantizer
+    stores it: K zero-padded to whole groups of 128 (e.g. SmolLM2's hidden size 576 -> 640).
     """
     plans = []
     tensors = list(tensors)
@@ -234,10 +234,7 @@ def plan_model(recipe: Recipe, tensors: Iterable[tuple[str, tuple[int, ...]]]) -
         if bits == 16:
             nbytes = _numel(shape) * FP16_BYTES
         else:
-            if shape[1] % GROUP_SIZE:
-                raise QwenTrayError(f"{name}: recipe {recipe.name} gives it {bits} bits but its K={shape[1]} "
-                                    f"is not a multiple of {GROUP_SIZE}; add a rule giving it 16 bits")
-            nbytes = quantized_nbytes(shape[0], shape[1], bits)
+            nbytes = quantized_nbytes(shape[0], padded_k(shape[1]), bits)
         plans.append(TensorPlan(name, shape, bits, nbytes))
     return ModelPlan(recipe.name, tuple(plans))
 

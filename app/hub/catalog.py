@@ -77,12 +77,38 @@ def catalog_files() -> list[Path]:
     return [shipped, user] if user.is_file() else [shipped]
 
 
+@dataclass(frozen=True)
+class Catalog:
+    entries: list[CatalogEntry]
+    problems: list[str]  # one sentence per user entry (or user file) that was skipped
+
+
+def read_catalog(paths: list[Path] | None = None) -> Catalog:
+    """The shipped catalog, then the user's. A wrong user entry (or an unreadable user file) is
+    skipped and named in ``problems``: the built-in entries always work. The shipped file is the
+    app's own; an error in it is a bug and raises."""
+    paths = paths or catalog_files()
+    entries: dict[str, CatalogEntry] = {e.name: e for e in read_catalog_file(paths[0])}
+    problems: list[str] = []
+    for path in paths[1:]:
+        try:
+            raws = _models(path)
+        except CatalogError as e:
+            problems.append(f"{e}; its entries are skipped")
+            continue
+        for index, raw in enumerate(raws):
+            try:
+                entry = _entry(path, index, raw)
+            except CatalogError as e:
+                problems.append(f"{e}; the entry is skipped")
+            else:
+                entries[entry.name] = entry
+    return Catalog(list(entries.values()), problems)
+
+
 def load_catalog(paths: list[Path] | None = None) -> list[CatalogEntry]:
-    entries: dict[str, CatalogEntry] = {}
-    for path in paths or catalog_files():
-        for entry in read_catalog_file(path):
-            entries[entry.name] = entry
-    return list(entries.values())
+    """The entries that work (see :func:`read_catalog` for the ones skipped)."""
+    return read_catalog(paths).entries
 
 
 def find_entry(name: str, entries: list[CatalogEntry] | None = None) -> CatalogEntry:
@@ -95,6 +121,11 @@ def find_entry(name: str, entries: list[CatalogEntry] | None = None) -> CatalogE
 
 
 def read_catalog_file(path: Path) -> list[CatalogEntry]:
+    """Every entry of ``path``; the first wrong one raises a :class:`CatalogError`."""
+    return [_entry(path, i, raw) for i, raw in enumerate(_models(path))]
+
+
+def _models(path: Path) -> list:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -104,7 +135,7 @@ def read_catalog_file(path: Path) -> list[CatalogEntry]:
     models = data.get("model", [])
     if not isinstance(models, list):
         raise CatalogError(f"{path}: 'model' must be an array of tables ([[model]])")
-    return [_entry(path, i, raw) for i, raw in enumerate(models)]
+    return models
 
 
 def _entry(path: Path, index: int, raw: dict) -> CatalogEntry:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from app.errors import Interrupted
-from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes
+from app.errors import Interrupted, QwenTrayError
+from app.hub.errors import HubUnreachableError
+from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
 from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
 
 
@@ -23,7 +25,7 @@ def register(models_sub) -> None:
     get.add_argument("name", metavar="NAME", help="a name from `qwen-tray models catalog`")
     get.add_argument("--source", choices=("hf", "modelscope"), default="hf",
                      help="hf: the Hugging Face Hub or its mirror (default); modelscope: ModelScope")
-    get.add_argument("--endpoint", metavar="URL", help="another endpoint for the source, e.g. a Hugging Face mirror "
+    get.add_argument("--endpoint", metavar="URL", type=endpoint_url, help="another endpoint for the source, e.g. a Hugging Face mirror "
                      "such as https://hf-mirror.com (default: HF_ENDPOINT / MODELSCOPE_ENDPOINT or the official site)")
     get.add_argument("--recipe", metavar="RECIPE", help="w4, mixed, q4 or a recipe file (default: the catalog's)")
     get.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
@@ -37,15 +39,48 @@ def register(models_sub) -> None:
     get.set_defaults(func=run_get)
 
 
+def endpoint_url(text: str) -> str:
+    """--endpoint: a URL with its scheme (a bare host name would be read as a path)."""
+    url = text.strip()
+    if not url.startswith(("https://", "http://")):
+        raise argparse.ArgumentTypeError(f"{text!r} needs https:// in front (e.g. https://{url or 'hf-mirror.com'})")
+    return url
+
+
+def warn_about(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"qwen-tray: warning: {problem}", file=sys.stderr)
+
+
+def unreachable_advice(error: HubUnreachableError) -> str:
+    """What to try when the source does not answer, in the CLI's options."""
+    if error.source == "modelscope":
+        if error.custom_endpoint:
+            return ("check the network, the proxy and the endpoint (--endpoint or MODELSCOPE_ENDPOINT), "
+                    "or use --source hf")
+        return "check the network or the proxy, or use --source hf (with --endpoint https://hf-mirror.com if needed)"
+    if error.custom_endpoint:
+        return ("check the network, the proxy and the mirror's URL (--endpoint or HF_ENDPOINT), or leave the "
+                "mirror out to use huggingface.co, or use --source modelscope")
+    return ("check the network or the proxy, or use a mirror (--endpoint https://hf-mirror.com or HF_ENDPOINT) "
+            "or --source modelscope")
+
+
 def run_catalog(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
-    from app.hub.catalog import load_catalog
+    from app.hub.catalog import read_catalog
     from app.hub.plan import plan_entry
 
+    catalog = read_catalog()
+    warn_about(catalog.problems)
     machine = Machine.detect()
-    for entry in load_catalog():
-        plan = plan_entry(entry, machine)
-        sizes = (f"download {format_bytes(plan.download_bytes)}, checkpoint {format_bytes(plan.checkpoint_bytes)}"
+    for entry in catalog.entries:
+        try:
+            plan = plan_entry(entry, machine)
+        except QwenTrayError as e:  # one entry's problem: the others are still listed
+            print(f"{entry.name}  (recipe {entry.recipe}; {e})")
+            continue
+        sizes = (f"download {format_size_gb(plan.download_bytes)}, checkpoint {format_size_gb(plan.checkpoint_bytes)}"
                  if plan.download_bytes is not None else "sizes unknown (no [config] in its entry)")
         print(f"{entry.name}  (recipe {plan.recipe}; {sizes})")
         if plan.fit is not None:
@@ -58,12 +93,14 @@ def run_catalog(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     from app.engine.cuda.fit import Machine
-    from app.hub.catalog import find_entry
+    from app.hub.catalog import find_entry, read_catalog
     from app.hub.job import GetModelJob
     from app.hub.reporting import job_reporter
     from app.settings.console import console_store
 
-    job = GetModelJob(find_entry(args.name), source=args.source, recipe=args.recipe, method=args.method,
+    catalog = read_catalog()
+    warn_about(catalog.problems)
+    job = GetModelJob(find_entry(args.name, catalog.entries), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
                       device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
     with job_reporter() as report:
@@ -72,6 +109,8 @@ def run_get(args: argparse.Namespace) -> int:
             got = job.run(stage)
         except KeyboardInterrupt:
             raise Interrupted(stopped_getting(job, stage.last)) from None
+        except HubUnreachableError as e:
+            raise e.advised(unreachable_advice(e), "the same command resumes it") from None
     default = " (default)" if got.is_default else ""
     print(f"{got.name}{default}: {got.path}")
     if got.fit is not None:

@@ -32,7 +32,35 @@ class HubError(QwenTrayError):
 
 class HubUnreachableError(HubError):
     """The hub cannot be reached (offline, DNS, proxy, timeout); what was downloaded stays
-    (:func:`keeping_download` says so where there is something)."""
+    (:func:`keeping_download` says so where there is something).
+
+    What to do about it depends on who reads it: the CLI names its options (``--source``,
+    ``--endpoint``), the tray its Settings fields; so the error keeps what it is about (the
+    source, whether a mirror or another endpoint was in use) and the front end words the advice
+    (:meth:`advised`). Unadvised, it says only to check the network and the proxy."""
+
+    def __init__(self, where: str, reason: str, *, source: str = "hf", custom_endpoint: bool = False,
+                 kept_bytes: int = 0, advice: str = "check the network or the proxy",
+                 resume: str = "the next try resumes it"):
+        self.where, self.reason, self.source, self.custom_endpoint = where, reason, source, custom_endpoint
+        self.kept_bytes, self.advice, self.resume = kept_bytes, advice, resume
+        text = f"cannot reach {where} ({reason}); {advice}"
+        if kept_bytes > 0:
+            text += f"; what was downloaded ({format_bytes(kept_bytes)}) is kept and {resume}"
+        super().__init__(text)
+
+    def _with(self, **changes) -> HubUnreachableError:
+        fields = {"source": self.source, "custom_endpoint": self.custom_endpoint, "kept_bytes": self.kept_bytes,
+                  "advice": self.advice, "resume": self.resume}
+        return HubUnreachableError(self.where, self.reason, **{**fields, **changes})
+
+    def located(self, source: str, custom_endpoint: bool) -> HubUnreachableError:
+        """The same error, knowing the source and whether a mirror / another endpoint was used."""
+        return self._with(source=source, custom_endpoint=custom_endpoint)
+
+    def advised(self, advice: str, resume: str) -> HubUnreachableError:
+        """Worded for its reader: ``advice`` what to do, ``resume`` how a kept download goes on."""
+        return self._with(advice=advice, resume=resume)
 
 
 class HubAccessError(HubError):
@@ -60,7 +88,7 @@ def explain(exc: BaseException, *, where: str, repo: str, what: str | None = Non
     listing) of ``repo`` from ``where`` (the endpoint); None when ``exc`` is none of ours."""
     thing = f"{what} of {repo}" if what else repo
     if isinstance(exc, OfflineModeIsEnabled):
-        return HubUnreachableError(f"cannot download {repo}: HF_HUB_OFFLINE is set; unset it to download")
+        return HubError(f"cannot download {repo}: HF_HUB_OFFLINE is set; unset it to download")
     if isinstance(exc, GatedRepoError):
         return HubAccessError(f"{repo} is gated on {where}: accept its terms on the model's page, then {SIGN_IN}")
     if isinstance(exc, RevisionNotFoundError):
@@ -88,10 +116,13 @@ def http_status_error(status: int | None, *, where: str, thing: str) -> HubError
     return HubError(f"{where} answered HTTP {status} for {thing}; try again later or use another source")
 
 
-def unreachable(where: str, exc: BaseException) -> HubUnreachableError:
+def unreachable(where: str, exc: BaseException, waited_s: float | None = None) -> HubUnreachableError:
+    """``where`` did not answer: ``exc`` is the network's error; ``waited_s``: how long a
+    metadata request waited (HF_HUB_ETAG_TIMEOUT) before it gave up."""
     reason = type(exc).__name__ + (f": {exc}" if str(exc) else "")
-    return HubUnreachableError(f"cannot reach {where} ({reason}); check the network or the proxy, or use a mirror "
-                               "(HF_ENDPOINT or Settings) or the other source")
+    if waited_s is not None and isinstance(exc, httpx2.TimeoutException):
+        reason += f"; no answer within {waited_s:g} s, HF_HUB_ETAG_TIMEOUT sets how long to wait"
+    return HubUnreachableError(where, reason)
 
 
 def keeping_download(error: HubError, kept_bytes: int) -> HubError:
@@ -99,8 +130,7 @@ def keeping_download(error: HubError, kept_bytes: int) -> HubError:
     there are some and the error leaves them (an unreachable hub); else ``error`` itself."""
     if kept_bytes <= 0 or not isinstance(error, HubUnreachableError):
         return error
-    return HubUnreachableError(f"{error}; what was downloaded ({format_bytes(kept_bytes)}) is kept and the same "
-                               "command resumes it")
+    return error._with(kept_bytes=kept_bytes)
 
 
 def _status(exc: HfHubHTTPError) -> int | None:

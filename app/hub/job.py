@@ -22,7 +22,7 @@ from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
 from app.hub.download import STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete
-from app.hub.errors import HubError, HubNotFoundError, keeping_download
+from app.hub.errors import HubError, HubNotFoundError, HubUnreachableError, keeping_download
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
@@ -174,6 +174,8 @@ class GetModelJob:
             check_free_space({folder: download.remaining_bytes(), self.out: self._checkpoint_bytes(snapshot)},
                              f"{self.name} (the download and its checkpoint)")
             download.run(report, cancel)
+        except HubUnreachableError as e:
+            raise keeping_download(e.located(self.source, source.custom_endpoint), self.downloaded_bytes()) from None
         except HubError as e:
             raise keeping_download(e, self.downloaded_bytes()) from None
 

@@ -103,6 +103,12 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GB"  # unreachable: the loop returns at GB
 
 
+def format_size_gb(n: float) -> str:
+    """A model's size in the catalog (CLI and Settings): always GB with one decimal, so a column
+    compares at a glance ("0.8 GB" beside "1.6 GB", never "796.2 MB")."""
+    return "<0.1 GB" if 0 < n < 0.05e9 else f"{n / 1e9:.1f} GB"
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:

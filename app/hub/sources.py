@@ -22,8 +22,22 @@ from app.hub.catalog import REQUIRED_FILES, RepoRef
 from app.hub.errors import HubError, HubNotFoundError, explain, http_status_error, unreachable
 
 MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
+HF_ENDPOINT = "https://huggingface.co"  # the official hub (HF_ENDPOINT / --endpoint name a mirror)
 MODELSCOPE_ENDPOINT_ENV = "MODELSCOPE_ENDPOINT"  # the variable ModelScope's own SDK reads
-LISTING_TIMEOUT_S = 30
+METADATA_TIMEOUT_ENV = "HF_HUB_ETAG_TIMEOUT"  # huggingface_hub's seconds to wait for a metadata answer
+
+
+def metadata_timeout() -> float:
+    """Seconds a listing may wait for the server's answer: HF_HUB_ETAG_TIMEOUT as huggingface_hub
+    reads it (default 10), read at each call so that setting it applies to the next listing."""
+    value = os.environ.get(METADATA_TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value.strip() else float(constants.DEFAULT_ETAG_TIMEOUT)
+    except ValueError:
+        raise HubError(f"{METADATA_TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise HubError(f"{METADATA_TIMEOUT_ENV} must be a number of seconds above 0, got {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -79,9 +93,18 @@ class HuggingFace:
     def __init__(self, endpoint: str | None = None):
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
 
+    @property
+    def custom_endpoint(self) -> bool:
+        """A mirror (--endpoint, Settings, HF_ENDPOINT) rather than the official hub."""
+        return self.endpoint != HF_ENDPOINT
+
     def snapshot(self, ref: RepoRef, patterns: tuple[str, ...]) -> Snapshot:
+        timeout = metadata_timeout()
         try:
-            info = HfApi(endpoint=self.endpoint).model_info(ref.repo, revision=ref.revision, files_metadata=True)
+            info = HfApi(endpoint=self.endpoint).model_info(ref.repo, revision=ref.revision, files_metadata=True,
+                                                            timeout=timeout)
+        except httpx2.TransportError as e:
+            raise unreachable(self.endpoint, e, timeout) from None
         except Exception as e:
             raise (explain(e, where=self.endpoint, repo=ref.repo) or e) from None
         siblings = {s.rfilename: s for s in info.siblings or []}
@@ -110,6 +133,11 @@ class ModelScope:
     def __init__(self, endpoint: str | None = None):
         self.endpoint = (endpoint or os.environ.get(MODELSCOPE_ENDPOINT_ENV) or MODELSCOPE_ENDPOINT).rstrip("/")
 
+    @property
+    def custom_endpoint(self) -> bool:
+        """Another endpoint (--endpoint, MODELSCOPE_ENDPOINT) rather than www.modelscope.cn."""
+        return self.endpoint != MODELSCOPE_ENDPOINT
+
     def snapshot(self, ref: RepoRef, patterns: tuple[str, ...]) -> Snapshot:
         listing = self._list_files(ref)
         blobs = {f["Path"]: f for f in listing if f.get("Type", "blob") == "blob" and "Path" in f}
@@ -121,11 +149,12 @@ class ModelScope:
 
     def _list_files(self, ref: RepoRef) -> list[dict]:
         url = f"{self.endpoint}/api/v1/models/{ref.repo}/repo/files"
+        timeout = metadata_timeout()
         try:
             response = get_session().get(url, params={"Revision": ref.revision, "Recursive": "True"},
-                                         timeout=LISTING_TIMEOUT_S)
+                                         timeout=timeout)
         except httpx2.TransportError as e:
-            raise unreachable(self.endpoint, e) from None
+            raise unreachable(self.endpoint, e, timeout) from None
         except Exception as e:
             raise (explain(e, where=self.endpoint, repo=ref.repo) or e) from None
         body = _json(response)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from app.engine.layers import DecoderLayer, RMSNorm, rope_tables
 from app.engine.weights import hf_weight_map
 from app.errors import QwenTrayError
-from app.formats.checkpoint import padded_k
+from app.formats.core import padded_k
 from app.formats.recipe import Recipe
 from app.formats.spec import ModelSpec
 from app.quant.awq import (

@@ -35,11 +35,10 @@ from app.formats.checkpoint import (
     Manifest,
     TensorEntry,
     layer_file,
-    padded_k,
     write_manifest,
     write_tensor_file,
 )
-from app.formats.core import row_chunks
+from app.formats.core import padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from app.engine.tokenizer import Tokenizer
 from app.engine.weights import TensorSource
 from app.errors import QwenTrayError
-from app.formats.checkpoint import padded_k, write_atomic
-from app.formats.core import grouped, quantize_groups
+from app.formats.checkpoint import write_atomic
+from app.formats.core import grouped, padded_k, quantize_groups
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.quant import calibration as calib

@@ -139,6 +139,16 @@ ZH_CN: dict[str, str] = {
     "Cancelling…": "正在取消…",
     "Cancelled; what was done is kept and the next try resumes from it": "已取消；已完成的部分会保留，下次将从中断处继续",
     "Failed: {message}": "失败：{message}",
+    "“Download and quantize” resumes it": "“下载并量化”会接着下载",
+    "check the network, the proxy and MODELSCOPE_ENDPOINT, or choose Hugging Face in “{source}”":
+        "请检查网络、代理和 MODELSCOPE_ENDPOINT，或在“{source}”中选择 Hugging Face",
+    "check the network or the proxy, or choose Hugging Face in “{source}” (with a “{mirror}” if needed)":
+        "请检查网络或代理，或在“{source}”中选择 Hugging Face（需要时填写“{mirror}”）",
+    "check the network, the proxy and the address in “{mirror}”, or clear it to use huggingface.co, or choose ModelScope in “{source}”":
+        "请检查网络、代理和“{mirror}”中的地址，或清空它以使用 huggingface.co，或在“{source}”中选择 ModelScope",
+    "check the network or the proxy, or enter a mirror in “{mirror}” (e.g. https://hf-mirror.com), or choose ModelScope in “{source}”":
+        "请检查网络或代理，或在“{mirror}”中填写镜像（例如 https://hf-mirror.com），或在“{source}”中选择 ModelScope",
+    "“{field}” needs https:// in front, e.g. https://{url}": "“{field}”需要以 https:// 开头，例如 https://{url}",
     "Checking {item}…": "正在检查 {item}…",
     "Downloading {item}: {amount}": "正在下载 {item}：{amount}",
     "Verifying {item}: {amount}": "正在校验 {item}：{amount}",

@@ -135,7 +135,7 @@ def test_a_mirror_that_is_not_a_url_is_refused(qtbot, make_app, tiny_catalog):
     page = app.settings_dialog.catalog_page
     page.mirror.setText("hf-mirror.com")
     assert not page.start_selected()
-    assert "hf_mirror" in page.error.text() and "http://" in page.error.text()
+    assert page.error.text() == "“Hugging Face mirror” needs https:// in front, e.g. https://hf-mirror.com"
     assert not app.model_jobs.running
 
 
@@ -211,3 +211,25 @@ def test_a_gguf_entry_saved_before_is_still_converted_on_first_load(home, tmp_pa
         assert registered_models()["Old GGUF"] == str(models_dir() / "Old GGUF")
     finally:
         backend.close()
+
+
+def test_a_failed_download_leaves_an_empty_bar_and_advice_in_settings_words(qtbot, make_app, tiny_catalog):
+    import socket
+
+    with socket.socket() as s:  # a mirror nobody listens on
+        s.bind(("127.0.0.1", 0))
+        mirror = f"http://127.0.0.1:{s.getsockname()[1]}"
+    app = make_app()
+    app.open_settings()
+    page = app.settings_dialog.catalog_page
+    page.select(TINY_NAME)
+    page.mirror.setText(mirror)
+    with qtbot.waitSignal(app.model_jobs.failed, timeout=60_000):
+        assert page.start_selected()
+    qtbot.waitUntil(lambda: page.get.isEnabled(), timeout=10_000)
+    text = page.panel.status.text()
+    assert text.startswith(f"Failed: cannot reach {mirror} (ConnectError")
+    assert "the address in “Hugging Face mirror”" in text and "ModelScope in “Download from”" in text
+    assert "HF_ENDPOINT" not in text and "--" not in text
+    bar = page.panel.bar
+    assert bar.maximum() > 0 and bar.value() < bar.minimum()  # reset: empty, not busy or full

@@ -16,11 +16,32 @@ from PySide6.QtCore import QObject, Signal
 
 from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
+from app.hub.errors import HubUnreachableError
 from app.hub.job import GotModel
 from app.hub.progress import JobCancelled, JobProgress, Reporter
 from app.ui.i18n import tr
 
 log = logging.getLogger(__name__)
+
+
+# What to try when the source does not answer, in the Settings fields' own words.
+MODELSCOPE_ENDPOINT_ADVICE = ("check the network, the proxy and MODELSCOPE_ENDPOINT, or choose Hugging Face in "
+                              "“{source}”")
+MODELSCOPE_ADVICE = ("check the network or the proxy, or choose Hugging Face in “{source}” (with a “{mirror}” if "
+                     "needed)")
+HF_MIRROR_ADVICE = ("check the network, the proxy and the address in “{mirror}”, or clear it to use "
+                    "huggingface.co, or choose ModelScope in “{source}”")
+HF_ADVICE = ("check the network or the proxy, or enter a mirror in “{mirror}” (e.g. https://hf-mirror.com), or "
+             "choose ModelScope in “{source}”")
+
+
+def unreachable_advice(error: HubUnreachableError) -> str:
+    fields = {"source": tr("Download from"), "mirror": tr("Hugging Face mirror")}
+    if error.source == "modelscope":
+        if error.custom_endpoint:
+            return tr(MODELSCOPE_ENDPOINT_ADVICE, **fields)
+        return tr(MODELSCOPE_ADVICE, **fields)
+    return tr(HF_MIRROR_ADVICE, **fields) if error.custom_endpoint else tr(HF_ADVICE, **fields)
 
 
 class ModelJob(Protocol):
@@ -82,6 +103,8 @@ class ModelJobs(QObject):
             got = job.run(self.progress.emit, cancel)
         except JobCancelled:
             self.cancelled.emit()
+        except HubUnreachableError as e:
+            self.failed.emit(str(e.advised(unreachable_advice(e), tr("“Download and quantize” resumes it"))))
         except QwenTrayError as e:
             self.failed.emit(str(e))
         except Exception as e:  # noqa: BLE001 - a bug; keep the tray alive and log the traceback

@@ -13,11 +13,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLay
 
 from app.engine.cuda.fit import CPU, GPU, GPU_PYTORCH, Fit
 from app.errors import QwenTrayError
-from app.hub.catalog import CatalogEntry, load_catalog
+from app.hub.catalog import CatalogEntry, read_catalog
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes, format_duration)
+                              format_bytes, format_duration, format_size_gb)
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
@@ -71,8 +71,8 @@ class JobPanel(QWidget):
         layout.addWidget(self.status)
         jobs.progress.connect(self.show_progress)
         jobs.finished.connect(self._finished)
-        jobs.failed.connect(lambda message: self.status.setText(tr("Failed: {message}", message=message)))
-        jobs.cancelled.connect(lambda: self.status.setText(
+        jobs.failed.connect(lambda message: self._stopped(tr("Failed: {message}", message=message)))
+        jobs.cancelled.connect(lambda: self._stopped(
             tr("Cancelled; what was done is kept and the next try resumes from it")))
         jobs.runningChanged.connect(self._running)
         self._running(jobs.running)
@@ -92,6 +92,12 @@ class JobPanel(QWidget):
         self.bar.setValue(1)
         where = f" ({fit_label(got.fit)})" if got.fit is not None else ""
         self.status.setText(tr("{model} is ready", model=got.name) + where)
+
+    def _stopped(self, text: str) -> None:
+        """A failed or cancelled job: an empty, still bar (not a full or busy one) and why."""
+        self.bar.setRange(0, 1000)
+        self.bar.reset()
+        self.status.setText(text)
 
     def _running(self, running: bool) -> None:
         self.cancel.setEnabled(running)
@@ -142,7 +148,11 @@ class CatalogPage(QWidget):
             options.addWidget(widget)
         options.addStretch(1)
         options.addWidget(self.get)
+        self.problems = QLabel()
+        self.problems.setStyleSheet("color: #b45309")
+        self.problems.setWordWrap(True)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.problems)
         layout.addWidget(self.table, 1)
         layout.addLayout(form)
         layout.addLayout(options)
@@ -153,27 +163,35 @@ class CatalogPage(QWidget):
 
     def refresh(self) -> None:
         """Fill the table from the catalog, planned for this machine."""
-        try:
-            self.entries = load_catalog()
-        except QwenTrayError as e:
-            self.entries = []
-            self.error.setText(str(e))
+        catalog = read_catalog()
+        self.entries = catalog.entries
+        self.problems.setText("\n".join(catalog.problems))  # the user entries skipped, and why
+        self.problems.setVisible(bool(catalog.problems))
         machine = self.jobs.machine()
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
-            plan = plan_entry(entry, machine)
-            summary = entry.summary_zh if current_language() == "zh_CN" and entry.summary_zh else entry.summary
-            cells = (entry.name, plan.recipe, _size(plan.download_bytes), _size(plan.checkpoint_bytes),
-                     fit_label(plan.fit))
-            for column, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(plan.fit.text if column == FIT_COLUMN and plan.fit else summary)
-                self.table.setItem(row, column, item)
+            self._fill_row(row, entry, machine)
         self.table.resizeColumnsToContents()
         rows = sum(self.table.rowHeight(r) for r in range(min(len(self.entries), 5)))
         self.table.setMinimumHeight(self.table.horizontalHeader().height() + rows + 4)  # every entry, up to 5
         if self.entries and self.table.currentRow() < 0:
             self.table.selectRow(0)
+
+    def _fill_row(self, row: int, entry: CatalogEntry, machine) -> None:
+        """One entry's cells; an entry that cannot be planned shows why in its last cell."""
+        summary = entry.summary_zh if current_language() == "zh_CN" and entry.summary_zh else entry.summary
+        try:
+            plan = plan_entry(entry, machine)
+        except QwenTrayError as e:
+            cells, fit_tip = (entry.name, entry.recipe, "?", "?", str(e)), str(e)
+        else:
+            cells = (entry.name, plan.recipe, _size(plan.download_bytes), _size(plan.checkpoint_bytes),
+                     fit_label(plan.fit))
+            fit_tip = plan.fit.text if plan.fit else summary
+        for column, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            item.setToolTip(fit_tip if column == FIT_COLUMN else summary)
+            self.table.setItem(row, column, item)
 
     def select(self, name: str) -> None:
         row = next(i for i, e in enumerate(self.entries) if e.name == name)
@@ -186,8 +204,13 @@ class CatalogPage(QWidget):
             self.error.setText(tr("Choose a model first"))
             return False
         entry, source = self.entries[row], self.source.currentData()
+        mirror_url = self.mirror.text().strip()
+        if mirror_url and not mirror_url.startswith(("https://", "http://")):
+            self.error.setText(tr("“{field}” needs https:// in front, e.g. https://{url}",
+                                  field=tr("Hugging Face mirror"), url=mirror_url))
+            return False
         try:
-            self.store.update(model_source=source, hf_mirror=self.mirror.text().strip())
+            self.store.update(model_source=source, hf_mirror=mirror_url)
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False
@@ -206,5 +229,5 @@ class CatalogPage(QWidget):
 
 
 def _size(nbytes: int | None) -> str:
-    return "?" if nbytes is None else format_bytes(nbytes)
+    return "?" if nbytes is None else format_size_gb(nbytes)
 
