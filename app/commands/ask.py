@@ -63,10 +63,10 @@ def _ask_local(args, messages, params) -> int:
     from app.progress import load_progress_bar
     from app.settings.console import console_store
 
-    path = console_store().load().resolve_model(args.model)
-    with load_progress_bar(f"loading {path.name}") as progress:
+    model = console_store().load().locate_model(args.model)
+    with load_progress_bar(f"loading {model.name}") as progress:
         # Without --max-context the context is the default's or, on a small card, what fits.
-        engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
+        engine = Engine.load(model.path, model_id=model.name, device=args.device, max_batch_size=1, max_context=args.max_context,
                              adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
                              fit_to_vram=args.max_context is None, verify=args.verify)
     with engine:

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.server.config import API_KEY_ENV, DEFAULT_HOST, DEFAULT_MAX_QUEUED, DEFAULT_PORT, ServerConfig, is_loopback_host
@@ -41,7 +40,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the configured default model)")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
+    parser.add_argument("--model-id", default=None, help="model name clients send (default: the registered name of --model, or its folder's name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--max-batch-size", type=_at_least(1), default=None,
                         help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
@@ -144,14 +143,14 @@ def _load_engine(args: argparse.Namespace):
 
     def load(progress):
         loads.append(progress)
-        engine = Engine.load(args.model_path, device=args.device, max_batch_size=batch, max_context=args.max_context,
-                             vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
-                             verify=args.verify and len(loads) == 1, **options)
+        engine = Engine.load(args.model_path, model_id=args.model_name, device=args.device, max_batch_size=batch,
+                             max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
+                             fit_to_vram=fit, verify=args.verify and len(loads) == 1, **options)
         if args.vram_budget is not None and engine.device == "cpu" and len(loads) == 1:
             print("qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU", file=sys.stderr)
         return engine
 
-    with load_progress_bar(f"loading {Path(args.model_path).name}") as progress:
+    with load_progress_bar(f"loading {args.model_name}") as progress:
         engine = ReloadingEngine(load, keep_alive=args.keep_alive, progress=progress, on_state=_log_state)
     engine.progress = None  # a reload for a request is logged (_log_state), not drawn
     return engine
@@ -176,7 +175,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # every command, and uvicorn, Starlette and the engine are only needed when serving.
     from app.server.server import start_server
 
-    args.model_path = console_store().load().resolve_model(args.model)
+    model = console_store().load().locate_model(args.model)
+    args.model_path, args.model_name = model.path, model.name
     config = config_from_args(args)
     _warn_exposure(config)
     slot = EngineSlot()

@@ -51,7 +51,7 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None, device: st
         path = _gguf_path(entry, progress)
     else:
         path = Path(entry.path).expanduser()
-    return LocalEngineBackend.load(path, progress=progress, device=device)
+    return LocalEngineBackend.load(path, progress=progress, device=device, name=entry.name)
 
 
 def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:
