@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
 def _ask_local(args, messages, params) -> int:
     from app.engine import Engine
     from app.progress import load_progress_bar
-    from app.settings.console import console_store
+    from app.settings.console import locate_model
 
-    model = console_store().load().locate_model(args.model)
+    model = locate_model(args.model)
     with load_progress_bar(f"loading {model.name}") as progress:
         # Without --max-context the context is the default's or, on a small card, what fits.
         engine = Engine.load(model.path, model_id=model.name, device=args.device, max_batch_size=1, max_context=args.max_context,

@@ -63,9 +63,11 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    settings = console_store().load()
+    store = console_store()
+    settings = store.load()
     if not settings.models:
-        print("no models registered; run `qwen-tray models add-starter`")
+        blocked = store.cannot_register()
+        print(f"no models registered: {blocked}" if blocked else "no models registered; run `qwen-tray models add-starter`")
         return 0
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
         mark = "*" if entry.name == settings.default_model else " "

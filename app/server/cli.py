@@ -169,13 +169,13 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     elif root.level > logging.INFO:  # a server logs what it does (unloads, reloads), as uvicorn does
         root.setLevel(logging.INFO)
-    from app.settings.console import console_store
+    from app.settings.console import locate_model
 
     # Imported here, not at the top: app/cli.py imports this module to register ``serve`` for
     # every command, and uvicorn, Starlette and the engine are only needed when serving.
     from app.server.server import start_server
 
-    model = console_store().load().locate_model(args.model)
+    model = locate_model(args.model)
     args.model_path, args.model_name = model.path, model.name
     config = config_from_args(args)
     _warn_exposure(config)

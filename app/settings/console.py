@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from app.errors import QwenTrayError
+from app.settings.document import ModelLocation
 from app.settings.notices import Notice
 from app.settings.store import SettingsStore
 
@@ -18,3 +20,14 @@ def print_notice(notice: Notice) -> None:
 
 def console_store() -> SettingsStore:
     return SettingsStore(on_notice=print_notice)
+
+
+def locate_model(name_or_path: str | None) -> ModelLocation:
+    """The model a command runs (``--model``, or the default), as :meth:`Settings.locate_model`;
+    with no default because the settings file cannot be used, the error says how to fix the file
+    (registering the starter model would fail the same way)."""
+    store = console_store()
+    settings = store.load()
+    if name_or_path is None and settings.default_model is None and (blocked := store.cannot_register()):
+        raise QwenTrayError(f"no model configured: {blocked}; or pass --model PATH")
+    return settings.locate_model(name_or_path)

@@ -97,6 +97,14 @@ class SettingsStore:
                 return settings
             return self._migrate(read.data if read.state == OK else None)
 
+    def cannot_register(self) -> str | None:
+        """Why nothing can be registered after the last :meth:`load` (the file could not be read,
+        nor moved aside, so saving would lose it) and what to do, in one sentence; else None."""
+        if self._blocked is None:
+            return None
+        why, remedy = self._blocked
+        return f"{why}, so no model can be registered until it is fixed: {remedy.removesuffix(', then try again')}"
+
     def take_notices(self) -> list[Notice]:
         """The notices not given to ``on_notice`` yet (each once)."""
         pending, self._pending = self._pending, []
@@ -109,7 +117,8 @@ class SettingsStore:
             read = JsonRead(CORRUPT, problem=f"expected a JSON {'object' if shape is dict else 'list'}")
         if read.state == UNREADABLE:
             self._blocked = self._blocked or (f"{path} could not be read ({read.problem})",
-                                              "fix its permissions and try again")
+                                              f"fix its permissions or move it away (e.g. to {path.name}.bak), "
+                                              "then try again")
             self._tell(Notice(UNREADABLE_FILE, {"file": str(path), "error": read.problem}))
         elif read.state == CORRUPT:
             self._move_aside(path, read.problem)
