@@ -18,8 +18,9 @@ def print_notice(notice: Notice) -> None:
     print(f"qwen-tray: {notice}", file=sys.stderr)
 
 
-def console_store() -> SettingsStore:
-    return SettingsStore(on_notice=print_notice)
+def console_store(*, every_notice: bool = False) -> SettingsStore:
+    """``every_notice``: also what was told at an earlier command (SettingsStore)."""
+    return SettingsStore(on_notice=print_notice, every_notice=every_notice)
 
 
 def locate_model(name_or_path: str | None) -> ModelLocation:
