@@ -107,7 +107,7 @@ class Settings:
         if entry is None:
             path = Path(name_or_path).expanduser()
             if path.exists():
-                return ModelLocation(path, path.name)
+                return ModelLocation(path, path.absolute().name or str(path))
             if name_or_path == self.default_model:
                 raise QwenTrayError(f"the default model {name_or_path!r} is not registered any more: choose one with "
                                     "`qwen-tray models default NAME` (`qwen-tray models list` shows them)")
