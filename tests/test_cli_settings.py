@@ -67,7 +67,7 @@ def test_models_add_never_re_points_a_name_silently(cli, tmp_path, tiny_qwen_dir
                           str(tiny_qwen_dir), "--replace")
     assert f"* tiny  {tiny_qwen_dir}" in cli("models", "list").stdout
     replaced = cli("models", "add", "tiny", str(other), "--replace")
-    assert replaced.returncode == 0 and replaced.stdout.strip() == f"tiny: {other} (was {tiny_qwen_dir})"
+    assert replaced.returncode == 0 and replaced.stdout.strip() == f"tiny (default): {other} (was {tiny_qwen_dir})"
     assert f"* tiny  {other}" in cli("models", "list").stdout
 
 

@@ -35,17 +35,17 @@ def register(sub) -> None:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="model folder (Hugging Face layout or quantized checkpoint) or registered name "
                              "(default: the configured default model)")
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    parser.add_argument("--model-id", default=None, help="model name clients send (default: the registered name of --model, or its folder's name)")
+    parser.add_argument("--host", default=DEFAULT_HOST, metavar="ADDRESS", help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N", help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    parser.add_argument("--model-id", default=None, metavar="NAME", help="model name clients send (default: the registered name of --model, or its folder's name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--max-batch-size", type=_at_least(1), default=None,
+    parser.add_argument("--max-batch-size", type=_at_least(1), default=None, metavar="N",
                         help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
                              "or fewer with a shorter context where the GPU cannot hold them)")
-    parser.add_argument("--max-context", type=_at_least(2), default=None,
+    parser.add_argument("--max-context", type=_at_least(2), default=None, metavar="N",
                         help="tokens per request, prompt + answer (default: model max, at most 4096)")
     parser.add_argument("--vram-budget", type=_memory_size, default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
@@ -60,9 +60,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unload the model after this long without requests, and load it again for the next "
                              "one (Ollama's convention: 5m, 1h, 90s; 0 = right after each request; -1 = never; "
                              f"default {DEFAULT_KEEP_ALIVE}, as the tray)")
-    parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
+    parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED, metavar="N",
                         help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable")
