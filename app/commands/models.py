@@ -150,8 +150,10 @@ def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, ma
 def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
     """Convert with progress (in a log: a line per tenth of the tensors); the caller holds the lock."""
     from app.engine.gguf_import import convert_gguf_to_hf
+    from app.hub.disk import check_space_to_convert
     from app.progress import LOG_STEPS, load_progress_bar
 
+    check_space_to_convert(gguf, out)
     try:
         with load_progress_bar(f"converting {name}", delay=0, steps=LOG_STEPS) as progress:
             convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total),

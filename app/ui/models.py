@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from app.hub.disk import check_space_to_convert
 from app.model_import import convert_gguf_into_models, register_model
 from app.secrets import get_api_key
 from app.settings.jsonfile import SettingsFileError
@@ -58,7 +59,8 @@ def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:
     """The folder converted from a GGUF entry's file (once; ``qwen-tray models import-gguf`` does
     the same), registered under the entry's name so the CLI and the next start find the folder."""
     convert_progress = (lambda done, total: progress("converting GGUF", done, total)) if progress else None
-    out = convert_gguf_into_models(Path(entry.path).expanduser(), entry.name, progress=convert_progress)
+    out = convert_gguf_into_models(Path(entry.path).expanduser(), entry.name, progress=convert_progress,
+                                   check_space=check_space_to_convert)
     _register_converted(entry.name.strip(), out)
     return out
 
@@ -69,7 +71,8 @@ def _starter_path(progress: Progress | None) -> Path:
     from app.engine.gguf_import import find_starter_gguf
 
     convert_progress = (lambda done, total: progress("converting starter model", done, total)) if progress else None
-    out = convert_gguf_into_models(find_starter_gguf(), STARTER_NAME, progress=convert_progress)
+    out = convert_gguf_into_models(find_starter_gguf(), STARTER_NAME, progress=convert_progress,
+                                   check_space=check_space_to_convert)
     _register_converted(STARTER_NAME, out)
     return out
 
