@@ -66,9 +66,12 @@ class ApiService:
         return status.engine, self.config.model_id or status.engine.model_id
 
     def serves(self, engine: Any, model_id: str, requested: str) -> bool:
-        """Whether a request naming ``requested`` is for this model: its id, or the name of its
-        folder (what the id was before models were known by their registered names)."""
-        return requested == model_id or (engine.path is not None and requested == Path(engine.path).name)
+        """Whether a request naming ``requested`` is for this model: its id, or, unless the id was
+        chosen with --model-id, the name of its folder (what the id was before models were known
+        by their registered names)."""
+        if requested == model_id:
+            return True
+        return self.config.model_id is None and engine.path is not None and requested == Path(engine.path).name
 
     def health(self) -> tuple[int, dict]:
         status = self.engine_status()
