@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("prompt", nargs="+", metavar="PROMPT",
                    help="the question; several words are joined with spaces, so quotes are optional "
                         "(qwen-tray ask What is RoPE?); '-' reads it from standard input")
-    p.add_argument("--model", metavar="NAME|PATH", help="model folder or registered name (default: the configured default)")
+    p.add_argument("--model", metavar="NAME|PATH",
+                   help="registered model name or model folder (default: the configured default)")
     p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder (adapter_config.json + "
                    "adapter_model.safetensors) to merge at load")
     p.add_argument("--server", metavar="URL", help="ask a running qwen-tray/OpenAI-compatible server instead")
@@ -69,9 +70,9 @@ def _ask_local(args, messages, params) -> int:
     model = locate_model(args.model)
     with load_progress_bar(f"loading {model.name}") as progress:
         # Without --max-context the context is the default's or, on a small card, what fits.
-        engine = Engine.load(model.path, model_id=model.name, device=args.device, max_batch_size=1, max_context=args.max_context,
-                             adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
-                             fit_to_vram=args.max_context is None, verify=args.verify)
+        engine = Engine.load(model.path, model_id=model.name, device=args.device, max_batch_size=1,
+                             max_context=args.max_context, adapter=args.adapter, progress=progress,
+                             vram_budget=args.vram_budget, fit_to_vram=args.max_context is None, verify=args.verify)
     with engine:
         note_unused_vram_budget(args.vram_budget, engine.device)
         try:

@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from app.settings.console import locate_model
 
     source = locate_model(args.model)
-    job = QuantizeJob(model=source.path, model_id=source.name, out=args.out, recipe=load_recipe(args.recipe), method=args.method,
-                      adapter=args.adapter, calibration=args.calibration,
+    job = QuantizeJob(model=source.path, model_id=source.name, out=args.out, recipe=load_recipe(args.recipe),
+                      method=args.method, adapter=args.adapter, calibration=args.calibration,
                       calibration_tokens=args.calibration_tokens, device=args.device)
     quantize_with_progress(job, source.name)
     return 0

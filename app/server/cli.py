@@ -38,9 +38,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="model folder (Hugging Face layout or quantized checkpoint) or registered name "
                              "(default: the configured default model)")
-    parser.add_argument("--host", default=DEFAULT_HOST, metavar="ADDRESS", help=f"address to listen on (default {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N", help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    parser.add_argument("--model-id", default=None, metavar="NAME", help="model name clients send (default: the registered name of --model, or its folder's name)")
+    parser.add_argument("--host", default=DEFAULT_HOST, metavar="ADDRESS",
+                        help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
+                        help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    parser.add_argument("--model-id", default=None, metavar="NAME",
+                        help="model name clients send (default: the registered name of --model, or its folder's name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--max-batch-size", type=_at_least(1), default=None, metavar="N",
                         help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
