@@ -13,13 +13,16 @@ from app.settings.store import SettingsStore
 
 
 def convert_gguf_into_models(gguf: Path, name: str, *, progress: Callable[[int, int], None] | None = None,
-                             force: bool = False) -> Path:
-    """Convert ``gguf`` into models_dir()/name unless that folder already holds a model (or ``force``)."""
+                             force: bool = False, check_space: Callable[[Path, Path], None] | None = None) -> Path:
+    """Convert ``gguf`` into models_dir()/name unless that folder already holds a model (or ``force``).
+    ``check_space(gguf, out)``: raises when the disk has no room for the conversion (app.hub.disk)."""
     from app.engine.gguf_import import convert_gguf_to_hf
 
     out = models_dir() / check_model_name(name)
     with model_folder_lock(out.name):
         if force or not (out / "config.json").is_file():
+            if check_space is not None:
+                check_space(gguf, out)
             convert_gguf_to_hf(gguf, out, progress=progress, overwrite=force)
     return out
 

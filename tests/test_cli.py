@@ -192,3 +192,40 @@ def test_corrupt_settings_file_is_backed_up_not_fatal(cli, tmp_path):
 def test_help_works(tmp_path, argv):
     proc = run_cli(*argv, home=tmp_path)
     assert proc.returncode == 0 and "usage: qwen-tray" in proc.stdout
+
+
+def test_ask_takes_several_words_and_verbose_after_the_subcommand(cli, tmp_path, tiny_qwen_dir):
+    """`qwen-tray ask -v What is X?`, unquoted, as `ollama run` and `llm` take it; -v here as before it."""
+    proc = run_cli("ask", "-v", "--model", str(tiny_qwen_dir), "--device", "cpu", "--temperature", "0",
+                   "--max-tokens", "6", "--seed", "1", "What", "is", "X?", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"loaded {tiny_qwen_dir.name} on cpu" in proc.stderr  # the engine's INFO log: -v was taken
+    quoted = cli("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", "--temperature", "0", "--max-tokens", "6",
+                 "--seed", "1", "What is X?")
+    assert quoted.returncode == 0 and proc.stdout == quoted.stdout  # the same prompt
+
+
+def test_verbose_is_taken_after_a_nested_subcommand_too():
+    from app.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["models", "list", "-v"]).verbose is True
+    assert parser.parse_args(["-v", "models", "list"]).verbose is True
+    assert parser.parse_args(["models", "list"]).verbose is False
+
+
+def test_models_add_help_explains_and_default_is_said(cli, tiny_qwen_dir, tmp_path):
+    help_text = run_cli("models", "add", "--help", home=tmp_path).stdout
+    assert "Register a model folder" in help_text and "the model folder (it holds config.json" in help_text
+    first = cli("models", "add", "a", str(tiny_qwen_dir))
+    assert first.stdout == f"a (default): {tiny_qwen_dir}\n"  # the first model becomes the default
+    other = tmp_path / "other"
+    shutil.copytree(tiny_qwen_dir, other)
+    assert cli("models", "add", "b", str(other)).stdout == f"b: {other}\n"
+    assert cli("models", "add", "c", str(other), "--default").stdout == f"c (default): {other}\n"
+
+
+def test_serve_help_names_values_as_the_other_commands_do(tmp_path):
+    help_text = run_cli("serve", "--help", home=tmp_path).stdout
+    assert "--max-batch-size N" in help_text and "--max-context N" in help_text and "--model NAME|PATH" in help_text
+    assert not any(word in help_text for word in ("MAX_BATCH_SIZE", "MAX_CONTEXT", "MODEL_ID", "MAX_QUEUED"))

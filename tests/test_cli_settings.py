@@ -67,7 +67,7 @@ def test_models_add_never_re_points_a_name_silently(cli, tmp_path, tiny_qwen_dir
                           str(tiny_qwen_dir), "--replace")
     assert f"* tiny  {tiny_qwen_dir}" in cli("models", "list").stdout
     replaced = cli("models", "add", "tiny", str(other), "--replace")
-    assert replaced.returncode == 0 and replaced.stdout.strip() == f"tiny: {other} (was {tiny_qwen_dir})"
+    assert replaced.returncode == 0 and replaced.stdout.strip() == f"tiny (default): {other} (was {tiny_qwen_dir})"
     assert f"* tiny  {other}" in cli("models", "list").stdout
 
 
@@ -130,6 +130,18 @@ def test_a_default_model_no_longer_registered_is_said_so(tmp_path, cli, tiny_qwe
     listed = cli("models", "list")
     assert "the default model 'gone' is not registered" in listed.stdout
     assert_one_line_error(cli("ask", "hi"), "the default model 'gone' is not registered", "models default NAME")
+
+
+def test_a_default_model_whose_folder_is_gone_names_the_entry_and_the_ways_out(tmp_path, cli, tiny_qwen_dir):
+    gone = tmp_path / "x"
+    shutil.copytree(tiny_qwen_dir, gone)
+    assert cli("models", "add", "mine", str(gone), "--default").returncode == 0
+    assert cli("models", "add", "other", str(tiny_qwen_dir)).returncode == 0
+    shutil.rmtree(gone)
+    assert_one_line_error(cli("ask", "hi"), f"the default model 'mine' is registered at {gone}",
+                          "`qwen-tray models default other`", "`qwen-tray models remove mine`")
+    assert_one_line_error(cli("serve", "--port", "0"), "'mine'", "models remove mine")
+    assert_one_line_error(cli("ask", "--model", "mine", "hi"), "models remove mine")
 
 
 def test_the_registry_lists_every_kind_and_ask_says_what_a_remote_one_is(cli, tmp_path, tiny_qwen_dir):
@@ -207,10 +219,12 @@ def test_a_corrupt_file_in_a_read_only_folder_is_left_and_no_command_crashes(tmp
               "denied); the defaults are used for now and the file is left as it is")
     for proc in (listed, doctor, ask_default, ask, add):
         assert "Traceback" not in proc.stderr and proc.stderr.splitlines()[0] == notice
-    assert listed.returncode == 0 and "no models registered" in listed.stdout
+    fix = f"no model can be registered until it is fixed: make {config} writable or move the file away"
+    assert listed.returncode == 0 and listed.stdout.startswith("no models registered: ") and fix in listed.stdout
+    assert "add-starter" not in listed.stdout  # it could not save either
     assert doctor.returncode == 0 and "Models: none registered" in doctor.stdout
-    assert ask_default.returncode == 1 and ask_default.stderr.splitlines()[1].endswith("models add-starter` "
-                                                                                      "or pass --model PATH")
+    assert ask_default.returncode == 1 and fix in ask_default.stderr.splitlines()[1]
+    assert ask_default.stderr.splitlines()[1].endswith("; or pass --model PATH")
     assert ask.returncode == 0 and ask.stdout.strip()
     assert add.returncode == 1 and add.stderr.splitlines()[1].startswith(
         f"qwen-tray: error: cannot save {config / 'settings.json'}: {config / 'settings.json'} could not be used")
@@ -223,17 +237,21 @@ def test_an_unreadable_settings_file_is_reported_as_such_and_kept(tmp_path, tiny
     before = settings.read_bytes()
     settings.chmod(0)
     try:
-        listed, doctor, add = run_cli_commands(tmp_path, ["models", "list"], ["doctor"],
-                                               ["models", "add", "again", str(tiny_qwen_dir)])
+        listed, doctor, add, ask = run_cli_commands(tmp_path, ["models", "list"], ["doctor"],
+                                                    ["models", "add", "again", str(tiny_qwen_dir)], ["ask", "hi"])
     finally:
         settings.chmod(0o600)
     notice = (f"qwen-tray: {settings} cannot be read (Permission denied); the defaults are used for now and the "
               "file is left as it is: check its permissions")
+    fix = "fix its permissions or move it away (e.g. to settings.json.bak)"
     assert listed.returncode == 0 and listed.stderr.splitlines() == [notice]
+    assert listed.stdout == (f"no models registered: {settings} could not be read (Permission denied), so no model "
+                             f"can be registered until it is fixed: {fix}\n")  # not add-starter: it could not save
     assert doctor.returncode == 0 and doctor.stderr.splitlines() == [notice]
     assert add.returncode == 1 and add.stderr.splitlines() == [
         notice, f"qwen-tray: error: cannot save {settings}: {settings} could not be read (Permission denied), and "
-                "saving would lose what it holds; fix its permissions and try again"]
+                f"saving would lose what it holds; {fix}, then try again"]
+    assert ask.returncode == 1 and fix in ask.stderr.splitlines()[-1] and "add-starter" not in ask.stderr
     assert settings.read_bytes() == before and json.loads(before)["models"][0]["name"] == "tiny"
     assert not list(settings.parent.glob("*corrupt*"))
 

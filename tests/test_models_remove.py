@@ -108,10 +108,10 @@ def test_add_replace_deletes_the_old_folder_only_when_the_app_made_it(cli, impor
     size = _bytes(old)
     replaced = cli("models", "add", "swap", str(tiny_qwen_dir), "--replace")
     assert replaced.returncode == 0, replaced.stderr
-    assert replaced.stdout.splitlines() == [f"swap: {tiny_qwen_dir} (was {old}; its folder {old} was deleted, "
+    assert replaced.stdout.splitlines() == [f"swap (default): {tiny_qwen_dir} (was {old}; its folder {old} was deleted, "
                                             f"{format_bytes(size)} freed)"]
     assert not old.exists() and _registered()["swap"] == str(tiny_qwen_dir)
     again = cli("models", "add", "swap", str(imported("other")), "--replace")
     assert again.returncode == 0, again.stderr
     assert (tiny_qwen_dir / "config.json").is_file()  # the user's folder: only unregistered
-    assert again.stdout.splitlines() == [f"swap: {tmp_path / 'data' / 'models' / 'other'} (was {tiny_qwen_dir})"]
+    assert again.stdout.splitlines() == [f"swap (default): {tmp_path / 'data' / 'models' / 'other'} (was {tiny_qwen_dir})"]

@@ -95,7 +95,7 @@ def test_serve_says_what_it_loads_on_stderr(tiny_qwen_dir, monkeypatch, capsys):
     from app.server.cli import _load_engine
 
     monkeypatch.setattr(progress_mod, "PROGRESS_DELAY_S", 0.0)
-    args = argparse.Namespace(model_path=tiny_qwen_dir, device="cpu", max_batch_size=1, max_context=64,
+    args = argparse.Namespace(model_path=tiny_qwen_dir, model_name=tiny_qwen_dir.name, device="cpu", max_batch_size=1, max_context=64,
                               vram_budget=None, lookup_draft=None, keep_alive=None, verify=False)
     engine = _load_engine(args)
     engine.close()

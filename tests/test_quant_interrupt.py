@@ -54,4 +54,5 @@ def test_ctrl_c_keeps_the_finished_layers_and_the_same_command_resumes(deep_mode
     again = subprocess.run(command, env=env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"wrote {out}" in again.stdout
+    assert again.stderr.splitlines()[0] == f"resuming: {len(finished)} of {files} files are already done"
     assert {name: (out / name).stat().st_ino for name in finished} == kept  # resumed: not written again

@@ -102,3 +102,19 @@ def test_checkpoint_eval_errors_are_one_line(cli, tiny_w4, tmp_path):
     assert_one_line_error(cli("checkpoint", "eval", str(tiny_w4), "--tokens", "1"), "--tokens")
     (tmp_path / "empty").mkdir()
     assert_one_line_error(cli("checkpoint", "eval", str(tmp_path / "empty")), "empty")
+
+
+def test_quantize_and_recipe_sensitive_take_a_registered_name(tiny_qwen_dir, tmp_path, cli):
+    """--model NAME, as ask, serve and tray take it; the checkpoint names the model by it."""
+    from app.formats.checkpoint import read_manifest
+
+    assert cli("models", "add", "tiny", str(tiny_qwen_dir)).returncode == 0
+    recipe = tmp_path / "r.json"
+    proc = cli("recipe", "sensitive", "--model", "tiny", "--base", "mixed", "--out", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(recipe.read_text())["provenance"]["model"] == "tiny"
+    proc = cli("quantize", "--model", "tiny", "--recipe", "w4", "--method", "rtn", "--out", str(tmp_path / "q"))
+    assert proc.returncode == 0, proc.stderr
+    assert read_manifest(tmp_path / "q").model_id == "tiny"
+    assert_one_line_error(cli("quantize", "--model", "nope", "--recipe", "w4", "--out", str(tmp_path / "n")),
+                          "nope", "no registered model has that name")

@@ -93,6 +93,11 @@ def test_the_cli_moves_keys_or_says_why_not(home, tmp_path, backend):
         child_keyring.file_path = str(tmp_path / "xdg-data" / "python_keyring" / "keyring_pass.cfg")
         assert child_keyring.get_password("qwen-tray", "model:DashScope") == "sk-secret"
     else:
-        assert done.stderr.startswith(f"qwen-tray: The API keys of DashScope stay in {path} as plain text: no "
-                                      "system keyring is available")
+        notice = f"qwen-tray: The API keys of DashScope stay in {path} as plain text: no system keyring is available"
+        assert done.stderr.startswith(notice)
         assert "sk-secret" in path.read_text(encoding="utf-8")
+        # Said once (README), not at every command; doctor says it again, as a report of the state.
+        again = [subprocess.run([sys.executable, "-m", "app.cli", *command], env=env, capture_output=True,
+                                text=True, timeout=300, cwd=REPO) for command in (["models", "list"], ["doctor"])]
+        assert again[0].returncode == 0 and again[0].stderr == ""
+        assert again[1].returncode == 0 and notice in again[1].stderr

@@ -13,8 +13,11 @@ from app.errors import ContextLengthError, QwenTrayError
 def register(sub) -> None:
     p = sub.add_parser("ask", help="ask the model one question and stream the answer",
                        description="Ask the model one question; the answer streams to standard output.")
-    p.add_argument("prompt", metavar="PROMPT", help="the question; '-' reads it from standard input")
-    p.add_argument("--model", metavar="PATH", help="model folder or registered name (default: the configured default)")
+    p.add_argument("prompt", nargs="+", metavar="PROMPT",
+                   help="the question; several words are joined with spaces, so quotes are optional "
+                        "(qwen-tray ask What is RoPE?); '-' reads it from standard input")
+    p.add_argument("--model", metavar="NAME|PATH",
+                   help="registered model name or model folder (default: the configured default)")
     p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder (adapter_config.json + "
                    "adapter_model.safetensors) to merge at load")
     p.add_argument("--server", metavar="URL", help="ask a running qwen-tray/OpenAI-compatible server instead")
@@ -38,8 +41,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_prompt(prompt: str) -> str:
-    text = text_input.from_stdin() if prompt == "-" else text_input.from_argument(prompt)
+def read_prompt(words: list[str]) -> str:
+    """The prompt from its words (as `ollama run` and `llm` take them), or standard input for '-'."""
+    text = text_input.from_stdin() if words == ["-"] else text_input.from_argument(" ".join(words))
     if not text.strip():
         raise QwenTrayError("the prompt is empty")
     return text
@@ -61,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
 def _ask_local(args, messages, params) -> int:
     from app.engine import Engine
     from app.progress import load_progress_bar
-    from app.settings.console import console_store
+    from app.settings.console import locate_model
 
-    path = console_store().load().resolve_model(args.model)
-    with load_progress_bar(f"loading {path.name}") as progress:
+    model = locate_model(args.model)
+    with load_progress_bar(f"loading {model.name}") as progress:
         # Without --max-context the context is the default's or, on a small card, what fits.
-        engine = Engine.load(path, device=args.device, max_batch_size=1, max_context=args.max_context,
-                             adapter=args.adapter, progress=progress, vram_budget=args.vram_budget,
-                             fit_to_vram=args.max_context is None, verify=args.verify)
+        engine = Engine.load(model.path, model_id=model.name, device=args.device, max_batch_size=1,
+                             max_context=args.max_context, adapter=args.adapter, progress=progress,
+                             vram_budget=args.vram_budget, fit_to_vram=args.max_context is None, verify=args.verify)
     with engine:
         note_unused_vram_budget(args.vram_budget, engine.device)
         try:

@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
     from app.kernels import unavailable_reason
     from app.settings.console import console_store
 
-    store = console_store()  # its notices (a broken settings file and where it went) go to stderr now
+    # Its notices (a broken settings file and where it went; API keys kept as plain text, which
+    # other commands say once) go to stderr now.
+    store = console_store(every_notice=True)
     settings = store.load()
     print(f"qwen-tray {__version__}, Python {platform.python_version()}, {platform.platform(terse=True)}")
     cuda_build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"

@@ -42,9 +42,14 @@ def register(sub) -> None:
     gguf.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
                       help=f"quantization method with --recipe (default {DEFAULT_METHOD})")
     gguf.set_defaults(func=run_import_gguf)
-    add = msub.add_parser("add", help="register a model folder under a name")
-    add.add_argument("name")
-    add.add_argument("path", type=Path)
+    add = msub.add_parser("add", help="register a model folder under a name",
+                          description="Register a model folder (Hugging Face layout, or a checkpoint made by "
+                                      "`qwen-tray quantize`) under a name that ask, serve, quantize and the tray "
+                                      "take as --model NAME, and that the local API serves it as. The folder stays "
+                                      "where it is and stays yours: `models remove` does not delete it.")
+    add.add_argument("name", metavar="NAME", help="the model's name: a plain folder name such as qwen2.5-3b-w4")
+    add.add_argument("path", type=Path, metavar="PATH", help="the model folder (it holds config.json, or a "
+                     "checkpoint's manifest.json)")
     add.add_argument("--default", action="store_true", help="make it the default model")
     add.add_argument("--replace", action="store_true", help=REPLACE_HELP)
     add.set_defaults(func=run_add)
@@ -63,9 +68,12 @@ def register(sub) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    settings = console_store().load()
+    store = console_store()
+    settings = store.load()
     if not settings.models:
-        print("no models registered; run `qwen-tray models add-starter`")
+        blocked = store.cannot_register()
+        print(f"no models registered: {blocked}" if blocked
+              else "no models registered; run `qwen-tray models add-starter`")
         return 0
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
         mark = "*" if entry.name == settings.default_model else " "
@@ -143,8 +151,10 @@ def _convert_and_register(gguf: Path, name: str, args: argparse.Namespace, *, ma
 def _convert(gguf: Path, out: Path, name: str, *, force: bool) -> None:
     """Convert with progress (in a log: a line per tenth of the tensors); the caller holds the lock."""
     from app.engine.gguf_import import convert_gguf_to_hf
+    from app.hub.disk import check_space_to_convert
     from app.progress import LOG_STEPS, load_progress_bar
 
+    check_space_to_convert(gguf, out)
     try:
         with load_progress_bar(f"converting {name}", delay=0, steps=LOG_STEPS) as progress:
             convert_gguf_to_hf(gguf, out, progress=lambda done, total: progress("tensors", done, total),
@@ -168,14 +178,15 @@ def run_add(args: argparse.Namespace) -> int:
         replaced = settings.add_model(ModelEntry(name=name, kind="local", path=str(path)), replace=args.replace,
                                       make_default=args.default)
         models = list(settings.models)
+        mark = " (default)" if settings.default_model == name else ""  # as add-starter and import-gguf say it
     if replaced is None:
-        print(f"{name}: {path}")
+        print(f"{name}{mark}: {path}")
         return 0
     old = app_folder_to_delete(replaced, models)
     if old is not None and (old.resolve() == path or old.resolve() in path.parents):
         old = None  # the new folder is (inside) the old one
     gone = f"; {_delete_app_folder(old)}" if old is not None else ""
-    print(f"{name}: {path} (was {replaced.describe()}{gone})")
+    print(f"{name}{mark}: {path} (was {replaced.describe()}{gone})")
     return 0
 
 

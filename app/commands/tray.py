@@ -11,7 +11,8 @@ from app.errors import QwenTrayError, pip_install_extra
 def register(sub) -> None:
     p = sub.add_parser("tray", help="start the tray app (the default with no command)",
                        description="Start the desktop tray app: hotkey actions, chat window, local API.")
-    p.add_argument("--model", metavar="NAME", help="load this registered model (or model folder) instead of the configured one")
+    p.add_argument("--model", metavar="NAME|PATH",
+                   help="load this registered model (or model folder) instead of the configured one")
     # SUPPRESS: no default of its own, so `qwen-tray --language zh_CN tray` keeps the top-level choice.
     p.add_argument("--language", choices=("auto", "en", "zh_CN"), default=argparse.SUPPRESS,
                    help="UI language for this run")

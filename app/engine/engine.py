@@ -77,7 +77,7 @@ class Engine:
              dtype: torch.dtype | None = None, progress: ProgressCallback | None = None,
              vram_budget: int | str | None = None, lookup_draft: int = LOOKUP_MAX_DRAFT,
              fit_to_vram: bool = False, runner_options: RunnerOptions | None = None,
-             verify: bool = False) -> Engine:
+             verify: bool = False, model_id: str | None = None) -> Engine:
         """``vram_budget`` (bytes or "3.2GiB"): what the CUDA runner may allocate; default: the
         card's free memory minus a margin. A model or context that does not fit is refused, or
         with ``fit_to_vram`` loaded with fewer concurrent requests, then a shorter context (at
@@ -85,28 +85,31 @@ class Engine:
         ``lookup_draft``: see :class:`Engine` (0: never guess tokens). ``runner_options``: how
         the CUDA runner builds its step (benchmarks; the reference runner has no options).
         ``verify``: hash every file of a checkpoint, even those verified before and unchanged
-        since (app.formats.verified)."""
+        since (app.formats.verified). ``model_id``: the name the model goes by (its registered
+        name, which the caller resolved); default: the folder's name."""
         if max_batch_size < 1:
             raise InvalidParameterError("max_batch_size", f"must be >= 1, got {max_batch_size}")
         if lookup_draft < 0:
             raise InvalidParameterError("lookup_draft", f"must be >= 0 (0 turns guessing off), got {lookup_draft}")
         dev = resolve_device(device)
+        model_id = model_id or Path(path).name
         started = time.perf_counter()
         reason = _cuda_runner_unavailable(dev, dtype, Path(path))
         on_gpu_machine = dev.type == "cuda"  # (dev may become the CPU below)
         if reason is None:
-            loaded, runner = _load_on_cuda(Path(path), dev, max_batch_size, max_context, adapter, progress, vram_budget,
-                                           fit_to_vram, runner_options, verify)
+            loaded, runner = _load_on_cuda(Path(path), model_id, dev, max_batch_size, max_context, adapter, progress,
+                                           vram_budget, fit_to_vram, runner_options, verify)
             max_batch_size = runner.num_slots
         else:
             if dev.type == "cuda":  # the GPU if the dense model fits it, else the CPU (auto) or an error
                 dev = _reference_device(Path(path), dev, device, reason, max_batch_size, max_context, vram_budget,
-                                        dtype)
+                                        dtype, model_id)
             loaded = load_model(Path(path), dev, adapter=adapter, dtype=dtype, max_context=max_context,
                                 progress=progress, verify=verify)
             cache = StaticKVCache(loaded.spec, max_batch_size, loaded.model.max_positions, loaded.dtype, dev,
                                   zeroed=False)  # (TorchRunner reads only what it wrote)
             runner = TorchRunner(loaded.model, cache, dev)
+        loaded.model_id = model_id
         release_freed_memory()  # the load's temporaries
         log.info("loaded %s on %s in %.2f s", loaded.model_id, dev, time.perf_counter() - started)
         engine = cls(loaded, runner, max_batch_size, lookup_draft)
@@ -200,7 +203,8 @@ def _cuda_runner_unavailable(dev: torch.device, dtype: torch.dtype | None, path:
 
 
 def _reference_device(path: Path, dev: torch.device, asked: str, reason: str, num_slots: int,
-                      max_context: int | None, vram_budget: int | str | None, dtype: torch.dtype | None) -> torch.device:
+                      max_context: int | None, vram_budget: int | str | None, dtype: torch.dtype | None,
+                      label: str) -> torch.device:
     """Where PyTorch's path runs a model the CUDA runner cannot take (app.engine.cuda.reference_fit)."""
     if not path.is_dir():
         return dev  # the loader names the missing folder
@@ -208,7 +212,7 @@ def _reference_device(path: Path, dev: torch.device, asked: str, reason: str, nu
     return reference_device(spec, asked=asked, reason=reason, num_slots=num_slots,
                             context=context_length(spec.max_position_embeddings, max_context),
                             vram_budget=parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget,
-                            gpu=GpuInfo.of(dev), device=dev, dtype=dtype or torch.float16, label=path.name)
+                            gpu=GpuInfo.of(dev), device=dev, dtype=dtype or torch.float16, label=label)
 
 
 def _read_spec(path: Path) -> ModelSpec:
@@ -216,7 +220,7 @@ def _read_spec(path: Path) -> ModelSpec:
     return checkpoint.read_manifest(path).spec if checkpoint.is_checkpoint(path) else ModelSpec.from_hf_folder(path)
 
 
-def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
+def _load_on_cuda(path: Path, model_id: str, dev: torch.device, max_batch_size: int, max_context: int | None, adapter,
                   progress: ProgressCallback | None, vram_budget: int | str | None, fit: bool,
                   options: RunnerOptions | None, verify: bool):
     """Plan the VRAM from the model's shapes, then read each weight from its file straight into
@@ -224,6 +228,7 @@ def _load_on_cuda(path: Path, dev: torch.device, max_batch_size: int, max_contex
     budget = parse_size(vram_budget) if isinstance(vram_budget, str) else vram_budget
     skeleton = load_skeleton(path, adapter=adapter, max_context=max_context, verify=verify)
     loaded = skeleton.loaded
+    loaded.model_id = model_id
     runner = create_cuda_runner(loaded.model, num_slots=max_batch_size, max_context=loaded.model.max_positions,
                                 device=dev, vram_budget=budget, label=loaded.model_id, fit=fit, progress=progress,
                                 options=options, fill=skeleton.fill)

@@ -11,6 +11,7 @@ Qwen2 folders: biased q/k/v projections, Qwen's own pre-tokenizer, no rope row p
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -297,10 +298,29 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         staging.chmod(0o755)  # mkdtemp makes it owner-only; a model folder is ordinary data
         _write_folder(staging, gguf, progress)
         _move_into_place(staging, out_dir)
-    except BaseException:  # also Ctrl+C: never leave a half-written folder behind
+    except BaseException as e:  # also Ctrl+C: never leave a half-written folder behind
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            raise QwenTrayError(f"cannot convert {gguf_path.name} into {out_dir}: {disk_full_reason(e)}; the "
+                                "partial conversion was removed: free some space and try again") from None
         raise
     return out_dir
+
+
+# A write that failed because the disk (or the user's quota, or the file system's file size
+# limit) is full, not because of the file: the user frees space, not fixes the file.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full_reason(e: OSError) -> str:
+    if e.errno == errno.EFBIG:
+        return "the file system does not take a file this large (File too large)"
+    return f"the disk is full ({os.strerror(e.errno)})"
+
+
+def fp16_size(gguf_path: str | os.PathLike) -> int:
+    """Bytes of the float16 folder a conversion writes (its weights; the rest is small)."""
+    return sum(int(t.n_elements) for t in GGUFFile(Path(gguf_path)).reader.tensors) * 2
 
 
 def _move_into_place(staging: Path, out_dir: Path) -> None:

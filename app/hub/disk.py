@@ -37,3 +37,11 @@ def check_free_space(needs: dict[Path, int], what: str) -> None:
             raise DiskSpaceError(f"not enough disk space for {what}: it needs {format_bytes(nbytes + MARGIN_BYTES)} "
                                  f"on {anchor} ({format_bytes(nbytes)} plus a {format_bytes(MARGIN_BYTES)} margin) "
                                  f"and {format_bytes(free)} is free; free some space and try again")
+
+
+def check_space_to_convert(gguf: Path, out: Path) -> None:
+    """Raise DiskSpaceError unless ``out``'s file system has room for the float16 folder that
+    converting ``gguf`` writes (the starter model, ``models import-gguf``), plus the margin."""
+    from app.engine.gguf_import import fp16_size  # numpy and gguf: only when converting
+
+    check_free_space({out: fp16_size(gguf)}, f"converting {gguf.name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def register(sub) -> None:
         "quantize", help="quantize a model folder into a W4/W3 checkpoint",
         description="Quantize a Hugging Face model folder (Qwen2 / Llama) into a layered W4/W3 checkpoint, "
                     "one layer at a time. Run the same command again to resume an interrupted run.")
-    p.add_argument("--model", required=True, type=Path, metavar="HF_DIR", help="the source model folder")
+    p.add_argument("--model", required=True, metavar="NAME|DIR",
+                   help="the source model: a registered model's name or a Hugging Face model folder")
     p.add_argument("--adapter", type=Path, metavar="LORA_DIR", help="a PEFT LoRA adapter to merge first")
     p.add_argument("--recipe", required=True, metavar="RECIPE",
                    help="w4, mixed, q4 or a .toml/.json recipe file (docs/FORMATS.md)")
@@ -42,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
     # imported when the command runs, not when it is registered: `qwen-tray --help` needs no torch
     from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob
+    from app.settings.console import locate_model
 
-    job = QuantizeJob(model=args.model, out=args.out, recipe=load_recipe(args.recipe), method=args.method,
-                      adapter=args.adapter, calibration=args.calibration,
+    source = locate_model(args.model)
+    job = QuantizeJob(model=source.path, model_id=source.name, out=args.out, recipe=load_recipe(args.recipe),
+                      method=args.method, adapter=args.adapter, calibration=args.calibration,
                       calibration_tokens=args.calibration_tokens, device=args.device)
-    quantize_with_progress(job, args.model.name)
+    quantize_with_progress(job, source.name)
     return 0
 
 
@@ -60,13 +64,17 @@ def quantize_with_progress(job, label: str, *, registers: bool = False):
     started = time.perf_counter()
     try:
         with load_progress_bar(f"quantizing {label}", delay=0, steps=LOG_STEPS) as progress:
-            manifest = quantize_model(job, progress)
+            manifest = quantize_model(job, progress, on_resume=_say_resuming)
     except KeyboardInterrupt:
         raise Interrupted(stopped_quantizing(job.out, registers)) from None
     print(f"wrote {job.out}: recipe {manifest.recipe.name}, method {manifest.method}, "
           f"{manifest.total_bytes / 2**30:.3f} GiB, {manifest.bits_per_weight:.3f} bits/weight "
           f"in {time.perf_counter() - started:.1f} s")
     return manifest
+
+
+def _say_resuming(done: int, total: int) -> None:
+    print(f"resuming: {done} of {total} files are already done", file=sys.stderr, flush=True)
 
 
 def stopped_quantizing(out: Path, registers: bool) -> str:

@@ -104,8 +104,11 @@ def check_fused_bits(recipe: Recipe, spec: ModelSpec) -> None:
                                     f"{'/'.join(names)} are fused into one matrix; give them the same bits")
 
 
-def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manifest:
-    """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest."""
+def quantize_model(job: QuantizeJob, progress: Progress | None = None,
+                   on_resume: Callable[[int, int], None] | None = None) -> Manifest:
+    """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest.
+    ``on_resume(done, total)``: called once, before the first progress, when a previous run's
+    files are taken over."""
     spec = ModelSpec.from_hf_folder(job.model)
     shapes = _expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
@@ -115,10 +118,13 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None) -> Manife
     journal = Journal(job.out, fingerprint(job))
     run = _Run(job, spec, shapes, adapter)
     units = [(layer_file(i), i) for i in range(spec.num_layers)] + [(EMBEDDINGS_FILE, None)]
+    done_before = {file_name for file_name, _ in units if journal.finished(file_name)}
+    if done_before and on_resume is not None:
+        on_resume(len(done_before), len(units))
     for done, (file_name, index) in enumerate(units):
         if progress is not None:
             progress(file_name, done, len(units))
-        if journal.finished(file_name):
+        if file_name in done_before:
             continue
         tensors = run.layer(index) if index is not None else run.tables()
         journal.record(file_name, write_tensor_file(job.out / file_name, tensors.stored), tensors.entries)

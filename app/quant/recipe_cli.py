@@ -18,7 +18,8 @@ def register(sub) -> None:
                     "gate/up and down lose at 3 bits instead of 4, and write an explicit recipe (JSON) that "
                     "gives 4 bits to the most sensitive ones within the budget. Quantize with it: "
                     "qwen-tray quantize --recipe FILE.json")
-    s.add_argument("--model", required=True, type=Path, metavar="HF_DIR", help="the source model folder")
+    s.add_argument("--model", required=True, metavar="NAME|DIR",
+                   help="the source model: a registered model's name or a Hugging Face model folder")
     s.add_argument("--base", default="mixed", metavar="RECIPE",
                    help="recipe whose size is the budget and whose embedding/head bits are kept (default: mixed)")
     s.add_argument("--budget-gib", type=float, metavar="GIB", help="weights budget (default: the base recipe's size)")
@@ -35,9 +36,11 @@ def run_sensitive(args: argparse.Namespace) -> int:
     from app.errors import ModelLoadError, QwenTrayError
     from app.quant import sensitivity
     from app.formats.recipe import load_recipe
+    from app.settings.console import locate_model
 
-    if not (args.model / "config.json").is_file():
-        raise ModelLoadError(f"{args.model}: not a model folder (no config.json)")
+    source = locate_model(args.model)
+    if not (source.path / "config.json").is_file():
+        raise ModelLoadError(f"{source.path}: not a model folder (no config.json)")
     if args.out.suffix.lower() != ".json":
         raise QwenTrayError(f"{args.out}: --out must be a .json file")
     base = load_recipe(args.base)
@@ -47,10 +50,10 @@ def run_sensitive(args: argparse.Namespace) -> int:
             bar.total, bar.n = total, done
             bar.refresh()
 
-        units = sensitivity.measure(args.model, args.calibration, args.calibration_tokens, args.device, progress)
-    recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(args.model), budget,
-                                           name=f"{args.model.name}-{base.name}-sensitive")
-    provenance = {**summary, "model": args.model.name, "calibration": str(args.calibration or "shipped"),
+        units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress)
+    recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(source.path), budget,
+                                           name=f"{source.name}-{base.name}-sensitive")
+    provenance = {**summary, "model": source.name, "calibration": str(args.calibration or "shipped"),
                   "calibration_tokens": args.calibration_tokens}
     sensitivity.write_recipe(args.out, recipe, provenance)
     print(f"wrote {args.out}: {summary['units_at_4_bits']} of {summary['units']} units at 4 bits, "

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.server.config import API_KEY_ENV, DEFAULT_HOST, DEFAULT_MAX_QUEUED, DEFAULT_PORT, ServerConfig, is_loopback_host
@@ -36,17 +35,20 @@ def register(sub) -> None:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", default=None, metavar="NAME|PATH",
                         help="model folder (Hugging Face layout or quantized checkpoint) or registered name "
                              "(default: the configured default model)")
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    parser.add_argument("--model-id", default=None, help="model name clients send (default: the folder name)")
+    parser.add_argument("--host", default=DEFAULT_HOST, metavar="ADDRESS",
+                        help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
+                        help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    parser.add_argument("--model-id", default=None, metavar="NAME",
+                        help="model name clients send (default: the registered name of --model, or its folder's name)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--max-batch-size", type=_at_least(1), default=None,
+    parser.add_argument("--max-batch-size", type=_at_least(1), default=None, metavar="N",
                         help=f"requests generated together (KV-cache slots; default {DEFAULT_BATCH}, "
                              "or fewer with a shorter context where the GPU cannot hold them)")
-    parser.add_argument("--max-context", type=_at_least(2), default=None,
+    parser.add_argument("--max-context", type=_at_least(2), default=None, metavar="N",
                         help="tokens per request, prompt + answer (default: model max, at most 4096)")
     parser.add_argument("--vram-budget", type=_memory_size, default=None, metavar="SIZE",
                         help="GPU memory the model may use, e.g. 3.2GiB (default: free memory minus a margin)")
@@ -61,9 +63,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unload the model after this long without requests, and load it again for the next "
                              "one (Ollama's convention: 5m, 1h, 90s; 0 = right after each request; -1 = never; "
                              f"default {DEFAULT_KEEP_ALIVE}, as the tray)")
-    parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED,
+    parser.add_argument("--max-queued", type=int, default=DEFAULT_MAX_QUEUED, metavar="N",
                         help=f"requests allowed to wait for a slot; more get HTTP 429 (default {DEFAULT_MAX_QUEUED})")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; repeatable")
@@ -144,14 +146,14 @@ def _load_engine(args: argparse.Namespace):
 
     def load(progress):
         loads.append(progress)
-        engine = Engine.load(args.model_path, device=args.device, max_batch_size=batch, max_context=args.max_context,
-                             vram_budget=args.vram_budget, progress=progress, fit_to_vram=fit,
-                             verify=args.verify and len(loads) == 1, **options)
+        engine = Engine.load(args.model_path, model_id=args.model_name, device=args.device, max_batch_size=batch,
+                             max_context=args.max_context, vram_budget=args.vram_budget, progress=progress,
+                             fit_to_vram=fit, verify=args.verify and len(loads) == 1, **options)
         if args.vram_budget is not None and engine.device == "cpu" and len(loads) == 1:
             print("qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU", file=sys.stderr)
         return engine
 
-    with load_progress_bar(f"loading {Path(args.model_path).name}") as progress:
+    with load_progress_bar(f"loading {args.model_name}") as progress:
         engine = ReloadingEngine(load, keep_alive=args.keep_alive, progress=progress, on_state=_log_state)
     engine.progress = None  # a reload for a request is logged (_log_state), not drawn
     return engine
@@ -170,13 +172,14 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     elif root.level > logging.INFO:  # a server logs what it does (unloads, reloads), as uvicorn does
         root.setLevel(logging.INFO)
-    from app.settings.console import console_store
+    from app.settings.console import locate_model
 
     # Imported here, not at the top: app/cli.py imports this module to register ``serve`` for
     # every command, and uvicorn, Starlette and the engine are only needed when serving.
     from app.server.server import start_server
 
-    args.model_path = console_store().load().resolve_model(args.model)
+    model = locate_model(args.model)
+    args.model_path, args.model_name = model.path, model.name
     config = config_from_args(args)
     _warn_exposure(config)
     slot = EngineSlot()

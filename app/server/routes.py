@@ -86,9 +86,9 @@ class _Routes:
         return JSONResponse(protocol.models_list(model_id, self.service.created))
 
     async def retrieve_model(self, request: Request) -> Response:
-        _, model_id = self.service.ready_engine()
+        engine, model_id = self.service.ready_engine()
         wanted = request.path_params["model_id"]
-        if wanted != model_id:
+        if not self.service.serves(engine, model_id, wanted):
             raise model_not_found(wanted)
         return JSONResponse(protocol.model_card(model_id, self.service.created))
 
@@ -97,7 +97,7 @@ class _Routes:
         loop = asyncio.get_running_loop()
         api_request = await loop.run_in_executor(None, protocol.parse_request, raw, kind)
         engine, model_id = self.service.ready_engine()
-        if api_request.model != model_id:
+        if not self.service.serves(engine, model_id, api_request.model):
             raise model_not_found(api_request.model)
         return await serve_generation(self.service, api_request, engine, model_id, request.receive)
 

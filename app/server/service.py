@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from app.server.config import ServerConfig
@@ -63,6 +64,14 @@ class ApiService:
         if status.state != "ready":
             raise loading_error(status.state, status.error, self.config.retry_after_s)
         return status.engine, self.config.model_id or status.engine.model_id
+
+    def serves(self, engine: Any, model_id: str, requested: str) -> bool:
+        """Whether a request naming ``requested`` is for this model: its id, or, unless the id was
+        chosen with --model-id, the name of its folder (what the id was before models were known
+        by their registered names)."""
+        if requested == model_id:
+            return True
+        return self.config.model_id is None and engine.path is not None and requested == Path(engine.path).name
 
     def health(self) -> tuple[int, dict]:
         status = self.engine_status()

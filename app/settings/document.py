@@ -30,6 +30,13 @@ VERSION = 2
 SECTIONS = ("version", "default_model", "models", "preferences", "actions")
 
 
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where a local model's files are and the name it goes by (the engine's model id, the API's)."""
+    path: Path
+    name: str
+
+
 @dataclass
 class Settings:
     models: list[ModelEntry] = field(default_factory=list)  # the registry, in the user's order
@@ -87,6 +94,11 @@ class Settings:
 
     def resolve_model(self, name_or_path: str | None) -> Path:
         """A registered local model's folder, a folder path, or (None) the default model's folder."""
+        return self.locate_model(name_or_path).path
+
+    def locate_model(self, name_or_path: str | None) -> ModelLocation:
+        """The folder of a registered local model, a folder path, or (None) the default model, with
+        the name the model goes by: the registered name, or a plain folder's own name."""
         if name_or_path is None:
             if self.default_model is None:
                 raise QwenTrayError("no model configured: run `qwen-tray models add-starter` or pass --model PATH")
@@ -95,7 +107,7 @@ class Settings:
         if entry is None:
             path = Path(name_or_path).expanduser()
             if path.exists():
-                return path
+                return ModelLocation(path, path.absolute().name or str(path))
             if name_or_path == self.default_model:
                 raise QwenTrayError(f"the default model {name_or_path!r} is not registered any more: choose one with "
                                     "`qwen-tray models default NAME` (`qwen-tray models list` shows them)")
@@ -107,7 +119,19 @@ class Settings:
         if entry.kind == "gguf":
             raise QwenTrayError(f"model {entry.name!r} is a GGUF file not converted yet: run `qwen-tray models "
                                 f"import-gguf {entry.path} --name {entry.name} --force`, or load it once in the tray")
-        return Path(entry.path).expanduser()
+        path = Path(entry.path).expanduser()
+        if not path.exists():
+            raise QwenTrayError(self._missing_folder_message(entry.name, path))
+        return ModelLocation(path, entry.name)
+
+    def _missing_folder_message(self, name: str, path: Path) -> str:
+        """A registered model whose folder is gone: name the entry and the ways out."""
+        which = "the default model" if name == self.default_model else "model"
+        others = [m.name for m in self.models if m.name != name and m.kind == "local"]
+        choose = (f"choose another with `qwen-tray models default {others[0] if len(others) == 1 else 'NAME'}`, or "
+                  if name == self.default_model else "")
+        return (f"{which} {name!r} is registered at {path}, which is not there any more: {choose}"
+                f"unregister it with `qwen-tray models remove {name}` (or put the folder back)")
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -46,6 +46,7 @@ from app.settings.jsonfile import (CORRUPT, OK, UNREADABLE, JsonRead, SettingsFi
 from app.settings.migrate import ACTIONS_V1, PREFERENCES_V1, is_version_1, settings_from_v1
 from app.settings.models import ModelEntry
 from app.settings.notices import Notice
+from app.settings.shown import first_showing
 
 log = logging.getLogger(__name__)
 FILE_NAME = "settings.json"
@@ -63,6 +64,7 @@ KEPT_BEFORE_SAVE = "{file} had values that could not be used; the file as it was
 MIGRATED = "The settings of an earlier version were moved into {file}; the old files are kept as {backups}"
 KEYS_MOVED = "The API keys of {models} were moved from {file} into the system keyring ({keyring})"
 KEYS_IN_FILE = "The API keys of {models} stay in {file} as plain text: {reason}"
+SHOWN_ONCE = frozenset({KEYS_IN_FILE})  # a lasting state, not news: told once ever (app.settings.shown)
 
 
 def settings_path() -> Path:
@@ -70,9 +72,13 @@ def settings_path() -> Path:
 
 
 class SettingsStore:
-    def __init__(self, path: Path | None = None, on_notice: Callable[[Notice], None] | None = None):
+    def __init__(self, path: Path | None = None, on_notice: Callable[[Notice], None] | None = None,
+                 every_notice: bool = False):
+        """``every_notice``: tell the notices that are otherwise told once ever (SHOWN_ONCE) too
+        (``qwen-tray doctor``: a report of everything that is so)."""
         self.path = path or settings_path()
         self._on_notice = on_notice
+        self._every_notice = every_notice
         self._pending: list[Notice] = []
         self._told: set[str] = set()  # each notice once per store, however often the file is read again
         self._blocked: tuple[str, str] | None = None  # why saving would lose a file's contents, what to do
@@ -97,6 +103,14 @@ class SettingsStore:
                 return settings
             return self._migrate(read.data if read.state == OK else None)
 
+    def cannot_register(self) -> str | None:
+        """Why nothing can be registered after the last :meth:`load` (the file could not be read,
+        nor moved aside, so saving would lose it) and what to do, in one sentence; else None."""
+        if self._blocked is None:
+            return None
+        why, remedy = self._blocked
+        return f"{why}, so no model can be registered until it is fixed: {remedy.removesuffix(', then try again')}"
+
     def take_notices(self) -> list[Notice]:
         """The notices not given to ``on_notice`` yet (each once)."""
         pending, self._pending = self._pending, []
@@ -109,7 +123,8 @@ class SettingsStore:
             read = JsonRead(CORRUPT, problem=f"expected a JSON {'object' if shape is dict else 'list'}")
         if read.state == UNREADABLE:
             self._blocked = self._blocked or (f"{path} could not be read ({read.problem})",
-                                              "fix its permissions and try again")
+                                              f"fix its permissions or move it away (e.g. to {path.name}.bak), "
+                                              "then try again")
             self._tell(Notice(UNREADABLE_FILE, {"file": str(path), "error": read.problem}))
         elif read.state == CORRUPT:
             self._move_aside(path, read.problem)
@@ -202,6 +217,8 @@ class SettingsStore:
             return
         self._told.add(str(notice))
         log.info("settings notice: %s", notice)
+        if notice.template in SHOWN_ONCE and not self._every_notice and not first_showing(str(notice)):
+            return  # told at an earlier command (README: "says so once"); doctor says it again
         if self._on_notice is not None:
             self._on_notice(notice)
         else:

@@ -27,6 +27,7 @@ from app.settings.store import SettingsStore, settings_path
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
+from app.ui.file_log import FileLogHandler
 from app.ui.controllers.history_keeper import HistoryKeeper
 from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
@@ -354,10 +355,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _log_to_file() -> logging.Handler:
     """The tray runs without a console (pythonw on Windows): keep a log under the data folder."""
-    from logging.handlers import RotatingFileHandler
-
     log_file().parent.mkdir(parents=True, exist_ok=True)
-    handler = RotatingFileHandler(log_file(), maxBytes=1_000_000, backupCount=2, encoding="utf-8")
+    handler = FileLogHandler(log_file())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)

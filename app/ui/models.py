@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.errors import ModelLoadError
+from app.hub.disk import check_space_to_convert
 from app.model_import import convert_gguf_into_models, register_model
 from app.secrets import get_api_key
 from app.settings.jsonfile import SettingsFileError
@@ -53,14 +54,15 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None, device: st
         path = _gguf_path(entry, progress)
     else:
         path = Path(entry.path).expanduser()
-    return LocalEngineBackend.load(path, progress=progress, device=device)
+    return LocalEngineBackend.load(path, progress=progress, device=device, name=entry.name)
 
 
 def _gguf_path(entry: ModelEntry, progress: Progress | None) -> Path:
     """The folder converted from a GGUF entry's file (once; ``qwen-tray models import-gguf`` does
     the same), registered under the entry's name so the CLI and the next start find the folder."""
     convert_progress = (lambda done, total: progress("converting GGUF", done, total)) if progress else None
-    out = convert_gguf_into_models(Path(entry.path).expanduser(), entry.name, progress=convert_progress)
+    out = convert_gguf_into_models(Path(entry.path).expanduser(), entry.name, progress=convert_progress,
+                                   check_space=check_space_to_convert)
     _register_converted(entry.name.strip(), out)
     return out
 
@@ -76,7 +78,7 @@ def _starter_path(progress: Progress | None) -> Path:
     except ModelLoadError as e:  # the tray can also offer the catalog
         raise ModelLoadError(tr("{error}, or get another model in Settings → Models → Get a model",
                                 error=str(e))) from None
-    out = convert_gguf_into_models(gguf, STARTER_NAME, progress=convert_progress)
+    out = convert_gguf_into_models(gguf, STARTER_NAME, progress=convert_progress, check_space=check_space_to_convert)
     _register_converted(STARTER_NAME, out)
     return out
 

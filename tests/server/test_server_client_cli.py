@@ -153,7 +153,7 @@ def test_cli_serve_defaults_to_four_requests_and_fits_only_without_flags(tiny_qw
     add_serve_arguments(parser)
     args = parser.parse_args(["--device", "cpu"])
     assert args.max_batch_size is None and args.max_context is None  # so the load may be fitted to the GPU
-    args.model_path = str(tiny_qwen_dir)
+    args.model_path, args.model_name = str(tiny_qwen_dir), "tiny"
     with _load_engine(args) as engine:
         assert engine.max_batch_size == DEFAULT_BATCH == 4
 

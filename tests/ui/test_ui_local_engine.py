@@ -88,7 +88,7 @@ def test_one_engine_serves_chat_and_the_local_api(qtbot, tiny_qwen_dir):
         conn = http.client.HTTPConnection(url.split("//")[1].split("/")[0], timeout=60)
         conn.request("GET", "/v1/models")
         models = json.loads(conn.getresponse().read())
-        assert [m["id"] for m in models["data"]] == [engine.model_id]
+        assert [m["id"] for m in models["data"]] == [engine.model_id] == ["tiny"]  # the registered name
         body = {"model": engine.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                 "temperature": 0}
         conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -106,6 +106,7 @@ def test_one_engine_serves_chat_and_the_local_api(qtbot, tiny_qwen_dir):
         api_answer = answer["choices"][0]["message"]["content"]
         assert chat_answer.startswith(api_answer) and len(api_answer) > 0
         assert app.host.backend.engine is engine  # one engine served both
+        assert window.status.text().startswith("tiny · cpu"), window.status.text()  # not the folder's name
         app.set_local_api(False)
         assert not app.local_api.running
     finally:

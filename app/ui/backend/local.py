@@ -22,14 +22,15 @@ class LocalEngineBackend:
 
     @classmethod
     def load(cls, path: Path, progress: Callable[[str, int, int], None] | None = None,
-             device: str = "auto") -> LocalEngineBackend:
+             device: str = "auto", name: str | None = None) -> LocalEngineBackend:
+        """``name``: what the model goes by (its registered name); default: the folder's name."""
         from app.engine import Engine  # imported late: torch is slow to import
         from app.engine.keep_alive import ReloadingEngine
 
         # The tray has no batch or context settings: on a small card it takes what fits. It
         # stays loaded until EngineHost asks for idle unloading (set_idle_unload).
         def load_engine(report):
-            return Engine.load(str(path), device=device, progress=report, fit_to_vram=True)
+            return Engine.load(str(path), model_id=name, device=device, progress=report, fit_to_vram=True)
 
         return cls(ReloadingEngine(load_engine, progress=progress))
 
