@@ -41,6 +41,15 @@ def test_same_seed_same_text_and_different_seed_differs(engine):
     assert run(7) != run(8)
 
 
+def test_a_top_k_past_the_vocabulary_keeps_every_token(engine):
+    """Any k at least the vocabulary filters nothing, however large (the server's fuzz sent 2**63)."""
+    def run(top_k):
+        params = SamplingParams(max_tokens=8, temperature=1.0, top_k=top_k, seed=5, ignore_eos=True)
+        return engine.chat(CHAT, params).wait(30).token_ids
+
+    assert run(2**63) == run(2**70) == run(engine.spec.vocab_size) == run(0)
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     ref = engine.chat(CHAT, greedy(10)).wait(30).token_ids
     for params in (dict(top_k=1), dict(top_p=1e-6)):

@@ -147,4 +147,5 @@ class RequestSampler:
         """Temperature, top-k, top-p, softmax: probabilities [V] (modifies ``logits``)."""
         p = self.params
         scaled = logits.div_(p.temperature)[None]  # [1, V]
-        return probabilities(scaled, torch.tensor([p.top_p]), torch.tensor([p.top_k]), self._settings.filtered)[0]
+        top_k = min(p.top_k, scaled.shape[-1])  # any k past the vocabulary keeps it all (and fits an int64)
+        return probabilities(scaled, torch.tensor([p.top_p]), torch.tensor([top_k]), self._settings.filtered)[0]

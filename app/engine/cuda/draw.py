@@ -50,7 +50,7 @@ class DeviceDraw:
         if not drawn:
             return
         self._upload([ARGMAX_ROW if row is None or row.temperature == 0 else
-                      (row.temperature, row.top_p, float(row.top_k), uniform(row.seed, pos + 1))
+                      (row.temperature, row.top_p, float(min(row.top_k, row.vocab)), uniform(row.seed, pos + 1))
                       for row, pos in zip(rows, positions)])
         vocab = min(drawn[0].vocab, logits.shape[-1])
         if any(not row.filtered for row in drawn):  # all of them in one go
