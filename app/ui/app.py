@@ -242,6 +242,9 @@ class TrayApp(QObject):
                                           fill_menu=(lambda menu: fill_app_menu(menu, self)) if no_tray else None)
             if no_tray:
                 self.chat_window.closed.connect(self._chat_closed_without_tray)
+                self.notified.connect(self.chat_window.show_notice)  # no balloons: its status line says it
+                if self.notices:
+                    self.chat_window.show_notice(self.notices[-1])
             for notice in self.chat_window.notices:
                 self.notify(notice)
         self.chat_window.show()

@@ -132,6 +132,8 @@ def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_q
     assert texts[-5:] == ["Model", "Local API", "Settings…", "Open log folder", "Quit"]
     models = _submenu(chat.menu_button.menu(), "Model")
     assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, True)]
+    app.notify("Something the tray would say in a balloon.")  # no balloons here: the status line says it
+    assert chat.status.text().endswith("— Something the tray would say in a balloon.")
     settings = next(a for a in chat.menu_button.menu().actions() if a.text() == "Settings…")
     settings.trigger()
     assert app.settings_dialog is not None and app.settings_dialog.isVisible()

@@ -288,6 +288,11 @@ class ChatWindow(QWidget):
         self.send_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
 
+    def show_notice(self, text: str) -> None:
+        """What the tray would have said in a balloon (only without a system tray)."""
+        self._last_outcome = text
+        self._update_status()
+
     def _update_status(self) -> None:
         if self.task is None:
             backend = self.host.backend
