@@ -102,6 +102,8 @@ ZH_CN: dict[str, str] = {
     "Writing…": "生成中…",
     "Part {done} of {total}": "第 {done}/{total} 部分",
     "Stopped": "已停止",
+    "The model could not be loaded: {message}": "模型无法加载：{message}",
+    "No model is loaded any more: the action did not run": "已没有加载的模型：操作未执行",
     "Error": "错误",
     "Replaced": "已替换",
     "{tps:.1f} tokens/s": "{tps:.1f} 词元/秒",

@@ -50,14 +50,16 @@ def test_an_idle_model_is_unloaded_and_the_next_action_loads_it_and_answers(qtbo
     assert menu_status(tray) == UNLOADED
     assert tray.host.backend is not None  # a hotkey still has somewhere to go
 
-    states = []
+    states, popup_says = [], []
     tray.host.stateChanged.connect(lambda: states.append(tray.host.state))
+    tray.host.stateChanged.connect(lambda: popup_says.append(tray.action_controller.popup.status.text()))
     again = []
     tray.action_controller.answered.connect(again.append)
     tray.run_action("summarize", text="The meeting moved from Tuesday to Friday at ten.")
     qtbot.waitUntil(lambda: len(again) == 1, timeout=120000)
     assert again == first[:1]  # loaded again, the same greedy answer
     assert "loading" in states and "ready" in states and states.index("loading") < states.index("ready")
+    assert popup_says[states.index("loading")] == "Loading tiny…"  # the popup says why it waits
     qtbot.waitUntil(lambda: tray.host.state == "unloaded", timeout=60000)  # and idle again afterwards
     assert engine.unloads == 2
 

@@ -152,16 +152,17 @@ def test_qwen_tray_action_sent_while_the_model_loads_runs_once_it_is_ready(env, 
         action = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "summarize", "--text",
                                    "The budget review moved to Friday afternoon."], env=env, cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        captured = tray.wait_for("captured")  # taken at the request, not when the load ends
+        assert (captured["origin"], captured["text"]) == ("given", "The budget review moved to Friday afternoon.")
         assert tray.wait_for("notice")["text"] == "Summarize runs once test model is loaded"
         assert send_request({"command": "ping"})["message"] == "model test model: loading"
         tray.send("release-load")
         out, err = action.communicate(timeout=TIMEOUT * 2)
         assert (action.returncode, err) == (0, "")
         assert out == "Summarize runs on the given text; the answer shows in its popup\n"
-        assert [e["event"] for e in tray.seen].index("ready") < [e["event"] for e in tray.seen].index("captured")
-        captured = tray.wait_for("captured")
-        assert (captured["origin"], captured["text"]) == ("given", "The budget review moved to Friday afternoon.")
         assert tray.wait_for("answer")["popup_visible"]
+        events = [e["event"] for e in tray.seen]
+        assert events.index("captured") < events.index("ready") < events.index("answer")
     finally:
         tray.stop()
 
@@ -180,7 +181,7 @@ def test_qwen_tray_action_sent_while_a_load_fails_gets_the_loads_error(env, tmp_
         assert (action.returncode, out) == (1, "")
         assert err.startswith("qwen-tray: error: the model could not be loaded, so Summarize did not run: ")
         assert "no-model-here" in err and len(err.strip().splitlines()) == 1
-        assert not any(e["event"] == "captured" for e in tray.seen)
+        assert not any(e["event"] == "answer" for e in tray.seen)
     finally:
         tray.stop()
 

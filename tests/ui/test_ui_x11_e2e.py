@@ -106,6 +106,38 @@ def _close_popup_with_escape(display: str, driver: Child, wid: int) -> None:
     assert int(_run(display, "xdotool", "getwindowfocus").strip()) == wid  # the keyboard is back
 
 
+def test_a_hotkey_pressed_while_the_model_loads_answers_on_what_was_selected_then(xdisplay, tmp_path, tiny_qwen_dir):
+    """Right after login the model is still loading: the press copies the selection now, and the
+    answer is about it, although the user selected something else before the load ended.
+    (First in this file: it runs its own tray before the module's session grabs the hotkeys.)"""
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "ui-preferences.json").write_text(json.dumps({"max_tokens": 8, "temperature": 0}))
+    env = {**os.environ, "DISPLAY": xdisplay, "QT_QPA_PLATFORM": "xcb", "QWEN_TRAY_HOME": str(home),
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    driver = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir), "--hold-load"], env)
+    target = Child(["ui_x11_target.py"], env)
+    try:
+        driver.wait_for("loading")
+        wid = target.wait_for("ready")["wid"]
+        _run(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
+        first = "The budget review moved to room 204 on Thursday."
+        target.command(f"select {first}")
+        target.command("clip-text stale clipboard text")
+        press_like_a_person(xdisplay, "s", 0.2)
+        captured = driver.wait_for("captured")
+        assert (captured["origin"], captured["text"]) == ("selection", first)
+        target.command("select Something selected while the model was still loading.")
+        driver.send("release-load")
+        answer = driver.wait_for("answer")
+        assert answer["popup_visible"] and answer["replace_enabled"]
+        assert answer["source"].startswith("Selected text: The budget review moved to room 204")
+        assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
+    finally:
+        target.stop()
+        driver.stop()
+
+
 def test_human_presses_copy_the_selection_every_time_never_the_clipboard(xdisplay, session, start_target):
     driver, _env = session
     target, wid = start_target()

@@ -6,6 +6,8 @@
    is said to come from where it did, and cannot be "replaced".
 2. The action (long text is chunked) runs on a worker thread at interactive priority and
    streams into the popup; a free-form instruction from the popup runs on the same text.
+   Pressed while a model loads (right after login, or during a switch), the selection is
+   copied at once and the popup waits for the load, saying how far it is.
 3. Copy / Replace selection (paste back, clipboard restored again) / Undo / Retry / Stop /
    Continue in chat; "replace" actions paste as soon as the answer is complete.
 4. A complete answer is handed on (``completed``) to be kept in the history.
@@ -32,6 +34,7 @@ from app.ui.platform.selection_capture import CapturedText, SelectionCapture
 from app.ui.platform.shortcuts import is_terminal_style
 from app.settings.preferences import Preferences
 from app.ui.widgets.popup import ResultPopup
+from app.ui.widgets.tray import loading_text
 
 INSTRUCTION_ID = "instruction"  # the ad-hoc action of the popup's instruction box
 
@@ -88,6 +91,9 @@ class ActionController(QObject):
         self._task: StreamTask | None = None
         self._action: Action | None = None
         self._captured: CapturedText | None = None
+        self._waiting = False  # the current action waits for the model being loaded
+        host.stateChanged.connect(self._host_state_changed)
+        host.loadProgress.connect(self._show_loading)
         self.popup.copyRequested.connect(self.copy_answer)
         self.popup.replaceRequested.connect(self.replace_selection)
         self.popup.retryRequested.connect(self.retry)
@@ -137,7 +143,8 @@ class ActionController(QObject):
             self._start(instruction_action(instruction.strip()), self._captured)
 
     def _ready(self) -> bool:
-        if self._host.backend is None:
+        """A model answers now or once the load in progress ends; else the user is told why not."""
+        if self._host.backend is None and not self._model_loading():
             self.notify.emit(tr("No model is ready yet ({state})", state=tr(self._host.state)))
             return False
         self.stop()
@@ -166,8 +173,14 @@ class ActionController(QObject):
         self.started.emit(captured)
         self._run()
 
+    def _model_loading(self) -> bool:
+        return self._host.backend is None and self._host.state == "loading"
+
     def _run(self) -> None:
         backend, action, prefs, captured = self._host.backend, self._action, self._prefs(), self._captured
+        if backend is None and action is not None and captured is not None and self._model_loading():
+            self._wait_for_model(action, captured)
+            return
         if backend is None or action is None or captured is None:
             self.notify.emit(tr("No model is ready yet ({state})", state=tr(self._host.state)))
             return
@@ -185,6 +198,35 @@ class ActionController(QObject):
                          self._replace_note(captured))
         self._host.track(task)
         task.start()
+
+    def _wait_for_model(self, action: Action, captured: CapturedText) -> None:
+        """The popup opens now, on the text copied now; the answer starts when the model is ready."""
+        self._waiting = True
+        self.popup.begin(action.label(current_language()), source_line(captured), captured.replaceable,
+                         self._replace_note(captured))
+        self.popup.wait_for(loading_text(self._host))
+
+    def _host_state_changed(self) -> None:
+        host = self._host
+        if self._waiting and host.backend is not None and host.state == "ready":
+            self._waiting = False
+            self._run()
+        elif self._waiting and host.state == "error":
+            self._waiting = False
+            self.popup.fail(tr("The model could not be loaded: {message}", message=host.error))
+        elif self._waiting and not self._model_loading():  # unloaded instead (a model removed)
+            self._waiting = False
+            self.popup.stop_waiting(tr("No model is loaded any more: the action did not run"))
+        elif host.state == "ready" and self._task is not None and not self.popup.finished:
+            self.popup.wait_for(tr("Thinking…"))  # an idle-unloaded model is back
+        else:
+            self._show_loading()
+
+    def _show_loading(self, *_progress) -> None:
+        """While the answer waits for a load (a first load, or an idle-unloaded model coming back)."""
+        answering = self._task is not None and not self.popup.finished
+        if self._host.state == "loading" and (self._waiting or answering):
+            self.popup.wait_for(loading_text(self._host))
 
     @staticmethod
     def _replace_note(captured: CapturedText) -> str:
@@ -228,8 +270,16 @@ class ActionController(QObject):
             self.stop()
             self._run()
 
+    def cancel_wait(self) -> None:
+        """Give up an action that waits for the model (an answer already running goes on)."""
+        if self._waiting:
+            self.stop()
+
     def stop(self) -> None:
-        """Cancel the running answer; it still reports (as stopped) to the popup."""
+        """Cancel the running answer (it still reports, as stopped, to the popup) or the wait for a load."""
+        if self._waiting:
+            self._waiting = False
+            self.popup.stop_waiting(tr("Stopped"))
         if self._task is not None:
             self._task.cancel()
 

@@ -87,7 +87,7 @@ class InstanceRequests:
             return refused(f"there is no action {action_id!r} (`qwen-tray action --list` shows them)")
         if text is not None and not text.strip():
             return refused("the text to work on is empty")
-        if self.app.host.backend is None and self.app.host.loading:
+        if self.app.host.backend is None and self.app.host.state == "loading":
             return self._after_the_load(action_id, action.name, text)
         if self.app.host.backend is None:
             return refused(f"no model is ready yet ({self._model_state()})")
@@ -95,11 +95,17 @@ class InstanceRequests:
 
     def _run(self, action_id: str, name: str, text: str | None) -> dict:
         self.app.run_action(action_id, text)
+        return ok(self._runs_on(name, text))
+
+    @staticmethod
+    def _runs_on(name: str, text: str | None) -> str:
         where = "the selection" if text is None else "the given text"
-        return ok(f"{name} runs on {where}; the answer shows in its popup")
+        return f"{name} runs on {where}; the answer shows in its popup"
 
     def _after_the_load(self, action_id: str, name: str, text: str | None) -> PendingReply:
-        """Answer once the model being loaded is ready (then run the action) or its load failed."""
+        """Start the action now (the selection is copied now, not when the load ends: by then the
+        user may have moved on); answer once the model is ready and the action runs, or the load failed."""
+        self.app.run_action(action_id, text)
         pending = PendingReply(self.app)
         host = self.app.host
         limit = QTimer(pending, singleShot=True, interval=QUEUED_ACTION_LIMIT_S * 1000)
@@ -112,16 +118,19 @@ class InstanceRequests:
             pending.deleteLater()
 
         def on_loaded() -> None:
-            answer(self._run(action_id, name, text))
+            answer(ok(self._runs_on(name, text)))
+
+        def on_timeout() -> None:
+            self.app.action_controller.cancel_wait()
+            answer(refused(f"the model was still loading after {QUEUED_ACTION_LIMIT_S // 60} minutes, so {name} "
+                           f"did not run ({self._model_state()})"))
 
         def on_failed(message: str) -> None:
             answer(refused(f"the model could not be loaded, so {name} did not run: {message}"))
 
         host.loaded.connect(on_loaded)
         host.loadFailed.connect(on_failed)
-        limit.timeout.connect(lambda: answer(refused(
-            f"the model was still loading after {QUEUED_ACTION_LIMIT_S // 60} minutes, so {name} did not run "
-            f"({self._model_state()})")))
+        limit.timeout.connect(on_timeout)
         limit.start()
         model = host.entry.name if host.entry else ""
         self.app.notify(tr("{action} runs once {model} is loaded", action=name, model=model))

@@ -177,6 +177,21 @@ class ResultPopup(QWidget):
         self.activateWindow()
         self.instruction.setFocus(Qt.OtherFocusReason)
 
+    def wait_for(self, status: str) -> None:
+        """Before the first token: say what the answer waits for (the model being loaded)."""
+        if not self.finished and not self.view.markdown_text():
+            self.status.setText(status)
+
+    def stop_waiting(self, status: str) -> None:
+        """The wait ended without an answer (stopped, or no model to wait for any more)."""
+        self.finished = True
+        self.progress.hide()
+        self._set_running(False)
+        self.copy_button.setEnabled(False)
+        self.chat_button.setEnabled(False)
+        self.replace_button.setEnabled(False)
+        self.status.setText(status)
+
     def append(self, delta: str) -> None:
         if self.progress.maximum() == 0 and not self.view.markdown_text():
             self.progress.hide()

@@ -20,19 +20,26 @@ from app.ui.widgets.icons import state_icon
 
 if TYPE_CHECKING:
     from app.ui.app import TrayApp
+    from app.ui.controllers.engine_host import EngineHost
+
+
+def loading_text(host: EngineHost) -> str:
+    """What a load is doing, e.g. "Loading Qwen2.5-3B-Instruct… 40%" (the tray's status line and
+    the popup of an action that waits for the model)."""
+    stage, done, total = host.progress
+    model = host.entry.name if host.entry else ""
+    percent = f" {100 * done // total}%" if total else ""
+    if stage == GPU_STAGE:  # the kernels from CuPy's cache, the graphs captured: a moment
+        return tr("Loading {model}: preparing the GPU…", model=model)
+    if stage == KERNELS_STAGE:  # a first run: NVRTC compiles every kernel (app.kernels.builds)
+        return tr("Loading {model}: building GPU kernels (first run)…", model=model) + percent
+    return tr("Loading {model}…", model=model) + percent
 
 
 def state_text(app: TrayApp) -> str:
     host = app.host
     if host.state == "loading":
-        stage, done, total = host.progress
-        model = host.entry.name if host.entry else ""
-        percent = f" {100 * done // total}%" if total else ""
-        if stage == GPU_STAGE:  # the kernels from CuPy's cache, the graphs captured: a moment
-            return tr("Loading {model}: preparing the GPU…", model=model)
-        if stage == KERNELS_STAGE:  # a first run: NVRTC compiles every kernel (app.kernels.builds)
-            return tr("Loading {model}: building GPU kernels (first run)…", model=model) + percent
-        return tr("Loading {model}…", model=model) + percent
+        return loading_text(host)
     if host.state == "unloaded":
         return tr("Model unloaded to free memory; it loads again when needed")
     if host.state == "error":
