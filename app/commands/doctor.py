@@ -106,7 +106,7 @@ def _print_models(settings, gpu, reason: str | None) -> None:
     from app.engine.cuda.fit import TRAY_SLOTS
 
     if not settings.models:
-        print("Models: none registered; run `qwen-tray models add-starter`")
+        print("Models: none registered; run `qwen-tray models catalog` to get one (or `models add-starter` for a small demo)")
         return
     print(f"Models (the tray's load: {TRAY_SLOTS} requests, fitted to the card):")
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):

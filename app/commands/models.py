@@ -73,7 +73,8 @@ def run_list(args: argparse.Namespace) -> int:
     if not settings.models:
         blocked = store.cannot_register()
         print(f"no models registered: {blocked}" if blocked
-              else "no models registered; run `qwen-tray models add-starter`")
+              else "no models registered; run `qwen-tray models catalog` to get one "
+              "(or `qwen-tray models add-starter` for a small demo)")
         return 0
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
         mark = "*" if entry.name == settings.default_model else " "

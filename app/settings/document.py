@@ -101,7 +101,9 @@ class Settings:
         the name the model goes by: the registered name, or a plain folder's own name."""
         if name_or_path is None:
             if self.default_model is None:
-                raise QwenTrayError("no model configured: run `qwen-tray models add-starter` or pass --model PATH")
+                raise QwenTrayError("no model configured: run `qwen-tray models get Qwen2.5-3B-Instruct` (`models catalog` "
+                                    "lists what fits this machine) or `qwen-tray models add-starter` (a small demo), "
+                                    "or pass --model PATH")
             name_or_path = self.default_model
         entry = self.model(name_or_path)
         if entry is None:
