@@ -102,6 +102,8 @@ ZH_CN: dict[str, str] = {
     "Writing…": "生成中…",
     "Part {done} of {total}": "第 {done}/{total} 部分",
     "Stopped": "已停止",
+    "The folder of {model} is not there any more ({path}): choose another model in the menu's Model list, or remove it in Settings → Models (or put the folder back)":
+        "{model} 的文件夹已不存在（{path}）：请在菜单的“模型”列表中选择其他模型，或在“设置 → 模型”中移除它（或把文件夹放回原处）",
     "The model could not be loaded: {message}": "模型无法加载：{message}",
     "No model is loaded any more: the action did not run": "已没有加载的模型：操作未执行",
     "Error": "错误",

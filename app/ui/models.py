@@ -54,6 +54,10 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None, device: st
         path = _gguf_path(entry, progress)
     else:
         path = Path(entry.path).expanduser()
+        if not path.exists():  # moved or deleted outside the app: say what the tray's ways out are
+            raise ModelLoadError(tr("The folder of {model} is not there any more ({path}): choose another model "
+                                    "in the menu's Model list, or remove it in Settings → Models (or put the "
+                                    "folder back)", model=entry.name, path=path))
     return LocalEngineBackend.load(path, progress=progress, device=device, name=entry.name)
 
 

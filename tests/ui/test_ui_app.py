@@ -209,6 +209,17 @@ def test_a_missing_starter_model_points_to_pip_and_to_get_a_model(qtbot, make_ap
     assert f"Could not load the model: {message}" in app.notices
 
 
+def test_a_default_model_whose_folder_is_gone_says_how_to_get_out_of_it(qtbot, make_app, tmp_path):
+    register(ModelEntry("Qwen2.5-3B-Instruct", path=str(tmp_path / "deleted-meanwhile")))
+    app = make_app(opener=open_backend)
+    with qtbot.waitSignal(app.host.loadFailed, timeout=10000) as failed:
+        app.start()
+    assert failed.args[0] == (f"The folder of Qwen2.5-3B-Instruct is not there any more ({tmp_path / 'deleted-meanwhile'}): "
+                              "choose another model in the menu's Model list, or remove it in Settings → Models "
+                              "(or put the folder back)")
+    assert _menu_texts(app.tray.menu)[0] == f"Error: {failed.args[0]}"
+
+
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
     register(LOCAL_B)  # registered like `qwen-tray models add`: the default model
     opener = FakeOpener()
