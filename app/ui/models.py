@@ -23,6 +23,8 @@ from app.ui.i18n import tr
 STARTER_NAME = "SmolLM2-135M-Instruct"  # = app.engine.gguf_import.STARTER_MODEL_NAME (a test checks)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+FOLDER_GONE = ("The folder of {model} is not there any more ({path}): choose another model in the menu's Model "
+               "list, or remove it in Settings → Models (or put the folder back)")
 log = logging.getLogger(__name__)
 
 
@@ -55,9 +57,7 @@ def open_backend(entry: ModelEntry, progress: Progress | None = None, device: st
     else:
         path = Path(entry.path).expanduser()
         if not path.exists():  # moved or deleted outside the app: say what the tray's ways out are
-            raise ModelLoadError(tr("The folder of {model} is not there any more ({path}): choose another model "
-                                    "in the menu's Model list, or remove it in Settings → Models (or put the "
-                                    "folder back)", model=entry.name, path=path))
+            raise ModelLoadError(tr(FOLDER_GONE, model=entry.name, path=path))
     return LocalEngineBackend.load(path, progress=progress, device=device, name=entry.name)
 
 
