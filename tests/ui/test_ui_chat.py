@@ -101,6 +101,52 @@ def test_no_model_says_so(qtbot):
     assert window.conversation.messages == []
 
 
+def _loading_host(qtbot, gate, fail=frozenset()):
+    host = EngineHost(FakeOpener(gate, fail=set(fail)))
+    host.switch_to(ModelEntry("Qwen2.5-3B-Instruct", path="/fake"))
+    qtbot.waitUntil(lambda: host.progress[2] == 3, timeout=5000)  # loading, held at the gate
+    return host
+
+
+def test_a_message_sent_while_the_model_loads_is_answered_once_it_is_ready(qtbot):
+    gate = threading.Event()
+    host = _loading_host(qtbot, gate)
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("hello")
+    window.send_button.click()
+    assert window.status.text().startswith("Loading Qwen2.5-3B-Instruct…")
+    assert [m.content for m in window.conversation.messages] == ["hello"] and window.input.toPlainText() == ""
+    assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
+    gate.set()
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=10000)
+    assert window.conversation.messages[1].role == "assistant" and window.conversation.messages[1].content
+    host.shutdown()
+
+
+@pytest.mark.parametrize("how", ["load fails", "stop"])
+def test_a_waiting_message_goes_back_to_the_input_box_unsent(qtbot, how):
+    gate = threading.Event()
+    host = _loading_host(qtbot, gate, fail={"Qwen2.5-3B-Instruct"} if how == "load fails" else ())
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText("hello")
+    window.send_button.click()
+    if how == "stop":
+        window.stop_button.click()
+        assert window.status.text() == "Stopped"
+    gate.set()
+    qtbot.waitUntil(lambda: host.state in ("error", "ready"), timeout=10000)
+    qtbot.wait(50)
+    if how == "load fails":
+        assert window.status.text() == "The model could not be loaded: Qwen2.5-3B-Instruct: config.json not found"
+    assert window.conversation.messages == [] and window.input.toPlainText() == "hello"
+    assert window.send_button.isEnabled() and window.message_widgets() == []
+    if how == "stop":
+        assert host.backend.requests == []
+    host.shutdown()
+
+
 def test_engine_error_is_shown_in_the_answer(qtbot, host):
     def broken(messages):
         raise RuntimeError("boom")

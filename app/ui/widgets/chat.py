@@ -27,6 +27,7 @@ from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
+from app.ui.widgets.tray import loading_text
 
 
 NOT_KEPT = "This conversation is not kept in the history: {error}"
@@ -65,9 +66,11 @@ class ChatWindow(QWidget):
         self.task: StreamTask | None = None
         self._answer_widget: MessageWidget | None = None
         self._last_outcome = ""  # "12.3 tokens/s" of the last answer, shown beside the model name
+        self._waiting = False  # the last message waits for the model being loaded
         self._build()
         self._refresh_list()
-        self.host.stateChanged.connect(self._update_status)
+        self.host.stateChanged.connect(self._host_changed)
+        self.host.loadProgress.connect(lambda *_: self._waiting and self.status.setText(loading_text(self.host)))
         self._update_status()
         geometry = store.prefs.geometry.get("chat")
         if geometry:
@@ -220,15 +223,45 @@ class ChatWindow(QWidget):
     # -- sending -------------------------------------------------------------------------------
     def send(self) -> None:
         text = self.input.toPlainText().strip()
-        backend = self.host.backend
-        if not text or self.task is not None:
+        if not text or self.task is not None or self._waiting:
             return
-        if backend is None:
+        loading = self.host.backend is None and self.host.state == "loading"
+        if self.host.backend is None and not loading:
             self.status.setText(tr("No model is ready yet ({state})", state=tr(self.host.state)))
             return
         self.input.clear()
         self.conversation.add("user", text)
         self._add_widget("user", text)
+        if loading:  # right after login or during a switch: sent when the model is ready
+            self._waiting = True
+            self._set_running(True)  # (Stop gives the message back to the input box)
+            self.status.setText(loading_text(self.host))
+            return
+        self._answer()
+
+    def _host_changed(self) -> None:
+        if self._waiting and self.host.backend is not None and self.host.state == "ready":
+            self._waiting = False
+            self._answer()
+        elif self._waiting and self.host.state != "loading":  # the load failed, or no model any more
+            self._give_back_waiting(tr("The model could not be loaded: {message}", message=self.host.error)
+                                    if self.host.state == "error" else tr("No model is ready yet ({state})",
+                                                                          state=tr(self.host.state)))
+        elif not self._waiting:
+            self._update_status()
+
+    def _give_back_waiting(self, status: str) -> None:
+        """The waiting message goes back into the input box, unsent: nothing typed is lost."""
+        self._waiting = False
+        message = self.conversation.messages.pop()
+        self._show_messages()
+        self.input.setPlainText(message.content)
+        self._set_running(False)
+        self.status.setText(status)
+
+    def _answer(self) -> None:
+        """Answer the conversation so far (its last message is the user's)."""
+        backend = self.host.backend
         prefs = self.store.prefs
         messages, dropped = fit_to_context(self.conversation.as_messages(), backend, prefs.max_tokens)
         params = SamplingParams(max_tokens=prefs.max_tokens, temperature=prefs.temperature)
@@ -272,6 +305,8 @@ class ChatWindow(QWidget):
         self._update_status()
 
     def stop(self) -> None:
+        if self._waiting:
+            self._give_back_waiting(tr("Stopped"))
         if self.task is not None:
             self.task.cancel()
 
