@@ -22,11 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(with no subcommand: start the tray app).")
     parser.add_argument("--version", action="version", version=f"qwen-tray {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
-    # (also after the subcommand: see _accept_verbose_everywhere)
+    # (also after the subcommand: every subcommand's parser is a SubcommandParser)
     # The tray's own options work without "tray" too: `qwen-tray --language zh_CN`.
     parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language of the tray app for this run")
     parser.add_argument("--replace", action="store_true", help="quit the running tray app and start this one")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SubcommandParser)
 
     from app.commands import action, ask, doctor, models, tray
 
@@ -37,19 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub)
     for module in ("app.server.cli", "app.quant.cli", "app.quant.recipe_cli", "app.quant.checkpoint_cli"):
         _register_optional(sub, module)
-    _accept_verbose_everywhere(sub)
     return parser
 
 
-def _accept_verbose_everywhere(sub: argparse._SubParsersAction) -> None:
-    """``-v`` after the subcommand too (``qwen-tray ask -v ...``, ``qwen-tray models list -v``),
-    as before it. SUPPRESS: a subcommand without it leaves the value given before it."""
-    for parser in set(sub.choices.values()):
-        parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                            help="log what the engine does")
-        for action in parser._actions:  # argparse keeps a parser's subcommands as one of its actions
-            if isinstance(action, argparse._SubParsersAction):
-                _accept_verbose_everywhere(action)
+class SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: ``-v`` after the subcommand too (``qwen-tray ask -v ...``,
+    ``qwen-tray models list -v``), as before it. Its own subcommands are of this class too
+    (argparse's default ``parser_class`` is the parent's). SUPPRESS: a subcommand given no
+    ``-v`` leaves the value given before it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                          help="log what the engine does")
 
 
 def _register_optional(sub, module_name: str) -> None:
