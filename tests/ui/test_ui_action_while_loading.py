@@ -119,3 +119,18 @@ def test_without_a_load_in_progress_nothing_is_copied(qtbot, clipboard):
         controller.run_action("summarize")
     assert notice.args[0].startswith("No model is ready yet")
     assert injector.sent == [] and not controller.popup.isVisible()
+
+
+def test_a_tray_menu_action_while_loading_waits_too_and_works_on_the_clipboard(qtbot, clipboard, gate):
+    host = _loading_host(qtbot, FakeOpener(gate))
+    controller, injector = _controller(host, clipboard)
+    clipboard.setText("Budget review: Friday at ten.")
+    with qtbot.waitSignal(controller.started, timeout=5000) as started:
+        controller.run_on_clipboard("summarize")
+    assert started.args[0].origin == "clipboard" and injector.sent == []  # the menu took the focus: no copy
+    assert controller.popup.status.text().startswith("Loading Qwen2.5-3B-Instruct…")
+    with qtbot.waitSignal(controller.answered, timeout=10000):
+        gate.set()
+    assert host.backend.requests[0][0][-1]["content"].endswith("Budget review: Friday at ten.")
+    assert not controller.popup.replace_button.isEnabled()  # not from the selection
+    host.shutdown()

@@ -92,10 +92,11 @@ def _start(qtbot, app):
 def test_menu_is_built_from_state(qtbot, make_app):
     app = make_app()
     assert _menu_texts(app.tray.menu)[0] == "No model loaded"
+    assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # no model to run them
     with qtbot.waitSignal(app.host.loaded, timeout=5000):
         app.start()
         assert _menu_texts(app.tray.menu)[0] == "Loading SmolLM2-135M-Instruct…"
-        assert all(not a.isEnabled() for a in app.tray.menu.actions()[2:7])  # actions wait for the model
+        assert all(a.isEnabled() for a in app.tray.menu.actions()[2:7])  # they wait for the load
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == f"{STARTER_NAME} · CPU · ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",

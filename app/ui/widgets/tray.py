@@ -110,7 +110,7 @@ def fill_app_menu(menu: QMenu, app: TrayApp) -> None:
     for action in app.actions:
         label = action.label(current_language())
         item = menu.addAction(f"{label}\t{hotkeys[action.id]}" if hotkeys.get(action.id) else label)
-        item.setEnabled(app.host.backend is not None)
+        item.setEnabled(app.host.backend is not None or app.host.state == "loading")  # (it waits for the load)
         item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
     menu.addSeparator()
     menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
