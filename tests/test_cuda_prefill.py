@@ -259,7 +259,8 @@ def gpu_pair(recipe, slots: int = 3, context: int = 640):
     weights = runtime_weights(random_model(tiny_spec(), seed=11), recipe)
     graphed = gpu_runner(weights, num_slots=slots, max_context=context, prefill_mode="gemm")
     eager = gpu_runner(weights, num_slots=slots, max_context=context, prefill_mode="gemm", use_graphs=False)
-    assert graphed.padded_prefill and sorted(graphed.prefill_graphs.graphs) == [16, 32, 64, 128, 256, 512]
+    # the load captures the largest bucket; the others are captured at their first prompt
+    assert graphed.padded_prefill and sorted(graphed.prefill_graphs.graphs) == [512]
     assert not eager.padded_prefill and not eager.prefill_graphs.graphs
     return graphed, eager
 
@@ -280,8 +281,11 @@ def assert_close_prefill(a: CudaRunner, b: CudaRunner, slot: int, ids: list[int]
 @pytest.mark.parametrize("recipe", [None, "w4", "mixed"])
 def test_gpu_prefill_graph_replay_matches_eager(recipe):
     graphed, eager = gpu_pair(recipe)
-    for n in (1, 16, 17, 100, 512, 600):  # 600: the 512 graph, then 88 tokens eagerly
+    # 1, 17, 100: a bucket's first prompt (eager, then captured); 600: the 512 graph, then 88
+    # tokens eagerly; 9, 30, 120: replays of the graphs captured at those first prompts
+    for n in (1, 16, 17, 100, 512, 600, 9, 30, 120):
         assert_close_prefill(graphed, eager, 0, prompt(n, seed=n), GPU_EAGER_BOUND)
+    assert sorted(graphed.prefill_graphs.graphs) == [16, 32, 128, 512]
     eager.padded_prefill = True  # the same padded path without graphs
     for n in (5, 77):
         assert_close_prefill(graphed, eager, 1, prompt(n, seed=n), GPU_PADDED_BOUND)
@@ -322,7 +326,9 @@ def test_gpu_prefill_graphs_stay_inside_the_plan():
         assert runner.padded_prefill and 0 < info["prefill_graph_reserved_bytes"] <= p.prefill_graph_bytes
         ids = prompt(900)
         runner.prefill(0, ids, 0)  # 512 through the graph, 388 eagerly
-        runner.prefill(1, ids[:300], 0)
+        for n in (10, 20, 40, 100, 200, 300):  # every smaller bucket captured at its first prompt
+            runner.prefill(1, ids[:n], 0)
+        assert sorted(runner.prefill_graphs.graphs) == [16, 32, 64, 128, 256, 512]
         runner.decode([0, 1], [5, 6], [900, 300])
         peak = torch.cuda.max_memory_reserved() - before
         print(f"peak {peak / 2**20:.1f} MiB reserved, plan {p.total_bytes / 2**20:.1f} MiB")

@@ -19,6 +19,11 @@ device index), the final norm, the lm_head GEMV into a static buffer.
 Only chunks that start at position 0 come here (their keys are their own); chunks after the
 first run eagerly (app.engine.cuda.prefill). Without graphs (the CPU, ``use_graphs=False``)
 :meth:`PrefillGraphs.run` runs the same padded path eagerly.
+
+When: the load captures only the largest bucket, which sizes the memory pool that every bucket's
+graph shares (capturing the six buckets took ~40 % of a cached 3B load). Each smaller bucket is
+captured at its first prompt: that prompt runs eagerly on the current stream (its answer, and
+any kernel it needs loaded), then the graph is recorded into the shared pool for the next one.
 """
 
 from __future__ import annotations
@@ -96,9 +101,11 @@ class PrefillGraphs:
         self.inputs = PrefillInputs(self.buckets[-1], spec.num_kv_heads, prefill.cache.max_context, dev)
         self.logits = torch.empty((1, spec.vocab_size), dtype=torch.float16, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.reserved_bytes = 0  # what capturing added to the allocator's reserved memory
+        self.reserved_bytes = 0  # what capturing the largest (the shared pool) added to reserved memory
+        self.capturing = use_graphs
+        self._pool = None  # the graphs' shared memory pool, made by the largest bucket's graph
         if use_graphs:
-            self._capture()
+            self._capture_largest()
 
     @property
     def largest(self) -> int:
@@ -116,10 +123,12 @@ class PrefillGraphs:
         bucket = self.bucket_for(len(ids))
         self.inputs.write(slot, ids, bucket)
         graph = self.graphs.get(bucket)
-        if graph is None:
-            self._forward(bucket)
-        else:
+        if graph is not None:
             graph.replay()
+        else:
+            self._forward(bucket)
+            if self.capturing:
+                self._capture_bucket(bucket)
         return self.logits[0]
 
     def _forward(self, bucket: int) -> None:
@@ -132,7 +141,20 @@ class PrefillGraphs:
         self.prefill.logits(pending.index_select(0, last), h.index_select(0, last), out=self.logits)
 
     @torch.inference_mode()
-    def _capture(self) -> None:
+    def _capture_bucket(self, bucket: int) -> None:
+        """Record ``bucket``'s graph (its first prompt has just run eagerly) into the shared pool.
+        The capture stream's cuBLAS workspace exists since the largest bucket's warm-up."""
+        dev = self.logits.device
+        side = capture_stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=side):
+            self._forward(bucket)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graphs[bucket] = graph
+
+    @torch.inference_mode()
+    def _capture_largest(self) -> None:
         dev = self.logits.device
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()  # so that the reserved-memory delta below is what capturing adds
@@ -144,17 +166,14 @@ class PrefillGraphs:
         side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
-            for b in self.buckets:
-                self._forward(b)
+            self._forward(self.largest)
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
-        pool = None
-        for b in reversed(self.buckets):  # largest first: the others reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=side):
-                self._forward(b)
-            pool = graph.pool()
-            self.graphs[b] = graph
+        graph = torch.cuda.CUDAGraph()  # largest first: the others reuse its memory pool
+        with torch.cuda.graph(graph, stream=side):
+            self._forward(self.largest)
+        self._pool = graph.pool()
+        self.graphs[self.largest] = graph
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
         self.reserved_bytes = torch.cuda.memory_reserved(dev) - before
