@@ -22,8 +22,8 @@ first run eagerly (app.engine.cuda.prefill). Without graphs (the CPU, ``use_grap
 
 When: the load captures only the largest bucket, which sizes the memory pool that every bucket's
 graph shares (capturing the six buckets took ~40 % of a cached 3B load). Each smaller bucket is
-captured at its first prompt: that prompt runs eagerly on the current stream (its answer, and
-any kernel it needs loaded), then the graph is recorded into the shared pool for the next one.
+captured at its first prompt: that prompt runs eagerly on the capture stream (its answer, and
+the warm-up), then the graph is recorded into the shared pool for the next one.
 """
 
 from __future__ import annotations
@@ -125,10 +125,10 @@ class PrefillGraphs:
         graph = self.graphs.get(bucket)
         if graph is not None:
             graph.replay()
+        elif self.capturing:
+            self._first_prompt_of(bucket)
         else:
             self._forward(bucket)
-            if self.capturing:
-                self._capture_bucket(bucket)
         return self.logits[0]
 
     def _forward(self, bucket: int) -> None:
@@ -141,17 +141,24 @@ class PrefillGraphs:
         self.prefill.logits(pending.index_select(0, last), h.index_select(0, last), out=self.logits)
 
     @torch.inference_mode()
-    def _capture_bucket(self, bucket: int) -> None:
-        """Record ``bucket``'s graph (its first prompt has just run eagerly) into the shared pool.
-        The capture stream's cuBLAS workspace exists since the largest bucket's warm-up."""
+    def _first_prompt_of(self, bucket: int) -> None:
+        """Run ``bucket``'s first prompt eagerly, then record its graph into the shared pool.
+
+        Both on the capture stream, as the load's warm-up and capture of the largest bucket are:
+        its cuBLAS workspace exists since then (none is made for the current stream), and the
+        eager activations are handed back after (empty_cache), so VRAM ends as if the load had
+        captured this bucket too."""
         dev = self.logits.device
         side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            self._forward(bucket)  # the prompt's answer (KV rows and logits)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, stream=side):
             self._forward(bucket)
-        torch.cuda.current_stream(dev).wait_stream(side)
         self.graphs[bucket] = graph
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def _capture_largest(self) -> None:
