@@ -583,6 +583,30 @@ def test_engine_loads_a_quantized_checkpoint_on_cuda(tiny_checkpoint):
 
 
 @pytest.mark.gpu
+def test_prefill_graphs_captured_on_the_engines_thread_stay_inside_the_plan(tiny_checkpoint):
+    """The load captures the largest prefill bucket; the engine's own thread captures each smaller
+    one at its first prompt (with a cuBLAS workspace of its own): the peak stays in the plan."""
+    from app.engine import Engine, SamplingParams
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved()
+    with Engine.load(tiny_checkpoint, device="cuda", max_batch_size=2, max_context=1024,
+                     vram_budget="512MiB") as engine:
+        buckets = engine.runner.prefill_graphs.buckets
+        assert engine.stats()["prefill_graph_buckets"] == [buckets[-1]] and len(buckets) > 3
+        ids = engine.tokenizer.encode("one two three four five six seven eight nine ten " * 120)
+        for n in [b // 2 + 1 for b in buckets] + [buckets[-1] + 100]:  # each bucket's first prompt; then one
+            engine.generate(ids[:n], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)).result  # chunk more
+        info, planned = engine.stats(), engine.runner.plan.total_bytes
+    assert info["prefill_graph_buckets"] == buckets
+    peak = torch.cuda.max_memory_reserved() - before
+    print(f"peak {peak / MiB:.1f} MiB reserved, plan {planned / MiB:.1f} MiB")
+    assert peak <= planned
+
+
+@pytest.mark.gpu
 def test_closing_an_engine_gives_its_memory_back(tiny_checkpoint):
     """A model switch closes the old engine, then plans the new one against the free memory:
     closing hands the weights, the cache and the graphs' pool back to the driver, and switching

@@ -177,13 +177,15 @@ def prefill_graph_bytes(spec: ModelSpec, chunk: int, max_context: int, tile_elem
 
     Their private pool: the activations of the largest bucket (min(chunk, context) tokens; no
     mask, a first chunk attends causally) and the PyTorch dequantizer's temporaries when it
-    runs; the capture stream's cuBLAS workspace; one allocator segment of rounding. The
-    dequantized tile is the eager path's buffer, shared; the smaller buckets share the pool.
+    runs; one allocator segment of rounding. The dequantized tile is the eager path's buffer,
+    shared; the smaller buckets share the pool. Two cuBLAS workspaces for the capture stream
+    (PyTorch keeps one per thread's handle and stream): the loader thread's, which captures the
+    largest bucket, and the engine thread's, which captures each smaller one at its first prompt.
     """
     bucket = min(chunk, max_context)
     temporaries = tile_elements * TORCH_DEQUANT_BYTES if torch_dequant else 0
-    return (prefill_activation_bytes(spec, bucket, tile_elements) + temporaries + cublas_workspace_bytes(capability)
-            + LARGE_SEGMENT)
+    return (prefill_activation_bytes(spec, bucket, tile_elements) + temporaries
+            + 2 * cublas_workspace_bytes(capability) + LARGE_SEGMENT)
 
 
 @dataclass(frozen=True)

@@ -144,10 +144,10 @@ class PrefillGraphs:
     def _first_prompt_of(self, bucket: int) -> None:
         """Run ``bucket``'s first prompt eagerly, then record its graph into the shared pool.
 
-        Both on the capture stream, as the load's warm-up and capture of the largest bucket are:
-        its cuBLAS workspace exists since then (none is made for the current stream), and the
-        eager activations are handed back after (empty_cache), so VRAM ends as if the load had
-        captured this bucket too."""
+        Both on the capture stream, as the load's warm-up and capture of the largest bucket are,
+        and the eager activations are handed back after (empty_cache). PyTorch keeps a cuBLAS
+        workspace per thread's handle and stream: this runs on the engine's thread, not the
+        loader's, so it makes one more, which the VRAM plan counts (memory.prefill_graph_bytes)."""
         dev = self.logits.device
         side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
