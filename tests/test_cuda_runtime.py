@@ -592,13 +592,13 @@ def test_prefill_graphs_captured_on_the_engines_thread_stay_inside_the_plan(tiny
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_reserved()
-    with Engine.load(tiny_checkpoint, device="cuda", max_batch_size=2, max_context=1024,
+    with Engine.load(tiny_checkpoint, device="cuda", max_batch_size=2, max_context=512,  # the model's maximum
                      vram_budget="512MiB") as engine:
         buckets = engine.runner.prefill_graphs.buckets
         assert engine.stats()["prefill_graph_buckets"] == [buckets[-1]] and len(buckets) > 3
-        ids = engine.tokenizer.encode("one two three four five six seven eight nine ten " * 120)
-        for n in [b // 2 + 1 for b in buckets] + [buckets[-1] + 100]:  # each bucket's first prompt; then one
-            engine.generate(ids[:n], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)).result  # chunk more
+        ids = engine.tokenizer.encode("one two three four five six seven eight nine ten " * 60)
+        for n in [b // 2 + 1 for b in buckets]:  # each bucket's first prompt, on the engine's thread
+            engine.generate(ids[:n], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)).result
         info, planned = engine.stats(), engine.runner.plan.total_bytes
     assert info["prefill_graph_buckets"] == buckets
     peak = torch.cuda.max_memory_reserved() - before
