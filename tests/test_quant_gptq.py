@@ -158,3 +158,37 @@ def test_gptq_on_cuda_matches_cpu(layer):
         assert all(t.device.type == "cpu" for t in gpu.tensors.values())  # results come back to w's device
         # the same algorithm in another summation order: nearly every integer agrees and the error is as low
         assert abs(_output_error(fresh, w, gpu) - _output_error(fresh, w, cpu)) < 0.01
+
+
+def test_the_jobs_gptq_settings_reach_the_solver_and_the_resume_fingerprint(tiny_qwen_dir, tmp_path):
+    recipe = load_recipe("w4")
+    default = quantize_model(QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "default", recipe=recipe, method="gptq"))
+    heavy = QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "heavy", recipe=recipe, method="gptq",
+                        gptq=GptqSettings(damp=1.0))
+    assert default.files[layer_file(0)] != quantize_model(heavy).files[layer_file(0)]  # other damping, other weights
+
+    class Interrupted(Exception):
+        pass
+
+    def stop(stage: str, done: int, total: int) -> None:
+        if done == 1:
+            raise Interrupted
+
+    half = tmp_path / "half"
+    with pytest.raises(Interrupted):
+        quantize_model(QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq"), stop)
+    other = QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq", gptq=GptqSettings(damp=0.1))
+    with pytest.raises(QwenTrayError, match="another model, recipe or method"):
+        quantize_model(other)  # a resume with other GPTQ settings must not mix their layers
+
+
+def test_a_job_refuses_gptq_groups_the_format_cannot_store(tiny_qwen_dir, tmp_path):
+    with pytest.raises(QwenTrayError, match="GPTQ group size must be 128"):
+        QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "x", recipe=load_recipe("w4"), method="gptq",
+                    gptq=GptqSettings(group_size=32))
+
+
+@pytest.mark.parametrize("damp", [0.0, -0.1, 1.5, float("nan")])
+def test_damping_outside_zero_to_one_is_refused(damp):
+    with pytest.raises(ValueError, match="damp must be in"):
+        GptqSettings(damp=damp)

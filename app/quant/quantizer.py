@@ -38,7 +38,7 @@ from app.formats.checkpoint import (
     write_manifest,
     write_tensor_file,
 )
-from app.formats.core import padded_k, row_chunks
+from app.formats.core import GROUP_SIZE, padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
@@ -69,6 +69,7 @@ class QuantizeJob:
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
+    gptq: GptqSettings = GPTQ_SETTINGS  # how method gptq runs (damping, scales, act-order)
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
     # the model's name in the manifest (`checkpoint info`); default: the source folder's name, which
     # for a download or a GGUF import is a staging name (Qwen2.5-3B-Instruct.hf, .NAME.fp16)
@@ -83,6 +84,8 @@ class QuantizeJob:
         if not 16 <= self.calibration_tokens <= calib.MAX_CALIBRATION_TOKENS:
             raise QwenTrayError(f"calibration tokens must be 16..{calib.MAX_CALIBRATION_TOKENS}, "
                                 f"got {self.calibration_tokens}")
+        if self.gptq.group_size != GROUP_SIZE:
+            raise QwenTrayError(f"GPTQ group size must be {GROUP_SIZE} (the stored format's), got {self.gptq.group_size}")
         if not self.model.is_dir():
             raise ModelLoadError(f"{self.model}: model folder not found")
         if self.out.resolve() == self.model.resolve():
@@ -206,7 +209,7 @@ class _Run:
         pad = padded_k(hessian.shape[0]) - hessian.shape[0]
         if pad:
             hessian = F.pad(hessian, (0, pad, 0, pad))  # padded inputs are zero: dead channels
-        return GptqSolver(hessian, GPTQ_SETTINGS, name=name, device=self.job.device, overwrite=True)
+        return GptqSolver(hessian, self.job.gptq, name=name, device=self.job.device, overwrite=True)
 
     def _calibrated(self, index: int) -> calib.Calibration:
         """The calibration state at layer ``index`` (after a resume: replayed through float layers)."""

@@ -8,6 +8,7 @@ checksum still matches and redoes the rest; other settings on an unfinished fold
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -52,6 +53,8 @@ def fingerprint(job) -> dict:
     if job.method in CALIBRATED_METHODS:
         path = job.calibration or calib.default_calibration_file()
         fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
+    if job.method == "gptq":
+        fp["gptq"] = dataclasses.asdict(job.gptq)
     return fp
 
 
