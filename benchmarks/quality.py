@@ -239,10 +239,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPTQ: scales from the original weights before the pass (else when the pass reaches a group)")
     p.add_argument("--gptq-act-order", action=argparse.BooleanOptionalAction, default=GPTQ_SETTINGS.act_order,
                    help="GPTQ: columns in order of decreasing diag(H) (needs --gptq-static)")
+    p.add_argument("--gptq-sequential", action=argparse.BooleanOptionalAction, default=GPTQ_SETTINGS.sequential,
+                   help="GPTQ: each layer's Hessians from inputs through the already-quantized layers before it")
     args = p.parse_args(argv)
     try:
         calibrate = Calibrate(args.calibration_tokens, GptqSettings(damp=args.gptq_damp, scales=args.gptq_scales,
-                                                                    static=args.gptq_static, act_order=args.gptq_act_order))
+                                                                    static=args.gptq_static, act_order=args.gptq_act_order,
+                                                                    sequential=args.gptq_sequential))
     except ValueError as e:
         p.error(f"--gptq-*: {e}")
     unknown = set(args.only.split(",")) - set(FAMILIES)

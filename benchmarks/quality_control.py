@@ -51,6 +51,8 @@ def fake_quantize(w: torch.Tensor, bits: int, group: int, method: str, importanc
 def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: int = 32,
                    calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS, gptq: GptqSettings = GptqSettings()) -> Path:
     """Fake-quantize every 2-D weight of the HF folder ``source`` into a new HF folder ``out``."""
+    if gptq.sequential:
+        raise ValueError("the control calibrates on the float model only (no sequential GPTQ)")
     spec = ModelSpec.from_hf_folder(source)
     weights = load_file(str(source / "model.safetensors"))
     tokenizer = Tokenizer.from_folder(source)

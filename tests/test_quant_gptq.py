@@ -192,3 +192,27 @@ def test_a_job_refuses_gptq_groups_the_format_cannot_store(tiny_qwen_dir, tmp_pa
 def test_damping_outside_zero_to_one_is_refused(damp):
     with pytest.raises(ValueError, match="damp must be in"):
         GptqSettings(damp=damp)
+
+
+def test_sequential_gptq_calibrates_on_the_quantized_layers_and_resumes_to_the_same_checkpoint(tiny_qwen_dir, tmp_path):
+    recipe = load_recipe("mixed")
+    sequential = GptqSettings(sequential=True)
+    full = tmp_path / "full"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=full, recipe=recipe, method="gptq", gptq=sequential))
+    on_float = tmp_path / "float"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=on_float, recipe=recipe, method="gptq"))
+    assert (full / layer_file(0)).read_bytes() == (on_float / layer_file(0)).read_bytes()  # same inputs
+    assert (full / layer_file(1)).read_bytes() != (on_float / layer_file(1)).read_bytes()  # quantized layer 0's
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_first_layer(stage: str, done: int, total: int) -> None:
+        if done == 1:
+            raise Interrupted
+
+    job = QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "resumed", recipe=recipe, method="gptq", gptq=sequential)
+    with pytest.raises(Interrupted):
+        quantize_model(job, stop_after_first_layer)
+    quantize_model(job)  # replays the written layer 0, dequantized, into layer 1's Hessians
+    assert _digests(job.out) == _digests(full)

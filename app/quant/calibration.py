@@ -16,7 +16,9 @@ of qkv_proj, o_proj, gate_up_proj and down_proj (and, after the last layer, of t
   on the quantizer's device, for the error-compensating pass of :mod:`app.quant.gptq`.
 
 The hidden states move on through the *float* layer, so the statistics of layer i never
-depend on how earlier layers were quantized, and a resumed run recomputes them exactly.
+depend on how earlier layers were quantized, and a resumed run recomputes them exactly --
+unless GPTQ runs ``sequential``: then the quantizer moves them on through each layer as it
+was quantized (:meth:`Calibration.redo_layer`), and a resume replays the written layers.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Calibration:
         self.hidden = hidden.float()
         self.next_layer = 0
         self.rope = rope_tables(spec, hidden.shape[0])
+        self._last_input: torch.Tensor | None = None  # kept by run_layer(keep_input=True)
 
     def float_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> DecoderLayer:
         """A float32 DecoderLayer holding layer ``index``'s HF tensors (q/k/v, gate/up fused)."""
@@ -133,11 +136,13 @@ class Calibration:
 
     @torch.inference_mode()
     def run_layer(self, index: int, tensors: dict[str, torch.Tensor],
-                  hessian_device: torch.device | str | None = None) -> LayerCalibration:
+                  hessian_device: torch.device | str | None = None, *, keep_input: bool = False) -> LayerCalibration:
         """Record layer ``index``'s input statistics (and Hessians on ``hessian_device`` when
-        given) and move the hidden states past it."""
+        given) and move the hidden states past it; ``keep_input`` lets :meth:`redo_layer` move
+        them past other weights of this layer instead."""
         if index != self.next_layer:
             raise RuntimeError(f"calibration is at layer {self.next_layer}, not {index}")
+        self._last_input = self.hidden if keep_input else None
         layer = self.float_layer(index, tensors)
         probes = {key: _StatsProbe() for key in _PROBES}
         hessians = {key: HessianProbe(hessian_device) for key in _PROBES} if hessian_device is not None else {}
@@ -151,6 +156,15 @@ class Calibration:
         self.next_layer += 1
         return LayerCalibration({key: probe.stats(f"model.layers.{index}.{_PROBES[key]}") for key, probe in probes.items()},
                                 {key: probe.hessian() for key, probe in hessians.items()})
+
+    @torch.inference_mode()
+    def redo_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Move the hidden states past layer ``index`` again, from its kept input, through
+        ``tensors`` (e.g. the layer as quantized)."""
+        if self._last_input is None or index != self.next_layer - 1:
+            raise RuntimeError(f"layer {index} was not the last one run with keep_input")
+        self.hidden = self.float_layer(index, tensors)(self._last_input, 0, 0, _OneSequenceCache(), self.rope)
+        self._last_input = None
 
     @torch.inference_mode()
     def head_stats(self, norm_weight: torch.Tensor, eps: float) -> ActivationStats:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from app.engine.lora import LoraAdapter
 from app.engine.tokenizer import Tokenizer
@@ -186,7 +187,9 @@ class _Run:
             return out
         tensors = self.read(names)
         gptq = self.job.method == "gptq"
-        calibrated = self._calibrated(index).run_layer(index, tensors, self.job.device if gptq else None)
+        sequential = gptq and self.job.gptq.sequential
+        calibrated = self._calibrated(index).run_layer(index, tensors, self.job.device if gptq else None,
+                                                       keep_input=sequential)
         if self.job.method == "awq":
             importance = calib.apply_awq(index, tensors, calibrated.stats, self.job.recipe)
         else:
@@ -202,6 +205,8 @@ class _Run:
                 del solver
         for name in list(tensors):
             _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, importance.get(name))
+        if sequential:  # the next layer's Hessians see this layer as it was quantized
+            self.calibration.redo_layer(index, _as_float(out.stored, names, self.shapes))
         return out
 
     def _solver(self, hessian: torch.Tensor, name: str) -> GptqSolver:
@@ -220,7 +225,11 @@ class _Run:
             self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids))
         while self.calibration.next_layer < index:
             i = self.calibration.next_layer
-            self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
+            if self.job.method == "gptq" and self.job.gptq.sequential:  # replay layer i as it was written
+                written = load_file(str(self.job.out / layer_file(i)))
+                self.calibration.run_layer(i, _as_float(written, self.layer_names(i), self.shapes))
+            else:
+                self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
         return self.calibration
 
     def _embedding_rows(self, ids: list[int]) -> torch.Tensor:
@@ -312,6 +321,19 @@ def _quantize_weight(name: str, w: torch.Tensor, bits: int, job: QuantizeJob,
     method = "rtn" if job.method == "rtn" else "search"
     device = job.device if method == "search" else None
     return quantize(wf, bits, name=name, method=method, importance=importance, device=device)
+
+
+def _as_float(stored: dict[str, torch.Tensor], names: list[str],
+              shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The HF tensors ``names`` as written (fp16 as is; quantized ones dequantized, K padding cut), fp32."""
+    out = {}
+    for name in names:
+        if name in stored:
+            out[name] = stored[name].float()
+        else:
+            module = name.removesuffix(".weight")
+            out[name] = QuantizedTensor.from_state_dict(module, stored).dequantize()[:, :shapes[name][1]]
+    return out
 
 
 def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
