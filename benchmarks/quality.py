@@ -91,11 +91,14 @@ class Calibrate:
 
     tokens: int = DEFAULT_CALIBRATION_TOKENS
     gptq: GptqSettings = GPTQ_SETTINGS
+    text: Path | None = None  # None: the shipped calibration text
 
     def suffix(self, method: str) -> str:
         """What a row's label adds when it departs from the product's settings ("" when it does not)."""
         parts = [f"{k}={v}" for k, v in asdict(self.gptq).items()
                  if method == "gptq" and v != getattr(GPTQ_SETTINGS, k)]
+        if self.text is not None and method not in ("rtn", "search"):
+            parts.append(f"calibration {self.text.name}")
         if self.tokens != DEFAULT_CALIBRATION_TOKENS and method not in ("rtn", "search"):
             parts.append(f"calibration {self.tokens} tokens")
         return f" ({', '.join(parts)})" if parts else ""
@@ -107,7 +110,7 @@ def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None,
     out = work / ("ours-" + "".join(c if c.isalnum() or c in "-." else "_" for c in label))
     started = time.perf_counter()
     quantize_model(QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method,
-                               calibration_tokens=calibrate.tokens, gptq=calibrate.gptq))
+                               calibration=calibrate.text, calibration_tokens=calibrate.tokens, gptq=calibrate.gptq))
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("ours", label, checkpoint_bits(out), ppl, counts, seconds)
@@ -133,7 +136,7 @@ def control(source: Path, method: str, work: Path, tokens: int | None, calibrate
     label = f"all 4-bit, 32-wide groups, {method}{calibrate.suffix(method)}"
     started = time.perf_counter()
     out = quality_control.control_folder(source, work / f"control-{method}", method, calibration_tokens=calibrate.tokens,
-                                         gptq=calibrate.gptq)
+                                         gptq=calibrate.gptq, calibration=calibrate.text)
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("control", label, {"linear": 4.5, "tables": 4.5, "overall": 4.5}, ppl, counts, seconds)
@@ -230,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
     p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
                    + " (default: all)")
+    p.add_argument("--calibration", type=Path, help="calibration text of the calibrated methods (default: the "
+                   "shipped one; benchmarks/data/calibration_balanced.txt is its language-balanced cut for SmolLM2)")
     p.add_argument("--calibration-tokens", type=int, default=DEFAULT_CALIBRATION_TOKENS,
                    help=f"calibration tokens of the calibrated methods (default {DEFAULT_CALIBRATION_TOKENS})")
     p.add_argument("--gptq-damp", type=float, default=GPTQ_SETTINGS.damp, help="GPTQ: damping, share of mean diag(H)")
@@ -243,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPTQ: each layer's Hessians from inputs through the already-quantized layers before it")
     args = p.parse_args(argv)
     try:
+        if args.calibration is not None and not args.calibration.is_file():
+            p.error(f"--calibration: {args.calibration} not found")
         calibrate = Calibrate(args.calibration_tokens, GptqSettings(damp=args.gptq_damp, scales=args.gptq_scales,
                                                                     static=args.gptq_static, act_order=args.gptq_act_order,
-                                                                    sequential=args.gptq_sequential))
+                                                                    sequential=args.gptq_sequential),
+                              args.calibration)
     except ValueError as e:
         p.error(f"--gptq-*: {e}")
     unknown = set(args.only.split(",")) - set(FAMILIES)

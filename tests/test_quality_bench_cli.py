@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app.quant.gptq import GptqSettings
@@ -24,7 +26,8 @@ def test_an_unknown_family_is_named(tmp_path, capsys):
     assert "--only: unknown llamacpp (known: dense, ours, sensitive, mlp3, control, llama.cpp)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--gptq-damp", "0.3"], ["--calibration-tokens", "3229"]])
+@pytest.mark.parametrize("argv", [["--gptq-damp", "0.3"], ["--calibration-tokens", "3229"],
+                                  ["--calibration", "benchmarks/data/calibration_balanced.txt"]])
 def test_a_study_of_calibration_settings_is_a_split_run_too(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--out-dir", str(tmp_path)])
@@ -48,3 +51,11 @@ def test_rows_of_a_study_say_how_they_departed_from_the_product():
     assert study.suffix("gptq") == " (damp=0.1, static=True, act_order=True, calibration 3229 tokens)"
     assert study.suffix("calibrated") == " (calibration 3229 tokens)"
     assert study.suffix("rtn") == "" and Calibrate().suffix("gptq") == ""
+    other_text = Calibrate(text=Path("benchmarks/data/calibration_balanced.txt"))
+    assert other_text.suffix("awq") == " (calibration calibration_balanced.txt)"
+
+
+def test_a_missing_calibration_text_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--calibration", str(tmp_path / "nope.txt"), "--partial", str(tmp_path / "p.json")])
+    assert f"--calibration: {tmp_path / 'nope.txt'} not found" in capsys.readouterr().err
