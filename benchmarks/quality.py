@@ -92,6 +92,7 @@ class Calibrate:
     tokens: int = DEFAULT_CALIBRATION_TOKENS
     gptq: GptqSettings = GPTQ_SETTINGS
     text: Path | None = None  # None: the shipped calibration text
+    window: int | None = None  # tokens per calibration sequence; None: all in one
 
     def suffix(self, method: str) -> str:
         """What a row's label adds when it departs from the product's settings ("" when it does not)."""
@@ -101,6 +102,8 @@ class Calibrate:
             parts.append(f"calibration {self.text.name}")
         if self.tokens != DEFAULT_CALIBRATION_TOKENS and method not in ("rtn", "search"):
             parts.append(f"calibration {self.tokens} tokens")
+        if self.window is not None and method not in ("rtn", "search"):
+            parts.append(f"calibration windows of {self.window}")
         return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -110,7 +113,8 @@ def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None,
     out = work / ("ours-" + "".join(c if c.isalnum() or c in "-." else "_" for c in label))
     started = time.perf_counter()
     quantize_model(QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method,
-                               calibration=calibrate.text, calibration_tokens=calibrate.tokens, gptq=calibrate.gptq))
+                               calibration=calibrate.text, calibration_tokens=calibrate.tokens,
+                               calibration_window=calibrate.window, gptq=calibrate.gptq))
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("ours", label, checkpoint_bits(out), ppl, counts, seconds)
@@ -136,7 +140,7 @@ def control(source: Path, method: str, work: Path, tokens: int | None, calibrate
     label = f"all 4-bit, 32-wide groups, {method}{calibrate.suffix(method)}"
     started = time.perf_counter()
     out = quality_control.control_folder(source, work / f"control-{method}", method, calibration_tokens=calibrate.tokens,
-                                         gptq=calibrate.gptq, calibration=calibrate.text)
+                                         gptq=calibrate.gptq, calibration=calibrate.text, window=calibrate.window)
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("control", label, {"linear": 4.5, "tables": 4.5, "overall": 4.5}, ppl, counts, seconds)
@@ -237,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                    "shipped one; benchmarks/data/calibration_balanced.txt is its language-balanced cut for SmolLM2)")
     p.add_argument("--calibration-tokens", type=int, default=DEFAULT_CALIBRATION_TOKENS,
                    help=f"calibration tokens of the calibrated methods (default {DEFAULT_CALIBRATION_TOKENS})")
+    p.add_argument("--calibration-window", type=int, help="tokens per calibration sequence, each from position 0 "
+                   "(default: all calibration tokens in one sequence)")
     p.add_argument("--gptq-damp", type=float, default=GPTQ_SETTINGS.damp, help="GPTQ: damping, share of mean diag(H)")
     p.add_argument("--gptq-scales", choices=("search", "rtn"), default=GPTQ_SETTINGS.scales,
                    help="GPTQ: each group's scale by the clipping search or round-to-nearest")
@@ -253,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         calibrate = Calibrate(args.calibration_tokens, GptqSettings(damp=args.gptq_damp, scales=args.gptq_scales,
                                                                     static=args.gptq_static, act_order=args.gptq_act_order,
                                                                     sequential=args.gptq_sequential),
-                              args.calibration)
+                              args.calibration, args.calibration_window)
     except ValueError as e:
         p.error(f"--gptq-*: {e}")
     unknown = set(args.only.split(",")) - set(FAMILIES)

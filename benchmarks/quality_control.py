@@ -50,7 +50,7 @@ def fake_quantize(w: torch.Tensor, bits: int, group: int, method: str, importanc
 
 def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: int = 32,
                    calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS, gptq: GptqSettings = GptqSettings(),
-                   calibration: Path | None = None) -> Path:
+                   calibration: Path | None = None, window: int | None = None) -> Path:
     """Fake-quantize every 2-D weight of the HF folder ``source`` into a new HF folder ``out``."""
     if gptq.sequential:
         raise ValueError("the control calibrates on the float model only (no sequential GPTQ)")
@@ -58,7 +58,7 @@ def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: i
     weights = load_file(str(source / "model.safetensors"))
     tokenizer = Tokenizer.from_folder(source)
     ids = calib.calibration_ids(tokenizer, calibration, calibration_tokens, spec.vocab_size)
-    calibration = calib.Calibration(spec, weights["model.embed_tokens.weight"][torch.tensor(ids)].float())
+    calibration = calib.Calibration(spec, weights["model.embed_tokens.weight"][torch.tensor(ids)].float(), window)
     result = dict(weights)
     for i in range(spec.num_layers):
         prefix = f"model.layers.{i}."

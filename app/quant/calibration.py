@@ -114,13 +114,18 @@ class LayerCalibration:
 
 
 class Calibration:
-    """Hidden states [T, hidden] of the calibration tokens at the input of layer ``next_layer``."""
+    """Hidden states [T, hidden] of the calibration tokens at the input of layer ``next_layer``.
 
-    def __init__(self, spec: ModelSpec, hidden: torch.Tensor):
+    ``window``: the tokens are cut into sequences of this many, each attending from position 0
+    (as the held-out evaluation and llama.cpp's imatrix read text); None: one sequence.
+    """
+
+    def __init__(self, spec: ModelSpec, hidden: torch.Tensor, window: int | None = None):
         self.spec = spec
         self.hidden = hidden.float()
         self.next_layer = 0
-        self.rope = rope_tables(spec, hidden.shape[0])
+        self.window = window or hidden.shape[0]
+        self.rope = rope_tables(spec, min(self.window, hidden.shape[0]))
         self._last_input: torch.Tensor | None = None  # kept by run_layer(keep_input=True)
 
     def float_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> DecoderLayer:
@@ -149,7 +154,7 @@ class Calibration:
         hooks = [layer.get_submodule(path).register_forward_pre_hook(probes[key]) for key, path in _PROBES.items()]
         hooks += [layer.get_submodule(_PROBES[key]).register_forward_pre_hook(probe) for key, probe in hessians.items()]
         try:
-            self.hidden = layer(self.hidden, 0, 0, _OneSequenceCache(), self.rope)
+            self.hidden = self._forward(layer, self.hidden)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -163,8 +168,12 @@ class Calibration:
         ``tensors`` (e.g. the layer as quantized)."""
         if self._last_input is None or index != self.next_layer - 1:
             raise RuntimeError(f"layer {index} was not the last one run with keep_input")
-        self.hidden = self.float_layer(index, tensors)(self._last_input, 0, 0, _OneSequenceCache(), self.rope)
+        self.hidden = self._forward(self.float_layer(index, tensors), self._last_input)
         self._last_input = None
+
+    def _forward(self, layer: DecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` past ``layer``, one window at a time (the probes add up over windows)."""
+        return torch.cat([layer(part, 0, 0, _OneSequenceCache(), self.rope) for part in hidden.split(self.window)])
 
     @torch.inference_mode()
     def head_stats(self, norm_weight: torch.Tensor, eps: float) -> ActivationStats:

@@ -70,6 +70,7 @@ class QuantizeJob:
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
+    calibration_window: int | None = None  # tokens per calibration sequence; None: all in one
     gptq: GptqSettings = GPTQ_SETTINGS  # how method gptq runs (damping, scales, act-order)
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
     # the model's name in the manifest (`checkpoint info`); default: the source folder's name, which
@@ -85,6 +86,9 @@ class QuantizeJob:
         if not 16 <= self.calibration_tokens <= calib.MAX_CALIBRATION_TOKENS:
             raise QwenTrayError(f"calibration tokens must be 16..{calib.MAX_CALIBRATION_TOKENS}, "
                                 f"got {self.calibration_tokens}")
+        if self.calibration_window is not None and not 16 <= self.calibration_window <= calib.MAX_CALIBRATION_TOKENS:
+            raise QwenTrayError(f"calibration window must be 16..{calib.MAX_CALIBRATION_TOKENS} tokens, "
+                                f"got {self.calibration_window}")
         if self.gptq.group_size != GROUP_SIZE:
             raise QwenTrayError(f"GPTQ group size must be {GROUP_SIZE} (the stored format's), got {self.gptq.group_size}")
         if not self.model.is_dir():
@@ -222,7 +226,7 @@ class _Run:
             tokenizer = Tokenizer.from_folder(self.job.model)
             ids = calib.calibration_ids(tokenizer, self.job.calibration, self.job.calibration_tokens,
                                         self.spec.vocab_size)
-            self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids))
+            self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids), self.job.calibration_window)
         while self.calibration.next_layer < index:
             i = self.calibration.next_layer
             if self.job.method == "gptq" and self.job.gptq.sequential:  # replay layer i as it was written

@@ -23,6 +23,7 @@ from app.formats.checkpoint import (
     write_atomic,
 )
 from app.quant import calibration as calib
+from app.quant.gptq import GptqSettings
 
 JOURNAL = ".quantize-journal.json"
 CALIBRATED_METHODS = ("calibrated", "awq", "gptq")  # need a calibration text run through the model
@@ -53,7 +54,9 @@ def fingerprint(job) -> dict:
     if job.method in CALIBRATED_METHODS:
         path = job.calibration or calib.default_calibration_file()
         fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
-    if job.method == "gptq":
+        if job.calibration_window is not None:  # (absent by default: older journals still resume)
+            fp["calibration_window"] = job.calibration_window
+    if job.method == "gptq" and job.gptq != GptqSettings():  # (absent by default: older journals still resume)
         fp["gptq"] = dataclasses.asdict(job.gptq)
     return fp
 
