@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from app.errors import QwenTrayError
 from app.formats import w3, w4
 from app.formats.checkpoint import MANIFEST, layer_file
 from app.formats.recipe import load_recipe
+from app.formats.spec import ModelSpec
 from app.formats.tensor import QuantizedTensor
+from app.quant.calibration import Calibration
 from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.resume import JOURNAL
@@ -216,3 +219,23 @@ def test_sequential_gptq_calibrates_on_the_quantized_layers_and_resumes_to_the_s
         quantize_model(job, stop_after_first_layer)
     quantize_model(job)  # replays the written layer 0, dequantized, into layer 1's Hessians
     assert _digests(job.out) == _digests(full)
+
+
+def test_calibration_windows_each_read_from_position_zero(tiny_qwen_dir):
+    spec = ModelSpec.from_hf_folder(tiny_qwen_dir)
+    tensors = {n: t for n, t in load_file(str(tiny_qwen_dir / "model.safetensors")).items()
+               if n.startswith("model.layers.0.")}
+    hidden = torch.randn(96, spec.hidden_size, generator=torch.Generator().manual_seed(5))
+    windowed = Calibration(spec, hidden, window=32)
+    h_windowed = windowed.run_layer(0, tensors, "cpu").hessians["o"]
+    alone = [Calibration(spec, part) for part in hidden.split(32)]
+    h_alone = [c.run_layer(0, tensors, "cpu").hessians["o"] for c in alone]
+    assert torch.allclose(windowed.hidden, torch.cat([c.hidden for c in alone]), atol=1e-5)
+    assert torch.allclose(h_windowed, sum(h_alone) / 3, rtol=1e-4, atol=1e-6)  # equal windows: the mean
+    whole = Calibration(spec, hidden)
+    assert not torch.allclose(whole.run_layer(0, tensors, "cpu").hessians["o"], h_windowed, rtol=1e-3)
+
+
+def test_a_calibration_window_outside_its_range_is_named(tiny_qwen_dir, tmp_path):
+    with pytest.raises(QwenTrayError, match="calibration window must be 16..4096 tokens, got 8"):
+        QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "x", recipe=load_recipe("w4"), calibration_window=8)
