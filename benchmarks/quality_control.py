@@ -48,6 +48,32 @@ def fake_quantize(w: torch.Tensor, bits: int, group: int, method: str, importanc
     return (q * scales.float().unsqueeze(-1)).reshape(n, k)
 
 
+def dithered_folder(source: Path, out: Path, seed: int, block: int = 32) -> Path:
+    """A copy of ``source`` whose decoder-layer weights are moved off their 4-bit grid.
+
+    S was dequantized from Q4_1: every 32-wide block of a row holds at most 16 levels
+    ``min + d * k`` with ``d = (max - min) / 15``. Adding noise uniform in ``[-d/2, d/2)`` spreads
+    each weight over its rounding cell -- the error Q4_1 made, in reverse -- so the weights are
+    continuous again, as an original float model's would be, at the same scale as S's.
+    """
+    weights = load_file(str(source / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    result = dict(weights)
+    for name, w in weights.items():
+        if ".layers." not in name or w.dim() != 2 or w.shape[1] % block:
+            continue
+        blocks = w.float().reshape(-1, block)
+        step = (blocks.amax(1, keepdim=True) - blocks.amin(1, keepdim=True)) / 15
+        noise = (torch.rand(blocks.shape, generator=generator) - 0.5) * step
+        result[name] = (blocks + noise).reshape(w.shape).to(w.dtype)
+    out.mkdir(parents=True)
+    save_file({n: t.contiguous() for n, t in result.items()}, str(out / "model.safetensors"))
+    for path in source.iterdir():
+        if path.suffix == ".json":
+            shutil.copy(path, out / path.name)
+    return out
+
+
 def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: int = 32,
                    calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS, gptq: GptqSettings = GptqSettings(),
                    calibration: Path | None = None, window: int | None = None) -> Path:
