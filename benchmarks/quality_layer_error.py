@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               "relative_output_error": errors, "seconds": round(time.time() - started, 1)}
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for label, per_text in errors.items():
-        print(f"{label:22} " + "  ".join(f"{t}: " + " ".join(f"{k} {v:.4f}" for k, v in kinds.items())
+        print(f"{label:22} " + "  ".join(f"{t}: " + " ".join(f"{k} {v:.4f}" for k, v in kinds.items() if v is not None)
                                            for t, kinds in per_text.items()), file=sys.stderr)
     return 0
 
