@@ -226,12 +226,12 @@ def test_calibration_windows_each_read_from_position_zero(tiny_qwen_dir):
     tensors = {n: t for n, t in load_file(str(tiny_qwen_dir / "model.safetensors")).items()
                if n.startswith("model.layers.0.")}
     hidden = torch.randn(96, spec.hidden_size, generator=torch.Generator().manual_seed(5))
-    windowed = Calibration(spec, hidden, window=32)
+    windowed = Calibration(spec, hidden, window=40)  # windows of 40, 40 and 16 tokens
     h_windowed = windowed.run_layer(0, tensors, "cpu").hessians["o"]
-    alone = [Calibration(spec, part) for part in hidden.split(32)]
-    h_alone = [c.run_layer(0, tensors, "cpu").hessians["o"] for c in alone]
+    alone = [Calibration(spec, part) for part in hidden.split(40)]
+    h_alone = [c.run_layer(0, tensors, "cpu").hessians["o"] * len(c.hidden) for c in alone]
     assert torch.allclose(windowed.hidden, torch.cat([c.hidden for c in alone]), atol=1e-5)
-    assert torch.allclose(h_windowed, sum(h_alone) / 3, rtol=1e-4, atol=1e-6)  # equal windows: the mean
+    assert torch.allclose(h_windowed, sum(h_alone) / 96, rtol=1e-4, atol=1e-6)  # token-weighted mean
     whole = Calibration(spec, hidden)
     assert not torch.allclose(whole.run_layer(0, tensors, "cpu").hessians["o"], h_windowed, rtol=1e-3)
 

@@ -173,7 +173,9 @@ class Calibration:
 
     def _forward(self, layer: DecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` past ``layer``, one window at a time (the probes add up over windows)."""
-        return torch.cat([layer(part, 0, 0, _OneSequenceCache(), self.rope) for part in hidden.split(self.window)])
+        cos, sin = self.rope
+        return torch.cat([layer(part, 0, 0, _OneSequenceCache(), (cos[:len(part)], sin[:len(part)]))
+                          for part in hidden.split(self.window)])
 
     @torch.inference_mode()
     def head_stats(self, norm_weight: torch.Tensor, eps: float) -> ActivationStats:
