@@ -18,6 +18,7 @@ from app.errors import QwenTrayError
 from app.hub.job import GotModel, fit_of, quantize_into
 from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.model_folders import model_folder_lock
+from app.quant.cli import DEFAULT_METHOD
 from app.model_import import check_free_name, register_model
 from app.paths import models_dir
 from app.quant.resume import JOURNAL
@@ -30,7 +31,7 @@ class ImportGgufJob:
     gguf: Path
     name: str
     recipe: str | None = "w4"  # None: keep the float16 folder
-    method: str = "calibrated"
+    method: str = DEFAULT_METHOD
     make_default: bool = False
     device: str | None = None
     machine: Machine | None = None

@@ -27,6 +27,7 @@ from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
 from app.model_folders import model_folder_lock
+from app.quant.cli import DEFAULT_METHOD
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
 from app.settings.store import SettingsStore
@@ -101,7 +102,7 @@ class GetModelJob:
     entry: CatalogEntry
     source: str = "hf"
     recipe: str | None = None  # default: the entry's
-    method: str = "calibrated"
+    method: str = DEFAULT_METHOD
     keep_source: bool = False
     make_default: bool = False
     endpoint: str | None = None  # a mirror of the hub, or another ModelScope endpoint

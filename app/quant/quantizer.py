@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.quant import calibration as calib
+from app.quant.cli import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.search import quantize
@@ -53,8 +54,11 @@ METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 TABLE_CHUNK_ELEMENTS = 1 << 22
 
 Progress = Callable[[str, int, int], None]
-# GPTQ as `--method gptq` runs it (docs/results/quality.md compares the variants).
-GPTQ_SETTINGS = GptqSettings()
+# GPTQ as `--method gptq` runs it: damping 0.1, act-order with static groups, Hessians through the
+# quantized layers, calibration in windows of 512 -- each measured better on held-out text than
+# GptqSettings()'s plain algorithm (docs/results/gptq_study.md).
+GPTQ_SETTINGS = GptqSettings(damp=0.1, static=True, act_order=True, sequential=True)
+GPTQ_CALIBRATION_WINDOW = 512
 
 
 @dataclass
@@ -64,13 +68,15 @@ class QuantizeJob:
     model: Path
     out: Path
     recipe: Recipe
-    # rtn | search (data-free clipping search) | calibrated (search weighted by calibration
-    # activations) | awq (calibrated + AWQ column scaling) | gptq (error-compensating, app/quant/gptq.py)
-    method: str = "calibrated"
+    # gptq (error-compensating, app/quant/gptq.py) | calibrated (clipping search weighted by calibration
+    # activations) | awq (calibrated + AWQ column scaling) | search (data-free clipping search) | rtn
+    method: str = DEFAULT_METHOD
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
-    calibration_window: int | None = None  # tokens per calibration sequence; None: all in one
+    # tokens per calibration sequence, each from position 0; None: the method's own (gptq: windows of
+    # GPTQ_CALIBRATION_WINDOW; calibrated/awq: all tokens in one sequence, docs/results/gptq_study.md)
+    calibration_window: int | None = None
     gptq: GptqSettings = GPTQ_SETTINGS  # how method gptq runs (damping, scales, act-order)
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
     # the model's name in the manifest (`checkpoint info`); default: the source folder's name, which
@@ -89,6 +95,8 @@ class QuantizeJob:
         if self.calibration_window is not None and not 16 <= self.calibration_window <= calib.MAX_CALIBRATION_TOKENS:
             raise QwenTrayError(f"calibration window must be 16..{calib.MAX_CALIBRATION_TOKENS} tokens, "
                                 f"got {self.calibration_window}")
+        if self.calibration_window is None and self.method == "gptq":
+            self.calibration_window = GPTQ_CALIBRATION_WINDOW
         if self.gptq.group_size != GROUP_SIZE:
             raise QwenTrayError(f"GPTQ group size must be {GROUP_SIZE} (the stored format's), got {self.gptq.group_size}")
         if not self.model.is_dir():
@@ -210,7 +218,7 @@ class _Run:
         for name in list(tensors):
             _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, importance.get(name))
         if sequential:  # the next layer's Hessians see this layer as it was quantized
-            self.calibration.redo_layer(index, _as_float(out.stored, names, self.shapes))
+            self.calibration.redo_layer(index, _AsWritten(out.stored, names, self.shapes))
         return out
 
     def _solver(self, hessian: torch.Tensor, name: str) -> GptqSolver:
@@ -231,7 +239,7 @@ class _Run:
             i = self.calibration.next_layer
             if self.job.method == "gptq" and self.job.gptq.sequential:  # replay layer i as it was written
                 written = load_file(str(self.job.out / layer_file(i)))
-                self.calibration.run_layer(i, _as_float(written, self.layer_names(i), self.shapes))
+                self.calibration.run_layer(i, _AsWritten(written, self.layer_names(i), self.shapes))
             else:
                 self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
         return self.calibration
@@ -327,17 +335,29 @@ def _quantize_weight(name: str, w: torch.Tensor, bits: int, job: QuantizeJob,
     return quantize(wf, bits, name=name, method=method, importance=importance, device=device)
 
 
-def _as_float(stored: dict[str, torch.Tensor], names: list[str],
-              shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The HF tensors ``names`` as written (fp16 as is; quantized ones dequantized, K padding cut), fp32."""
-    out = {}
-    for name in names:
-        if name in stored:
-            out[name] = stored[name].float()
-        else:
-            module = name.removesuffix(".weight")
-            out[name] = QuantizedTensor.from_state_dict(module, stored).dequantize()[:, :shapes[name][1]]
-    return out
+class _AsWritten(Mapping):
+    """A layer's HF tensors as written (fp16 ones as is, quantized ones dequantized with the K padding
+    cut), each made when read: building a float layer from it holds one dequantized tensor at a time."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], names: list[str], shapes: dict[str, tuple[int, ...]]):
+        self.stored, self.names, self.shapes = stored, names, shapes
+
+    def __contains__(self, name: object) -> bool:  # without dequantizing (Mapping's would read the item)
+        return name in self.names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        if name in self.stored:
+            return self.stored[name]
+        module = name.removesuffix(".weight")
+        return QuantizedTensor.from_state_dict(module, self.stored).dequantize()[:, :self.shapes[name][1]]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
