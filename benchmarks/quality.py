@@ -37,7 +37,7 @@ from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibratio
 from app.formats.checkpoint import read_manifest
 from app.quant.gptq import GptqSettings
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
-from app.quant.quantizer import GPTQ_SETTINGS, QuantizeJob, quantize_model
+from app.quant.quantizer import GPTQ_CALIBRATION_WINDOW, GPTQ_SETTINGS, QuantizeJob, quantize_model
 from app.quant import sensitivity
 from app.formats.recipe import BUILTIN_RECIPES, Recipe, load_recipe
 from benchmarks import quality_control, quality_llamacpp
@@ -92,18 +92,23 @@ class Calibrate:
     tokens: int = DEFAULT_CALIBRATION_TOKENS
     gptq: GptqSettings = GPTQ_SETTINGS
     text: Path | None = None  # None: the shipped calibration text
-    window: int | None = None  # tokens per calibration sequence; None: all in one
+    window: int | None = None  # tokens per calibration sequence; None: the method's own, 0: all in one
 
     def suffix(self, method: str) -> str:
-        """What a row's label adds when it departs from the product's settings ("" when it does not)."""
+        """What a row's label adds: where it departs from the plain algorithm (``GptqSettings()``, the
+        shipped text's first tokens in one sequence), so a label means the same whatever the product's
+        defaults are ("" for a plain row)."""
+        if method in ("rtn", "search"):
+            return ""
         parts = [f"{k}={v}" for k, v in asdict(self.gptq).items()
-                 if method == "gptq" and v != getattr(GPTQ_SETTINGS, k)]
-        if self.text is not None and method not in ("rtn", "search"):
+                 if method == "gptq" and v != getattr(GptqSettings(), k)]
+        if self.text is not None:
             parts.append(f"calibration {self.text.name}")
-        if self.tokens != DEFAULT_CALIBRATION_TOKENS and method not in ("rtn", "search"):
+        if self.tokens != DEFAULT_CALIBRATION_TOKENS:
             parts.append(f"calibration {self.tokens} tokens")
-        if self.window is not None and method not in ("rtn", "search"):
-            parts.append(f"calibration windows of {self.window}")
+        window = self.window if self.window is not None else GPTQ_CALIBRATION_WINDOW if method == "gptq" else 0
+        if window:
+            parts.append(f"calibration windows of {window}")
         return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -248,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                    "shipped one; benchmarks/data/calibration_balanced.txt is its language-balanced cut for SmolLM2)")
     p.add_argument("--calibration-tokens", type=int, default=DEFAULT_CALIBRATION_TOKENS,
                    help=f"calibration tokens of the calibrated methods (default {DEFAULT_CALIBRATION_TOKENS})")
-    p.add_argument("--calibration-window", type=int, help="tokens per calibration sequence, each from position 0 "
-                   "(default: all calibration tokens in one sequence)")
+    p.add_argument("--calibration-window", type=int, help="tokens per calibration sequence, each from position 0; "
+                   f"0: all in one (default: gptq {GPTQ_CALIBRATION_WINDOW}, the other methods 0)")
     p.add_argument("--dither", type=int, metavar="SEED", help="study a source without S's 4-bit grid: S's layer "
                    "weights plus uniform noise within each Q4_1 cell (llama.cpp rows still start from S)")
     p.add_argument("--gptq-damp", type=float, default=GPTQ_SETTINGS.damp, help="GPTQ: damping, share of mean diag(H)")

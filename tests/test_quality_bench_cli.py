@@ -47,10 +47,14 @@ def test_bad_gptq_settings_are_named_in_one_line(argv, message, tmp_path, capsys
 
 
 def test_rows_of_a_study_say_how_they_departed_from_the_product():
-    study = Calibrate(3229, GptqSettings(damp=0.1, static=True, act_order=True))
+    study = Calibrate(3229, GptqSettings(damp=0.1, static=True, act_order=True), window=0)
     assert study.suffix("gptq") == " (damp=0.1, static=True, act_order=True, calibration 3229 tokens)"
     assert study.suffix("calibrated") == " (calibration 3229 tokens)"
-    assert study.suffix("rtn") == "" and Calibrate().suffix("gptq") == ""
+    assert study.suffix("rtn") == "" and Calibrate().suffix("calibrated") == ""
+    # a label names the departures from the plain algorithm, so the product's gptq says what it runs
+    assert Calibrate().suffix("gptq") == (" (damp=0.1, static=True, act_order=True, sequential=True, "
+                                          "calibration windows of 512)")
+    assert Calibrate(gptq=GptqSettings(), window=0).suffix("gptq") == ""
     other_text = Calibrate(text=Path("benchmarks/data/calibration_balanced.txt"))
     assert other_text.suffix("awq") == " (calibration calibration_balanced.txt)"
 

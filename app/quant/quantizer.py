@@ -74,8 +74,8 @@ class QuantizeJob:
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
-    # tokens per calibration sequence, each from position 0; None: the method's own (gptq: windows of
-    # GPTQ_CALIBRATION_WINDOW; calibrated/awq: all tokens in one sequence, docs/results/gptq_study.md)
+    # tokens per calibration sequence, each from position 0; 0: all in one; None: the method's own (gptq:
+    # GPTQ_CALIBRATION_WINDOW; calibrated/awq: all in one, as measured in docs/results/gptq_study.md)
     calibration_window: int | None = None
     gptq: GptqSettings = GPTQ_SETTINGS  # how method gptq runs (damping, scales, act-order)
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
@@ -92,11 +92,11 @@ class QuantizeJob:
         if not 16 <= self.calibration_tokens <= calib.MAX_CALIBRATION_TOKENS:
             raise QwenTrayError(f"calibration tokens must be 16..{calib.MAX_CALIBRATION_TOKENS}, "
                                 f"got {self.calibration_tokens}")
-        if self.calibration_window is not None and not 16 <= self.calibration_window <= calib.MAX_CALIBRATION_TOKENS:
-            raise QwenTrayError(f"calibration window must be 16..{calib.MAX_CALIBRATION_TOKENS} tokens, "
-                                f"got {self.calibration_window}")
-        if self.calibration_window is None and self.method == "gptq":
-            self.calibration_window = GPTQ_CALIBRATION_WINDOW
+        if self.calibration_window is None:
+            self.calibration_window = GPTQ_CALIBRATION_WINDOW if self.method == "gptq" else 0
+        if self.calibration_window and not 16 <= self.calibration_window <= calib.MAX_CALIBRATION_TOKENS:
+            raise QwenTrayError(f"calibration window must be 0 (one sequence) or 16..{calib.MAX_CALIBRATION_TOKENS} "
+                                f"tokens, got {self.calibration_window}")
         if self.gptq.group_size != GROUP_SIZE:
             raise QwenTrayError(f"GPTQ group size must be {GROUP_SIZE} (the stored format's), got {self.gptq.group_size}")
         if not self.model.is_dir():

@@ -54,7 +54,7 @@ def fingerprint(job) -> dict:
     if job.method in CALIBRATED_METHODS:
         path = job.calibration or calib.default_calibration_file()
         fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
-        if job.calibration_window is not None:  # (absent by default: older journals still resume)
+        if job.calibration_window:  # (absent for one sequence: older journals still resume)
             fp["calibration_window"] = job.calibration_window
     if job.method == "gptq" and job.gptq != GptqSettings():  # (absent by default: older journals still resume)
         fp["gptq"] = dataclasses.asdict(job.gptq)
