@@ -37,7 +37,7 @@ def test_a_study_of_calibration_settings_is_a_split_run_too(argv, tmp_path, caps
 
 
 @pytest.mark.parametrize("argv, message", [(["--gptq-damp", "0"], "damp must be in (0, 1], got 0.0"),
-                                           (["--gptq-act-order"], "act_order needs static scales")])
+                                           (["--no-gptq-static"], "act_order needs static scales")])
 def test_bad_gptq_settings_are_named_in_one_line(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--partial", str(tmp_path / "p.json")])
@@ -52,7 +52,7 @@ def test_rows_of_a_study_say_how_they_departed_from_the_product():
     assert study.suffix("calibrated") == " (calibration 3229 tokens)"
     assert study.suffix("rtn") == "" and Calibrate().suffix("calibrated") == ""
     # a label names the departures from the plain algorithm, so the product's gptq says what it runs
-    assert Calibrate().suffix("gptq") == (" (damp=0.1, static=True, act_order=True, sequential=True, "
+    assert Calibrate().suffix("gptq") == (" (damp=0.1, static=True, act_order=True, "
                                           "calibration windows of 512)")
     assert Calibrate(gptq=GptqSettings(), window=0).suffix("gptq") == ""
     other_text = Calibrate(text=Path("benchmarks/data/calibration_balanced.txt"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from pathlib import Path
 
@@ -199,11 +201,12 @@ def test_damping_outside_zero_to_one_is_refused(damp):
 
 def test_sequential_gptq_calibrates_on_the_quantized_layers_and_resumes_to_the_same_checkpoint(tiny_qwen_dir, tmp_path):
     recipe = load_recipe("mixed")
-    sequential = GptqSettings(sequential=True)
+    on_float_layers = GptqSettings()
+    sequential = dataclasses.replace(on_float_layers, sequential=True)
     full = tmp_path / "full"
     quantize_model(QuantizeJob(model=tiny_qwen_dir, out=full, recipe=recipe, method="gptq", gptq=sequential))
     on_float = tmp_path / "float"
-    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=on_float, recipe=recipe, method="gptq"))
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=on_float, recipe=recipe, method="gptq", gptq=on_float_layers))
     assert (full / layer_file(0)).read_bytes() == (on_float / layer_file(0)).read_bytes()  # same inputs
     assert (full / layer_file(1)).read_bytes() != (on_float / layer_file(1)).read_bytes()  # quantized layer 0's
 
