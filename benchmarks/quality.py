@@ -106,10 +106,15 @@ class Calibrate:
             parts.append(f"calibration {self.text.name}")
         if self.tokens != DEFAULT_CALIBRATION_TOKENS:
             parts.append(f"calibration {self.tokens} tokens")
-        window = self.window if self.window is not None else GPTQ_CALIBRATION_WINDOW if method == "gptq" else 0
-        if window:
-            parts.append(f"calibration windows of {window}")
+        if self.window_of(method):
+            parts.append(f"calibration windows of {self.window_of(method)}")
         return f" ({', '.join(parts)})" if parts else ""
+
+    def window_of(self, method: str) -> int:
+        """Tokens per calibration sequence for ``method`` (0: all in one), as QuantizeJob resolves None."""
+        if self.window is not None:
+            return self.window
+        return GPTQ_CALIBRATION_WINDOW if method == "gptq" else 0
 
 
 def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None,
@@ -145,7 +150,8 @@ def control(source: Path, method: str, work: Path, tokens: int | None, calibrate
     label = f"all 4-bit, 32-wide groups, {method}{calibrate.suffix(method)}"
     started = time.perf_counter()
     out = quality_control.control_folder(source, work / f"control-{method}", method, calibration_tokens=calibrate.tokens,
-                                         gptq=calibrate.gptq, calibration=calibrate.text, window=calibrate.window)
+                                         gptq=calibrate.gptq, calibration=calibrate.text,
+                                         window=calibrate.window_of(method))
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
     return Result("control", label, {"linear": 4.5, "tables": 4.5, "overall": 4.5}, ppl, counts, seconds)

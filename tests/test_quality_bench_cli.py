@@ -55,6 +55,9 @@ def test_rows_of_a_study_say_how_they_departed_from_the_product():
     assert Calibrate().suffix("gptq") == (" (damp=0.1, static=True, act_order=True, "
                                           "calibration windows of 512)")
     assert Calibrate(gptq=GptqSettings(), window=0).suffix("gptq") == ""
+    # the control calibrates in the windows its label names
+    assert Calibrate().window_of("gptq") == 512 and Calibrate().window_of("calibrated") == 0
+    assert Calibrate(window=0).window_of("gptq") == 0
     other_text = Calibrate(text=Path("benchmarks/data/calibration_balanced.txt"))
     assert other_text.suffix("awq") == " (calibration calibration_balanced.txt)"
 

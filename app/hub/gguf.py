@@ -18,9 +18,9 @@ from app.errors import QwenTrayError
 from app.hub.job import GotModel, fit_of, quantize_into
 from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.model_folders import model_folder_lock
-from app.quant.cli import DEFAULT_METHOD
 from app.model_import import check_free_name, register_model
 from app.paths import models_dir
+from app.quant.cli import DEFAULT_METHOD
 from app.quant.resume import JOURNAL
 from app.settings.models import check_model_name
 from app.settings.store import SettingsStore
