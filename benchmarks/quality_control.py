@@ -10,6 +10,7 @@ one grid; beside our 128-wide checkpoints it shows what the group width costs.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -31,11 +32,11 @@ def _dequantized(q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Ten
 
 
 def fake_quantize(w: torch.Tensor, bits: int, group: int, method: str, importance: torch.Tensor | None,
-                  hessian: torch.Tensor | None, name: str) -> torch.Tensor:
+                  hessian: torch.Tensor | None, name: str, gptq: GptqSettings = GptqSettings()) -> torch.Tensor:
     """W [N, K] -> its quantize-dequantize under ``method`` with ``group``-wide fp16-scaled groups."""
     w = w.float()
     if method == "gptq" and hessian is not None:
-        solver = GptqSolver(hessian, GptqSettings(group_size=group), name=name)
+        solver = GptqSolver(hessian, dataclasses.replace(gptq, group_size=group), name=name)
         q, scales = solver.quantize_int(w, bits, name=name)
         return _dequantized(q, scales, group)
     how = "rtn" if method == "rtn" else "search"
@@ -47,14 +48,43 @@ def fake_quantize(w: torch.Tensor, bits: int, group: int, method: str, importanc
     return (q * scales.float().unsqueeze(-1)).reshape(n, k)
 
 
+def dithered_folder(source: Path, out: Path, seed: int, block: int = 32) -> Path:
+    """A copy of ``source`` whose decoder-layer weights are moved off their 4-bit grid.
+
+    S was dequantized from Q4_1: every 32-wide block of a row holds at most 16 levels
+    ``min + d * k`` with ``d = (max - min) / 15``. Adding noise uniform in ``[-d/2, d/2)`` spreads
+    each weight over its rounding cell -- the error Q4_1 made, in reverse -- so the weights are
+    continuous again, as an original float model's would be, at the same scale as S's.
+    """
+    weights = load_file(str(source / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    result = dict(weights)
+    for name, w in weights.items():
+        if ".layers." not in name or w.dim() != 2 or w.shape[1] % block:
+            continue
+        blocks = w.float().reshape(-1, block)
+        step = (blocks.amax(1, keepdim=True) - blocks.amin(1, keepdim=True)) / 15
+        noise = (torch.rand(blocks.shape, generator=generator) - 0.5) * step
+        result[name] = (blocks + noise).reshape(w.shape).to(w.dtype)
+    out.mkdir(parents=True)
+    save_file({n: t.contiguous() for n, t in result.items()}, str(out / "model.safetensors"))
+    for path in source.iterdir():
+        if path.suffix == ".json":
+            shutil.copy(path, out / path.name)
+    return out
+
+
 def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: int = 32,
-                   calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS) -> Path:
+                   calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS, gptq: GptqSettings = GptqSettings(),
+                   calibration: Path | None = None, window: int | None = None) -> Path:
     """Fake-quantize every 2-D weight of the HF folder ``source`` into a new HF folder ``out``."""
+    if gptq.sequential:
+        raise ValueError("the control calibrates on the float model only (no sequential GPTQ)")
     spec = ModelSpec.from_hf_folder(source)
     weights = load_file(str(source / "model.safetensors"))
     tokenizer = Tokenizer.from_folder(source)
-    ids = calib.calibration_ids(tokenizer, None, calibration_tokens, spec.vocab_size)
-    calibration = calib.Calibration(spec, weights["model.embed_tokens.weight"][torch.tensor(ids)].float())
+    ids = calib.calibration_ids(tokenizer, calibration, calibration_tokens, spec.vocab_size)
+    calibration = calib.Calibration(spec, weights["model.embed_tokens.weight"][torch.tensor(ids)].float(), window)
     result = dict(weights)
     for i in range(spec.num_layers):
         prefix = f"model.layers.{i}."
@@ -64,7 +94,7 @@ def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: i
             for module in modules:
                 name = f"{prefix}{module}.weight"
                 result[name] = fake_quantize(tensors[name], bits, group, method, layer.stats[key].mean_sq,
-                                             layer.hessians.get(key), name).to(weights[name].dtype)
+                                             layer.hessians.get(key), name, gptq).to(weights[name].dtype)
     norm = weights["model.norm.weight"]
     head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
     head_importance = calibration.head_stats(norm, spec.rms_norm_eps).mean_sq
@@ -75,7 +105,7 @@ def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: i
             table_method = method if is_head or method != "gptq" else "calibrated"
             result[name] = fake_quantize(weights[name], bits, group, table_method,
                                          head_importance if is_head else None,
-                                         head_hessian if is_head else None, name).to(weights[name].dtype)
+                                         head_hessian if is_head else None, name, gptq).to(weights[name].dtype)
     out.mkdir(parents=True)
     save_file({n: t.contiguous() for n, t in result.items()}, str(out / "model.safetensors"))
     for path in source.iterdir():

@@ -68,3 +68,22 @@ def test_merging_a_merged_report_keeps_its_runs_and_commits(tmp_path):
 def test_parts_that_disagree_on_the_dense_model_are_refused():
     with pytest.raises(SystemExit, match="disagree"):
         merge([_part("a", [_row("dense", "S (fp16)", 20.0, 16)]), _part("b", [_row("dense", "S (fp16)", 21.0, 16)])])
+    # the same model scored with another thread split: equal to 4 decimals, so the runs are comparable
+    merged = merge([_part("a", [_row("dense", "S (fp16)", 19.6086304, 16)]),
+                    _part("b", [_row("dense", "S (fp16)", 19.6086286, 16)])])
+    assert [r["family"] for r in merged["results"]] == ["dense"]
+
+
+def test_a_study_renders_its_table_without_the_targets_or_the_notes(tmp_path):
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(_part("aaa", ROWS[:3])), encoding="utf-8")
+    out = tmp_path / "study.json"
+    assert main(["--merge", str(out), "--study", "--note", "1024 tokens", str(path)]) == 0
+    text = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert text.startswith("# Quantization settings study: m") and "**1024 tokens**" in text
+    assert "| ours | w4 gptq |" in text and "## Targets" not in text and "## How this was measured" not in text
+
+
+def test_help_prints_the_usage_instead_of_reading_a_file_named_help(capsys):
+    assert main(["--help"]) == 0
+    assert "--merge OUT.json" in capsys.readouterr().out

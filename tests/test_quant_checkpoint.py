@@ -41,7 +41,7 @@ def reference_folder(checkpoint: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory, tiny_qwen_dir) -> Path:
-    """tiny Qwen2 (hidden 64, intermediate 160: every K padded) under `mixed`, default (calibrated) method."""
+    """tiny Qwen2 (hidden 64, intermediate 160: every K padded) under `mixed`, the default method (gptq)."""
     out = tmp_path_factory.mktemp("ckpt") / "tiny-mixed"
     quantize_model(QuantizeJob(model=tiny_qwen_dir, out=out, recipe=load_recipe("mixed")))
     return out
@@ -61,7 +61,7 @@ def test_layout_manifest_and_side_files(tiny_checkpoint, tiny_qwen_dir):
     m = read_manifest(tiny_checkpoint)
     raw = json.loads((tiny_checkpoint / MANIFEST).read_text())
     assert raw["format_version"] == 1 and raw["spec"]["hidden_size"] == 64 and raw["recipe"]["name"] == "mixed"
-    assert m.spec.num_layers == 2 and m.method == "calibrated"
+    assert m.spec.num_layers == 2 and m.method == "gptq"
     q = m.tensors["model.layers.1.self_attn.q_proj.weight"]
     assert (q.file, q.format, q.shape, q.stored_k) == ("layer_001.safetensors", "w4", (64, 64), 128)
     down = m.tensors["model.layers.0.mlp.down_proj.weight"]
@@ -214,7 +214,7 @@ def test_checkpoint_info(cli, tiny_checkpoint):
     proc = cli("checkpoint", "info", str(tiny_checkpoint), "--verify")
     assert proc.returncode == 0, proc.stderr
     m = read_manifest(tiny_checkpoint)
-    for text in ("Qwen2ForCausalLM", "2 layers", "hidden 64", "mixed", "calibrated", "verified",
+    for text in ("Qwen2ForCausalLM", "2 layers", "hidden 64", "mixed", "gptq", "verified",
                  f"{m.bits_per_weight:.3f} over", f"{m.total_bytes:,} bytes"):
         assert text in proc.stdout, text
 

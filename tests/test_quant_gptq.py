@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from app.errors import QwenTrayError
 from app.formats import w3, w4
 from app.formats.checkpoint import MANIFEST, layer_file
 from app.formats.recipe import load_recipe
+from app.formats.spec import ModelSpec
 from app.formats.tensor import QuantizedTensor
+from app.quant.calibration import Calibration
 from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.resume import JOURNAL
@@ -158,3 +163,82 @@ def test_gptq_on_cuda_matches_cpu(layer):
         assert all(t.device.type == "cpu" for t in gpu.tensors.values())  # results come back to w's device
         # the same algorithm in another summation order: nearly every integer agrees and the error is as low
         assert abs(_output_error(fresh, w, gpu) - _output_error(fresh, w, cpu)) < 0.01
+
+
+def test_the_jobs_gptq_settings_reach_the_solver_and_the_resume_fingerprint(tiny_qwen_dir, tmp_path):
+    recipe = load_recipe("w4")
+    default = quantize_model(QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "default", recipe=recipe, method="gptq"))
+    heavy = QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "heavy", recipe=recipe, method="gptq",
+                        gptq=GptqSettings(damp=1.0))
+    assert default.files[layer_file(0)] != quantize_model(heavy).files[layer_file(0)]  # other damping, other weights
+
+    class Interrupted(Exception):
+        pass
+
+    def stop(stage: str, done: int, total: int) -> None:
+        if done == 1:
+            raise Interrupted
+
+    half = tmp_path / "half"
+    with pytest.raises(Interrupted):
+        quantize_model(QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq"), stop)
+    other = QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq", gptq=GptqSettings(damp=0.1))
+    with pytest.raises(QwenTrayError, match="another model, recipe or method"):
+        quantize_model(other)  # a resume with other GPTQ settings must not mix their layers
+
+
+def test_a_job_refuses_gptq_groups_the_format_cannot_store(tiny_qwen_dir, tmp_path):
+    with pytest.raises(QwenTrayError, match="GPTQ group size must be 128"):
+        QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "x", recipe=load_recipe("w4"), method="gptq",
+                    gptq=GptqSettings(group_size=32))
+
+
+@pytest.mark.parametrize("damp", [0.0, -0.1, 1.5, float("nan")])
+def test_damping_outside_zero_to_one_is_refused(damp):
+    with pytest.raises(ValueError, match="damp must be in"):
+        GptqSettings(damp=damp)
+
+
+def test_sequential_gptq_calibrates_on_the_quantized_layers_and_resumes_to_the_same_checkpoint(tiny_qwen_dir, tmp_path):
+    recipe = load_recipe("mixed")
+    on_float_layers = GptqSettings()
+    sequential = dataclasses.replace(on_float_layers, sequential=True)
+    full = tmp_path / "full"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=full, recipe=recipe, method="gptq", gptq=sequential))
+    on_float = tmp_path / "float"
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=on_float, recipe=recipe, method="gptq", gptq=on_float_layers))
+    assert (full / layer_file(0)).read_bytes() == (on_float / layer_file(0)).read_bytes()  # same inputs
+    assert (full / layer_file(1)).read_bytes() != (on_float / layer_file(1)).read_bytes()  # quantized layer 0's
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_first_layer(stage: str, done: int, total: int) -> None:
+        if done == 1:
+            raise Interrupted
+
+    job = QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "resumed", recipe=recipe, method="gptq", gptq=sequential)
+    with pytest.raises(Interrupted):
+        quantize_model(job, stop_after_first_layer)
+    quantize_model(job)  # replays the written layer 0, dequantized, into layer 1's Hessians
+    assert _digests(job.out) == _digests(full)
+
+
+def test_calibration_windows_each_read_from_position_zero(tiny_qwen_dir):
+    spec = ModelSpec.from_hf_folder(tiny_qwen_dir)
+    tensors = {n: t for n, t in load_file(str(tiny_qwen_dir / "model.safetensors")).items()
+               if n.startswith("model.layers.0.")}
+    hidden = torch.randn(96, spec.hidden_size, generator=torch.Generator().manual_seed(5))
+    windowed = Calibration(spec, hidden, window=40)  # windows of 40, 40 and 16 tokens
+    h_windowed = windowed.run_layer(0, tensors, "cpu").hessians["o"]
+    alone = [Calibration(spec, part) for part in hidden.split(40)]
+    h_alone = [c.run_layer(0, tensors, "cpu").hessians["o"] * len(c.hidden) for c in alone]
+    assert torch.allclose(windowed.hidden, torch.cat([c.hidden for c in alone]), atol=1e-5)
+    assert torch.allclose(h_windowed, sum(h_alone) / 96, rtol=1e-4, atol=1e-6)  # token-weighted mean
+    whole = Calibration(spec, hidden)
+    assert not torch.allclose(whole.run_layer(0, tensors, "cpu").hessians["o"], h_windowed, rtol=1e-3)
+
+
+def test_a_calibration_window_outside_its_range_is_named(tiny_qwen_dir, tmp_path):
+    with pytest.raises(QwenTrayError, match=r"calibration window must be 0 \(one sequence\) or 16..4096 tokens, got 8"):
+        QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "x", recipe=load_recipe("w4"), calibration_window=8)

@@ -20,6 +20,7 @@ from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Re
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import models_dir
+from app.quant.cli import DEFAULT_METHOD
 from app.quant.resume import JOURNAL
 from app.settings.models import check_model_name
 from app.settings.store import SettingsStore
@@ -30,7 +31,7 @@ class ImportGgufJob:
     gguf: Path
     name: str
     recipe: str | None = "w4"  # None: keep the float16 folder
-    method: str = "calibrated"
+    method: str = DEFAULT_METHOD
     make_default: bool = False
     device: str | None = None
     machine: Machine | None = None

@@ -19,6 +19,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
+from app.formats.spec import ModelSpec
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
 from app.hub.download import STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete
@@ -29,6 +30,7 @@ from app.hub.sources import make_source
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
+from app.quant.cli import DEFAULT_METHOD
 from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ MiB = 1 << 20
 # Free VRAM the quantizer's clipping search needs on the GPU: the 7B `mixed` peaks at 1.1 GiB
 # (issue 31's H100 run); below this it runs on the CPU, beside whatever model the GPU holds.
 QUANTIZE_VRAM_BYTES = 1536 * MiB
+# gptq's VRAM beside its Hessians: a 271 MB fp32 down_proj chunk of the 7B and the search's buffers.
+GPTQ_WORK_VRAM_BYTES = 512 * MiB
 UNKNOWN_CHECKPOINT_FRACTION = 0.35  # an entry without [config]: a W4 checkpoint is ~30 % of bf16
 
 
@@ -48,14 +52,24 @@ class GotModel:
     fit: Fit | None = None  # where the tray would run it (None without a machine)
 
 
-def quantize_device() -> str:
-    """The GPU when PyTorch sees one with room for the quantizer's search, else the CPU."""
+def quantize_device(source: Path | None = None, method: str = DEFAULT_METHOD) -> str:
+    """The GPU when PyTorch sees one with room for quantizing ``source`` by ``method``, else the CPU."""
     import torch
 
     if not torch.cuda.is_available():
         return "cpu"
     free, _total = torch.cuda.mem_get_info()
-    return "cuda" if free >= QUANTIZE_VRAM_BYTES else "cpu"
+    return "cuda" if free >= quantize_vram_bytes(source, method) else "cpu"
+
+
+def quantize_vram_bytes(source: Path | None, method: str) -> int:
+    """Free VRAM the quantizer needs: the clipping search's, and for gptq one layer's fp32 Hessians
+    besides (q/k/v, o and gate/up of the hidden size, down_proj of the MLP's: 1.6 GB on the 7B)."""
+    if method != "gptq" or source is None:
+        return QUANTIZE_VRAM_BYTES
+    spec = ModelSpec.from_hf_folder(source)
+    hessians = 4 * (3 * spec.hidden_size ** 2 + spec.intermediate_size ** 2)
+    return max(QUANTIZE_VRAM_BYTES, hessians + GPTQ_WORK_VRAM_BYTES)
 
 
 def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str | None, report: Reporter,
@@ -67,7 +81,7 @@ def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str
     from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob, quantize_model
 
-    device = device or quantize_device()
+    device = device or quantize_device(source, method)
     meter = RateMeter(QUANTIZING, 0, "layer", report, cancel, folder=str(out))
 
     def progress(unit: str, done: int, total: int) -> None:
@@ -101,7 +115,7 @@ class GetModelJob:
     entry: CatalogEntry
     source: str = "hf"
     recipe: str | None = None  # default: the entry's
-    method: str = "calibrated"
+    method: str = DEFAULT_METHOD
     keep_source: bool = False
     make_default: bool = False
     endpoint: str | None = None  # a mirror of the hub, or another ModelScope endpoint

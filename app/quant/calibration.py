@@ -16,7 +16,9 @@ of qkv_proj, o_proj, gate_up_proj and down_proj (and, after the last layer, of t
   on the quantizer's device, for the error-compensating pass of :mod:`app.quant.gptq`.
 
 The hidden states move on through the *float* layer, so the statistics of layer i never
-depend on how earlier layers were quantized, and a resumed run recomputes them exactly.
+depend on how earlier layers were quantized, and a resumed run recomputes them exactly --
+unless GPTQ runs ``sequential``: then the quantizer moves them on through each layer as it
+was quantized (:meth:`Calibration.redo_layer`), and a resume replays the written layers.
 """
 
 from __future__ import annotations
@@ -112,13 +114,19 @@ class LayerCalibration:
 
 
 class Calibration:
-    """Hidden states [T, hidden] of the calibration tokens at the input of layer ``next_layer``."""
+    """Hidden states [T, hidden] of the calibration tokens at the input of layer ``next_layer``.
 
-    def __init__(self, spec: ModelSpec, hidden: torch.Tensor):
+    ``window``: the tokens are cut into sequences of this many, each attending from position 0
+    (as the held-out evaluation and llama.cpp's imatrix read text); None: one sequence.
+    """
+
+    def __init__(self, spec: ModelSpec, hidden: torch.Tensor, window: int | None = None):
         self.spec = spec
         self.hidden = hidden.float()
         self.next_layer = 0
-        self.rope = rope_tables(spec, hidden.shape[0])
+        self.window = window or hidden.shape[0]
+        self.rope = rope_tables(spec, min(self.window, hidden.shape[0]))
+        self._last_input: torch.Tensor | None = None  # kept by run_layer(keep_input=True)
 
     def float_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> DecoderLayer:
         """A float32 DecoderLayer holding layer ``index``'s HF tensors (q/k/v, gate/up fused)."""
@@ -133,24 +141,41 @@ class Calibration:
 
     @torch.inference_mode()
     def run_layer(self, index: int, tensors: dict[str, torch.Tensor],
-                  hessian_device: torch.device | str | None = None) -> LayerCalibration:
+                  hessian_device: torch.device | str | None = None, *, keep_input: bool = False) -> LayerCalibration:
         """Record layer ``index``'s input statistics (and Hessians on ``hessian_device`` when
-        given) and move the hidden states past it."""
+        given) and move the hidden states past it; ``keep_input`` lets :meth:`redo_layer` move
+        them past other weights of this layer instead."""
         if index != self.next_layer:
             raise RuntimeError(f"calibration is at layer {self.next_layer}, not {index}")
+        self._last_input = self.hidden if keep_input else None
         layer = self.float_layer(index, tensors)
         probes = {key: _StatsProbe() for key in _PROBES}
         hessians = {key: HessianProbe(hessian_device) for key in _PROBES} if hessian_device is not None else {}
         hooks = [layer.get_submodule(path).register_forward_pre_hook(probes[key]) for key, path in _PROBES.items()]
         hooks += [layer.get_submodule(_PROBES[key]).register_forward_pre_hook(probe) for key, probe in hessians.items()]
         try:
-            self.hidden = layer(self.hidden, 0, 0, _OneSequenceCache(), self.rope)
+            self.hidden = self._forward(layer, self.hidden)
         finally:
             for hook in hooks:
                 hook.remove()
         self.next_layer += 1
         return LayerCalibration({key: probe.stats(f"model.layers.{index}.{_PROBES[key]}") for key, probe in probes.items()},
                                 {key: probe.hessian() for key, probe in hessians.items()})
+
+    @torch.inference_mode()
+    def redo_layer(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Move the hidden states past layer ``index`` again, from its kept input, through
+        ``tensors`` (e.g. the layer as quantized)."""
+        if self._last_input is None or index != self.next_layer - 1:
+            raise RuntimeError(f"layer {index} was not the last one run with keep_input")
+        self.hidden = self._forward(self.float_layer(index, tensors), self._last_input)
+        self._last_input = None
+
+    def _forward(self, layer: DecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` past ``layer``, one window at a time (the probes add up over windows)."""
+        cos, sin = self.rope
+        return torch.cat([layer(part, 0, 0, _OneSequenceCache(), (cos[:len(part)], sin[:len(part)]))
+                          for part in hidden.split(self.window)])
 
     @torch.inference_mode()
     def head_stats(self, norm_weight: torch.Tensor, eps: float) -> ActivationStats:

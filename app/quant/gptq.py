@@ -45,12 +45,15 @@ class GptqSettings:
     """How GPTQ runs. ``damp``: share of the mean diagonal added to H (keeps H invertible when
     the calibration has fewer tokens than inputs). ``scales``: "search" (activation-weighted
     clipping search) or "rtn" per group. ``static``: scales from the original weights before
-    the pass (required by ``act_order``)."""
+    the pass (required by ``act_order``). ``sequential``: layer i's Hessians come from inputs
+    that passed through the already-quantized layers 0..i-1 (GPTQ's paper), not the float ones
+    (the quantizer's business; the solver does not read it)."""
 
     damp: float = 0.01
     scales: str = "search"
     static: bool = False
     act_order: bool = False
+    sequential: bool = False
     group_size: int = GROUP_SIZE  # only 128 packs into the formats; 32 is for quality studies
 
     def __post_init__(self) -> None:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from app.engine.lora import LoraAdapter
 from app.engine.tokenizer import Tokenizer
@@ -38,11 +39,12 @@ from app.formats.checkpoint import (
     write_manifest,
     write_tensor_file,
 )
-from app.formats.core import padded_k, row_chunks
+from app.formats.core import GROUP_SIZE, padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.quant import calibration as calib
+from app.quant.cli import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.search import quantize
@@ -52,8 +54,11 @@ METHODS = ("rtn", "search", *CALIBRATED_METHODS)
 TABLE_CHUNK_ELEMENTS = 1 << 22
 
 Progress = Callable[[str, int, int], None]
-# GPTQ as `--method gptq` runs it (docs/results/quality.md compares the variants).
-GPTQ_SETTINGS = GptqSettings()
+# GPTQ as `--method gptq` runs it: damping 0.1, act-order with static groups, calibration in windows
+# of 512. Dropping any one of them read worse on held-out text in `mixed`; Hessians through the
+# quantized layers (``sequential``) read worse in `w4` and `mixed` (docs/results/gptq_study.md).
+GPTQ_SETTINGS = GptqSettings(damp=0.1, static=True, act_order=True)
+GPTQ_CALIBRATION_WINDOW = 512
 
 
 @dataclass
@@ -63,12 +68,16 @@ class QuantizeJob:
     model: Path
     out: Path
     recipe: Recipe
-    # rtn | search (data-free clipping search) | calibrated (search weighted by calibration
-    # activations) | awq (calibrated + AWQ column scaling) | gptq (error-compensating, app/quant/gptq.py)
-    method: str = "calibrated"
+    # gptq (error-compensating, app/quant/gptq.py) | calibrated (clipping search weighted by calibration
+    # activations) | awq (calibrated + AWQ column scaling) | search (data-free clipping search) | rtn
+    method: str = DEFAULT_METHOD
     adapter: Path | None = None
     calibration: Path | None = None  # text file for calibrated/awq/gptq; default: app/resources/text/calibration.txt
     calibration_tokens: int = calib.DEFAULT_CALIBRATION_TOKENS
+    # tokens per calibration sequence, each from position 0; 0: all in one; None: the method's own (gptq:
+    # GPTQ_CALIBRATION_WINDOW; calibrated/awq: all in one, as measured in docs/results/gptq_study.md)
+    calibration_window: int | None = None
+    gptq: GptqSettings = GPTQ_SETTINGS  # how method gptq runs (damping, scales, act-order)
     device: str = "cpu"  # where the clipping search and GPTQ run ("cuda" is ~20x faster)
     # the model's name in the manifest (`checkpoint info`); default: the source folder's name, which
     # for a download or a GGUF import is a staging name (Qwen2.5-3B-Instruct.hf, .NAME.fp16)
@@ -83,6 +92,13 @@ class QuantizeJob:
         if not 16 <= self.calibration_tokens <= calib.MAX_CALIBRATION_TOKENS:
             raise QwenTrayError(f"calibration tokens must be 16..{calib.MAX_CALIBRATION_TOKENS}, "
                                 f"got {self.calibration_tokens}")
+        if self.calibration_window is None:
+            self.calibration_window = GPTQ_CALIBRATION_WINDOW if self.method == "gptq" else 0
+        if self.calibration_window and not 16 <= self.calibration_window <= calib.MAX_CALIBRATION_TOKENS:
+            raise QwenTrayError(f"calibration window must be 0 (one sequence) or 16..{calib.MAX_CALIBRATION_TOKENS} "
+                                f"tokens, got {self.calibration_window}")
+        if self.gptq.group_size != GROUP_SIZE:
+            raise QwenTrayError(f"GPTQ group size must be {GROUP_SIZE} (the stored format's), got {self.gptq.group_size}")
         if not self.model.is_dir():
             raise ModelLoadError(f"{self.model}: model folder not found")
         if self.out.resolve() == self.model.resolve():
@@ -183,7 +199,9 @@ class _Run:
             return out
         tensors = self.read(names)
         gptq = self.job.method == "gptq"
-        calibrated = self._calibrated(index).run_layer(index, tensors, self.job.device if gptq else None)
+        sequential = gptq and self.job.gptq.sequential
+        calibrated = self._calibrated(index).run_layer(index, tensors, self.job.device if gptq else None,
+                                                       keep_input=sequential)
         if self.job.method == "awq":
             importance = calib.apply_awq(index, tensors, calibrated.stats, self.job.recipe)
         else:
@@ -199,6 +217,8 @@ class _Run:
                 del solver
         for name in list(tensors):
             _store(out, name, tensors.pop(name), layer_file(index), self._bits(name), self.job, importance.get(name))
+        if sequential:  # the next layer's Hessians see this layer as it was quantized
+            self.calibration.redo_layer(index, _AsWritten(out.stored, names, self.shapes))
         return out
 
     def _solver(self, hessian: torch.Tensor, name: str) -> GptqSolver:
@@ -206,7 +226,7 @@ class _Run:
         pad = padded_k(hessian.shape[0]) - hessian.shape[0]
         if pad:
             hessian = F.pad(hessian, (0, pad, 0, pad))  # padded inputs are zero: dead channels
-        return GptqSolver(hessian, GPTQ_SETTINGS, name=name, device=self.job.device, overwrite=True)
+        return GptqSolver(hessian, self.job.gptq, name=name, device=self.job.device, overwrite=True)
 
     def _calibrated(self, index: int) -> calib.Calibration:
         """The calibration state at layer ``index`` (after a resume: replayed through float layers)."""
@@ -214,10 +234,14 @@ class _Run:
             tokenizer = Tokenizer.from_folder(self.job.model)
             ids = calib.calibration_ids(tokenizer, self.job.calibration, self.job.calibration_tokens,
                                         self.spec.vocab_size)
-            self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids))
+            self.calibration = calib.Calibration(self.spec, self._embedding_rows(ids), self.job.calibration_window)
         while self.calibration.next_layer < index:
             i = self.calibration.next_layer
-            self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
+            if self.job.method == "gptq" and self.job.gptq.sequential:  # replay layer i as it was written
+                written = load_file(str(self.job.out / layer_file(i)))
+                self.calibration.run_layer(i, _AsWritten(written, self.layer_names(i), self.shapes))
+            else:
+                self.calibration.run_layer(i, self.read(self.layer_names(i)))  # no Hessians: layer i is done
         return self.calibration
 
     def _embedding_rows(self, ids: list[int]) -> torch.Tensor:
@@ -309,6 +333,31 @@ def _quantize_weight(name: str, w: torch.Tensor, bits: int, job: QuantizeJob,
     method = "rtn" if job.method == "rtn" else "search"
     device = job.device if method == "search" else None
     return quantize(wf, bits, name=name, method=method, importance=importance, device=device)
+
+
+class _AsWritten(Mapping):
+    """A layer's HF tensors as written (fp16 ones as is, quantized ones dequantized with the K padding
+    cut), each made when read: building a float layer from it holds one dequantized tensor at a time."""
+
+    def __init__(self, stored: dict[str, torch.Tensor], names: list[str], shapes: dict[str, tuple[int, ...]]):
+        self.stored, self.names, self.shapes = stored, names, shapes
+
+    def __contains__(self, name: object) -> bool:  # without dequantizing (Mapping's would read the item)
+        return name in self.names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        if name in self.stored:
+            return self.stored[name]
+        module = name.removesuffix(".weight")
+        return QuantizedTensor.from_state_dict(module, self.stored).dequantize()[:, :self.shapes[name][1]]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:

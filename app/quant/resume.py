@@ -8,6 +8,7 @@ checksum still matches and redoes the rest; other settings on an unfinished fold
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -22,6 +23,7 @@ from app.formats.checkpoint import (
     write_atomic,
 )
 from app.quant import calibration as calib
+from app.quant.gptq import GptqSettings
 
 JOURNAL = ".quantize-journal.json"
 CALIBRATED_METHODS = ("calibrated", "awq", "gptq")  # need a calibration text run through the model
@@ -52,6 +54,10 @@ def fingerprint(job) -> dict:
     if job.method in CALIBRATED_METHODS:
         path = job.calibration or calib.default_calibration_file()
         fp["calibration"] = [_file_fingerprint(Path(path)), job.calibration_tokens]
+        if job.calibration_window:  # (absent for one sequence: older journals still resume)
+            fp["calibration_window"] = job.calibration_window
+    if job.method == "gptq" and job.gptq != GptqSettings():  # (absent by default: older journals still resume)
+        fp["gptq"] = dataclasses.asdict(job.gptq)
     return fp
 
 
