@@ -12,7 +12,7 @@ from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, check_model_name, register_model
 from app.model_removal import (KEPT_ASKED, KEPT_GGUF, KEPT_MISSING, KEPT_REMOTE, KEPT_SHARED, KEPT_USERS, Removal,
                                RemovalPlan, app_folder_to_delete, delete_app_folder, remove_model)
-from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
+from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 from app.settings.console import console_store
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore

@@ -8,7 +8,7 @@ import sys
 from app.errors import Interrupted, QwenTrayError
 from app.hub.errors import HubUnreachableError
 from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
-from app.quant.cli import DEFAULT_METHOD, METHOD_CHOICES
+from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 
 
 def register(models_sub) -> None:

@@ -20,7 +20,7 @@ from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Re
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import models_dir
-from app.quant.cli import DEFAULT_METHOD
+from app.quant.methods import DEFAULT_METHOD
 from app.quant.resume import JOURNAL
 from app.settings.models import check_model_name
 from app.settings.store import SettingsStore

@@ -30,7 +30,7 @@ from app.hub.sources import make_source
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
-from app.quant.cli import DEFAULT_METHOD
+from app.quant.methods import DEFAULT_METHOD
 from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)

@@ -8,13 +8,7 @@ import time
 from pathlib import Path
 
 from app.errors import Interrupted
-
-# Kept here (not imported from the quantizer) so `qwen-tray --help` does not import torch.
-# gptq is the default: with its settings (app.quant.quantizer.GPTQ_SETTINGS) it reads better than
-# calibrated on held-out text at 4 bits, in mixed and with 3-bit attention (docs/results/quality.md,
-# "The default method"; docs/results/gptq_study.md).
-METHOD_CHOICES = ("gptq", "calibrated", "search", "rtn", "awq")
-DEFAULT_METHOD = "gptq"
+from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 
 
 def register(sub) -> None:

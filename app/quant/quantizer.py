@@ -44,7 +44,7 @@ from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.quant import calibration as calib
-from app.quant.cli import DEFAULT_METHOD
+from app.quant.methods import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
 from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
 from app.quant.search import quantize
