@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         return proc.returncode
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(), "gpu": gpu,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip() or "unknown"
+    report = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(), "gpu": gpu,
               **vars(args), "out_dir": None, "layer_bytes_bf16": layer_bytes, "seconds": round(seconds, 1),
               "peak_rss_above_base": m["peak"] - m["base"], "peak_rss": m["peak"], "peak_vram_allocated": m["vram"]}
     print(json.dumps(report, indent=1))

@@ -388,3 +388,17 @@ def test_the_plan_is_what_the_quantizer_writes_when_k_is_padded(tiny_qwen_dir, t
         with safe_open(str(path), "pt") as f:
             stored += sum(f.get_tensor(k).nbytes for k in f.keys())  # noqa: SIM118 - safe_open is not a dict
     assert plan.total_bytes == stored
+
+
+def test_packing_a_tensor_taller_than_one_chunk_equals_packing_its_rows_alone():
+    # the packers widen to int64 a chunk of rows at a time (a 7B gate/up would need ~3 GB at once)
+    from app.formats.core import DEFAULT_CHUNK_ELEMENTS, pack_fields
+
+    n, k = 2 * DEFAULT_CHUNK_ELEMENTS // 640 + 3, 640
+    q4 = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    q3 = torch.randint(-4, 4, (n, k), dtype=torch.int8)
+    rows = [pack_fields(q4[i:i + 1].to(torch.int32) + 8, width=4) for i in (0, n // 2, n - 1)]
+    assert torch.equal(pack_w4(q4)[[0, n // 2, n - 1]], torch.cat(rows))
+    assert torch.equal(unpack_w4(pack_w4(q4)), q4) and torch.equal(unpack_w3(*pack_w3(q3)), q3)
+    low, high = pack_w3(q3)
+    assert torch.equal(low[-1:], pack_w3(q3[-1:])[0]) and torch.equal(high[:1], pack_w3(q3[:1])[1])

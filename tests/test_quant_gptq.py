@@ -18,7 +18,7 @@ from app.formats.recipe import load_recipe
 from app.formats.spec import ModelSpec
 from app.formats.tensor import QuantizedTensor
 from app.quant.calibration import Calibration
-from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize
+from app.quant.gptq import GptqSettings, GptqSolver, HessianProbe, gptq_quantize, permute_symmetric_
 from app.quant.quantizer import QuantizeJob, quantize_model
 from app.quant.resume import JOURNAL
 from app.quant.search import quantize
@@ -242,3 +242,13 @@ def test_calibration_windows_each_read_from_position_zero(tiny_qwen_dir):
 def test_a_calibration_window_outside_its_range_is_named(tiny_qwen_dir, tmp_path):
     with pytest.raises(QwenTrayError, match=r"calibration window must be 0 \(one sequence\) or 16..4096 tokens, got 8"):
         QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "x", recipe=load_recipe("w4"), calibration_window=8)
+
+
+@pytest.mark.parametrize("k", [1, 7, 129, 600])
+def test_act_order_permutes_the_hessian_in_place_exactly(k):
+    # in place so a 7B down_proj's 1.4 GiB Hessian is not copied twice; exact, any square matrix
+    h, perm = torch.randn(k, k), torch.randperm(k)
+    want = h[perm][:, perm]
+    got = h.clone()
+    assert permute_symmetric_(got, perm, block_rows=64) is got
+    assert torch.equal(got, want)

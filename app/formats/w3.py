@@ -41,8 +41,12 @@ def pack_w3(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"pack_w3: K={k} is not a multiple of 32")
     if q.numel() and (int(q.min()) < -4 or int(q.max()) > 3):
         raise ValueError("pack_w3: values outside [-4, 3]")
-    u = q.to(torch.int32) + OFFSET
-    return pack_fields(u & 0b11, width=2), pack_fields(u >> 2, width=1)
+    qlow = torch.empty((n, k // 16), dtype=torch.int32, device=q.device)
+    qhigh = torch.empty((n, k // 32), dtype=torch.int32, device=q.device)
+    for rows in row_chunks(n, k, DEFAULT_CHUNK_ELEMENTS):  # int64 temporaries of a chunk, not of all of q
+        u = q[rows].to(torch.int32) + OFFSET
+        qlow[rows], qhigh[rows] = pack_fields(u & 0b11, width=2), pack_fields(u >> 2, width=1)
+    return qlow, qhigh
 
 
 def unpack_w3(qlow: torch.Tensor, qhigh: torch.Tensor) -> torch.Tensor:

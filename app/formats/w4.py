@@ -39,7 +39,10 @@ def pack_w4(q: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pack_w4: K={k} is not a multiple of 8")
     if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
         raise ValueError("pack_w4: values outside [-8, 7]")
-    return pack_fields(q.to(torch.int32) + OFFSET, width=4)
+    out = torch.empty((n, k // 8), dtype=torch.int32, device=q.device)
+    for rows in row_chunks(n, k, DEFAULT_CHUNK_ELEMENTS):  # int64 temporaries of a chunk, not of all of q
+        out[rows] = pack_fields(q[rows].to(torch.int32) + OFFSET, width=4)
+    return out
 
 
 def unpack_w4(qweight: torch.Tensor) -> torch.Tensor:
