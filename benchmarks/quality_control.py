@@ -66,12 +66,7 @@ def dithered_folder(source: Path, out: Path, seed: int, block: int = 32) -> Path
         step = (blocks.amax(1, keepdim=True) - blocks.amin(1, keepdim=True)) / 15
         noise = (torch.rand(blocks.shape, generator=generator) - 0.5) * step
         result[name] = (blocks + noise).reshape(w.shape).to(w.dtype)
-    out.mkdir(parents=True)
-    save_file({n: t.contiguous() for n, t in result.items()}, str(out / "model.safetensors"))
-    for path in source.iterdir():
-        if path.suffix == ".json":
-            shutil.copy(path, out / path.name)
-    return out
+    return _write_folder(source, out, result)
 
 
 def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: int = 32,
@@ -106,8 +101,13 @@ def control_folder(source: Path, out: Path, method: str, bits: int = 4, group: i
             result[name] = fake_quantize(weights[name], bits, group, table_method,
                                          head_importance if is_head else None,
                                          head_hessian if is_head else None, name, gptq).to(weights[name].dtype)
+    return _write_folder(source, out, result)
+
+
+def _write_folder(source: Path, out: Path, weights: dict[str, torch.Tensor]) -> Path:
+    """An HF folder ``out``: ``weights`` as its safetensors, beside ``source``'s JSON files."""
     out.mkdir(parents=True)
-    save_file({n: t.contiguous() for n, t in result.items()}, str(out / "model.safetensors"))
+    save_file({n: t.contiguous() for n, t in weights.items()}, str(out / "model.safetensors"))
     for path in source.iterdir():
         if path.suffix == ".json":
             shutil.copy(path, out / path.name)
