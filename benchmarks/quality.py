@@ -130,12 +130,15 @@ def ours(source: Path, recipe: str, method: str, work: Path, tokens: int | None,
     return Result("ours", label, checkpoint_bits(out), ppl, counts, seconds)
 
 
-def sensitive_recipe(source: Path, work: Path) -> Path:
-    """What `qwen-tray recipe sensitive --model S --base mixed` writes, for S."""
-    units = sensitivity.measure(source)
+def sensitive_recipe(source: Path, work: Path, method: str) -> Path:
+    """What `qwen-tray recipe sensitive --model S --base mixed --method M` writes, for S: ranked by
+    ``method``'s own errors where the command measures them, else by the clipping search's."""
+    measured_by = method if method in sensitivity.SENSITIVITY_METHODS else "calibrated"
+    units = sensitivity.measure(source, method=measured_by)
     recipe, summary = sensitivity.allocate(units, BUILTIN_RECIPES["mixed"], sensitivity.model_shapes(source),
-                                           name="mixed-sensitive")
-    path = work / "mixed-sensitive.json"
+                                           name=f"mixed-sensitive-{measured_by}")
+    summary["method"] = measured_by
+    path = work / f"mixed-sensitive-{measured_by}.json"
     sensitivity.write_recipe(path, recipe, summary)
     return path
 
@@ -206,7 +209,7 @@ def run(families: set[str], tokens: int | None, work: Path, log=print, partial: 
         for recipe, method in our_variants or OURS:
             add(ours(source, recipe, method, work, tokens, calibrate))
     if "sensitive" in families:  # mixed's budget spent by measured sensitivity (qwen-tray recipe sensitive)
-        add(ours(source, str(sensitive_recipe(source, work)), sensitive_method, work, tokens, calibrate))
+        add(ours(source, str(sensitive_recipe(source, work, sensitive_method)), sensitive_method, work, tokens, calibrate))
     if "mlp3" in families:
         for method in mlp3_methods or MLP3_METHODS:
             add(ours(source, str(mlp3_recipe(work)), method, work, tokens, calibrate))

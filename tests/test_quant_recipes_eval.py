@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from app.errors import QwenTrayError
 from app.formats.recipe import BUILTIN_RECIPES, TABLES, Recipe, hf_tensor_shapes, load_recipe, plan_model
 from app.quant.calibration import default_calibration_file
 from app.quant.heldout import HELDOUT_FILES, heldout_file
 from app.quant.quantizer import QuantizeJob, quantize_model
-from app.quant.sensitivity import stored_shapes
+import torch
+
+from app.quant.gptq import GptqSolver
+from app.quant.quantizer import GPTQ_SETTINGS
+from app.quant.sensitivity import _gptq_errors, measure, stored_shapes
 from tests.conftest import assert_one_line_error
 
 QWEN25_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -59,6 +64,7 @@ def test_sensitivity_recipe_is_reproducible_and_within_budget(tiny_qwen_dir, tmp
         assert "units at 4 bits" in proc.stdout
     assert first.read_bytes() == second.read_bytes()  # the same measurement, the same recipe
     data = json.loads(first.read_text())
+    assert data["provenance"]["method"] == "gptq"  # ranked by the default method's own errors
     recipe = load_recipe(first)
     shapes = stored_shapes(hf_tensor_shapes(json.loads((tiny_qwen_dir / "config.json").read_text())))
     assert plan_model(recipe, shapes).total_bytes <= plan_model(BUILTIN_RECIPES["mixed"], shapes).total_bytes
@@ -70,6 +76,31 @@ def test_sensitivity_recipe_is_reproducible_and_within_budget(tiny_qwen_dir, tmp
     assert manifest.recipe.name == recipe.name
 
 
+def test_gptq_sensitivity_is_the_output_error_gptq_leaves():
+    """err_b = E||(W - Q_b) x||^2 over the calibration inputs, Q_b as the quantizer's GPTQ makes it
+    (K = 200: padded to 256 like a checkpoint)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(600, 200, generator=gen) * torch.linspace(0.2, 3.0, 200)  # uneven channels
+    w = torch.randn(48, 200, generator=gen)
+    hessian = 2 * x.T @ x / x.shape[0]
+    errors = _gptq_errors([w], hessian, "unit", "cpu")
+    padded_h = torch.nn.functional.pad(hessian, (0, 56, 0, 56))
+    q, scales = GptqSolver(padded_h, GPTQ_SETTINGS).quantize_int(torch.nn.functional.pad(w, (0, 56)), 4)
+    deq = (q.float() * scales.float().repeat_interleave(128, dim=1))[:, :200]
+    direct = float(((x @ (w - deq).T) ** 2).sum(dim=1).mean())
+    assert errors[4] == pytest.approx(direct, rel=1e-3)
+    assert errors[3] > 2 * errors[4] > 0  # 3 bits: twice the step, about four times the error
+
+
+def test_sensitivity_ranks_units_by_the_chosen_methods_errors(tiny_qwen_dir):
+    by_gptq = measure(tiny_qwen_dir, method="gptq")
+    by_clipping = measure(tiny_qwen_dir, method="calibrated")
+    assert [(u.layer, u.unit) for u in by_gptq] == [(u.layer, u.unit) for u in by_clipping]
+    assert all(u.gain > 0 for u in by_gptq + by_clipping)
+    # GPTQ compensates rounding error the clipping search leaves: 3 bits lose less under it.
+    assert sum(u.gain for u in by_gptq) < sum(u.gain for u in by_clipping)
+
+
 def test_sensitivity_recipe_bad_input_is_one_line(tiny_qwen_dir, tmp_path, cli):
     assert_one_line_error(cli("recipe", "sensitive", "--model", str(tmp_path), "--out", str(tmp_path / "r.json")),
                           "config.json")
@@ -77,6 +108,8 @@ def test_sensitivity_recipe_bad_input_is_one_line(tiny_qwen_dir, tmp_path, cli):
                           ".json")
     assert_one_line_error(cli("recipe", "sensitive", "--model", str(tiny_qwen_dir), "--budget-gib", "0.00001",
                               "--out", str(tmp_path / "r.json")), "budget")
+    with pytest.raises(QwenTrayError, match="gptq or calibrated"):
+        measure(tiny_qwen_dir, method="awq")
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +151,31 @@ def test_quantize_and_recipe_sensitive_take_a_registered_name(tiny_qwen_dir, tmp
     assert read_manifest(tmp_path / "q").model_id == "tiny"
     assert_one_line_error(cli("quantize", "--model", "nope", "--recipe", "w4", "--out", str(tmp_path / "n")),
                           "nope", "no registered model has that name")
+
+
+def test_quantize_sequential_with_the_recipe_sensitive_wrote(tiny_qwen_dir, tmp_path, cli):
+    """The command `recipe sensitive` suggests runs, and writes what QuantizeJob with sequential GPTQ does."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    recipe = tmp_path / "r.json"
+    proc = cli("recipe", "sensitive", "--model", str(tiny_qwen_dir), "--out", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+    suggested = proc.stdout.strip().splitlines()[-1]
+    assert suggested.endswith(f"--recipe {recipe} --method gptq --sequential --out DIR")
+    args = suggested.removeprefix("quantize with it: qwen-tray ").replace("DIR", str(tmp_path / "cli")).split()
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    job = QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "job", recipe=load_recipe(recipe),
+                      gptq=replace(GPTQ_SETTINGS, sequential=True))
+    quantize_model(job)
+    quantize_model(QuantizeJob(model=tiny_qwen_dir, out=tmp_path / "plain", recipe=load_recipe(recipe)))
+    for name in ("layer_001.safetensors",):
+        cli_tensors, job_tensors = load_file(tmp_path / "cli" / name), load_file(tmp_path / "job" / name)
+        assert all(torch.equal(cli_tensors[k], job_tensors[k]) for k in job_tensors)
+        # layer 1's Hessians saw layer 0 as quantized: not what the float calibration gives
+        assert any(not torch.equal(job_tensors[k], t) for k, t in load_file(tmp_path / "plain" / name).items()
+                   if k.endswith("qweight") or k.endswith("qlow"))
+    assert_one_line_error(cli("quantize", "--model", str(tiny_qwen_dir), "--recipe", "w4", "--method", "rtn",
+                              "--sequential", "--out", str(tmp_path / "n")), "--sequential", "gptq")

@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="calibration text for gptq/calibrated/awq (default: the mixed English/Chinese prose "
                         "shipped in app/resources/text/calibration.txt)")
     p.add_argument("--calibration-tokens", type=int, default=2048, metavar="N", help="tokens of it to use (default 2048)")
+    p.add_argument("--sequential", action="store_true",
+                   help="gptq: each layer calibrated on what the already-quantized layers before it output "
+                        "(measured better with a `recipe sensitive` recipe, worse with w4 and mixed)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the clipping search and GPTQ run")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the checkpoint folder to write")
     p.set_defaults(func=run)
@@ -37,14 +40,20 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs, not when it is registered: `qwen-tray --help` needs no torch
+    from dataclasses import replace
+
+    from app.errors import QwenTrayError
     from app.formats.recipe import load_recipe
-    from app.quant.quantizer import QuantizeJob
+    from app.quant.quantizer import GPTQ_SETTINGS, QuantizeJob
     from app.settings.console import locate_model
 
+    if args.sequential and args.method != "gptq":
+        raise QwenTrayError(f"--sequential is a setting of --method gptq, not of {args.method}")
     source = locate_model(args.model)
     job = QuantizeJob(model=source.path, model_id=source.name, out=args.out, recipe=load_recipe(args.recipe),
                       method=args.method, adapter=args.adapter, calibration=args.calibration,
-                      calibration_tokens=args.calibration_tokens, device=args.device)
+                      calibration_tokens=args.calibration_tokens, device=args.device,
+                      gptq=replace(GPTQ_SETTINGS, sequential=args.sequential))
     quantize_with_progress(job, source.name)
     return 0
 

@@ -25,7 +25,9 @@ def register(sub) -> None:
     s.add_argument("--budget-gib", type=float, metavar="GIB", help="weights budget (default: the base recipe's size)")
     s.add_argument("--calibration", type=Path, metavar="TEXT_FILE", help="calibration text (default: the shipped one)")
     s.add_argument("--calibration-tokens", type=int, default=2048, metavar="N", help="tokens of it to use (default 2048)")
-    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the clipping search runs")
+    s.add_argument("--method", choices=("gptq", "calibrated"), default="gptq",
+                   help="the method you will quantize with, whose errors rank the units (default: gptq)")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the measurement runs")
     s.add_argument("--out", required=True, type=Path, metavar="FILE.json", help="the recipe file to write")
     s.set_defaults(func=run_sensitive)
 
@@ -50,12 +52,16 @@ def run_sensitive(args: argparse.Namespace) -> int:
             bar.total, bar.n = total, done
             bar.refresh()
 
-        units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress)
+        units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress,
+                                    method=args.method)
     recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(source.path), budget,
                                            name=f"{source.name}-{base.name}-sensitive")
-    provenance = {**summary, "model": source.name, "calibration": str(args.calibration or "shipped"),
+    provenance = {**summary, "model": source.name, "method": args.method, "calibration": str(args.calibration or "shipped"),
                   "calibration_tokens": args.calibration_tokens}
     sensitivity.write_recipe(args.out, recipe, provenance)
     print(f"wrote {args.out}: {summary['units_at_4_bits']} of {summary['units']} units at 4 bits, "
           f"{summary['total_bytes'] / 2**30:.3f} GiB of a {summary['budget_bytes'] / 2**30:.3f} GiB budget")
+    sequential = " --sequential" if args.method == "gptq" else ""  # 3-bit attention gains from it (FORMATS.md)
+    print(f"quantize with it: qwen-tray quantize --model {args.model} --recipe {args.out} --method {args.method}"
+          f"{sequential} --out DIR")
     return 0

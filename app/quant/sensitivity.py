@@ -5,11 +5,14 @@ o_proj, gate/up (fused) and down_proj. For each unit we measure, on the calibrat
 streamed through the float model (as the quantizer does), how much output error 3 bits add
 over 4 bits:
 
-    gain = (err_3 - err_4) / E||h||^2,   err_b = sum_k E[x_k^2] * sum_n (W - Q_b(W))[n, k]^2
+    gain = (err_3 - err_4) / E||h||^2,   err_b = E||(W - Q_b(W)) x||^2
 
-with ``Q_b`` the activation-weighted clipping search at ``b`` bits, ``x`` the unit's input
-and ``h`` the residual stream after the layer (the error is added to it, so its size is what
-an error is measured against). Units are then given 4 bits in order of gain per extra byte
+with ``x`` the unit's input, ``h`` the residual stream after the layer (the error is added to
+it, so its size is what an error is measured against) and ``Q_b`` the method that will
+quantize the model at ``b`` bits: GPTQ (the default; the full input covariance, as GPTQ
+minimises it) or the activation-weighted clipping search of ``calibrated`` (its diagonal,
+``sum_k E[x_k^2] sum_n (W - Q_b)[n, k]^2``). Which units lose most depends on the method:
+GPTQ compensates rounding error that the clipping search leaves in place. Units are then given 4 bits in order of gain per extra byte
 until the budget -- by default exactly the base recipe's size, so the VRAM plan is unchanged --
 is spent; the rest get 3. Tables (embedding, head) keep the base recipe's bits. The result is
 an explicit recipe file (every unit named, with the measurements as provenance), so a
@@ -30,11 +33,17 @@ from app.engine.tokenizer import Tokenizer
 from app.engine.weights import TensorSource
 from app.errors import QwenTrayError
 from app.formats.checkpoint import write_atomic
-from app.formats.core import grouped, padded_k, quantize_groups
+from app.formats.core import GROUP_SIZE, grouped, padded_k, quantize_groups
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.quant import calibration as calib
+from app.quant.gptq import GptqSolver
+from app.quant.methods import DEFAULT_METHOD
+from app.quant.quantizer import GPTQ_CALIBRATION_WINDOW, GPTQ_SETTINGS
 from app.quant.search import search_scales
+
+# Methods whose errors the sensitivity is measured with: gptq's own, else the clipping search's.
+SENSITIVITY_METHODS = ("gptq", "calibrated")
 
 
 @dataclass(frozen=True)
@@ -57,27 +66,52 @@ def _weighted_error(w: torch.Tensor, importance: torch.Tensor, bits: int, device
     return float(((deq - wg).square().reshape(wp.shape) * imp).sum())
 
 
+def _gptq_errors(weights: list[torch.Tensor], hessian: torch.Tensor, name: str, device: str) -> dict[int, float]:
+    """``E||(W - Q_b(W)) x||^2`` summed over ``weights`` (which share the input whose Hessian
+    ``2 E[x x^T]`` is given), with ``Q_b`` GPTQ as the quantizer runs it, for b = 3 and 4."""
+    pad = padded_k(hessian.shape[0]) - hessian.shape[0]
+    h = F.pad(hessian.float(), (0, pad, 0, pad)).to(device)  # padded inputs are zero: dead channels
+    solver = GptqSolver(h, GPTQ_SETTINGS, name=name, device=device)  # h itself is kept for the error
+    errors = {}
+    for bits in (3, 4):
+        total = 0.0
+        for w in weights:
+            wp = F.pad(w.float(), (0, pad)).to(device)
+            q, scales = solver.quantize_int(wp, bits, name=name)
+            diff = wp - q.float() * scales.float().repeat_interleave(GROUP_SIZE, dim=1)
+            total += float(((diff @ h) * diff).sum()) / 2
+        errors[bits] = total
+    return errors
+
+
 def measure(model: Path, calibration_text: Path | None = None,
             tokens: int = calib.DEFAULT_CALIBRATION_TOKENS, device: str = "cpu",
-            progress: Callable[[int, int], None] | None = None) -> list[UnitSensitivity]:
-    """The sensitivity of every unit of every layer of the HF folder ``model``."""
+            progress: Callable[[int, int], None] | None = None, method: str = DEFAULT_METHOD) -> list[UnitSensitivity]:
+    """The sensitivity of every unit of every layer of the HF folder ``model``, for ``method``."""
+    if method not in SENSITIVITY_METHODS:
+        raise QwenTrayError(f"sensitivity is measured for {' or '.join(SENSITIVITY_METHODS)}, not {method!r}")
+    gptq = method == "gptq"
     spec = ModelSpec.from_hf_folder(model)
     ids = calib.calibration_ids(Tokenizer.from_folder(model), calibration_text, tokens, spec.vocab_size)
     with TensorSource(model) as source:
         embedding = source.get("model.embed_tokens.weight")
-        state = calib.Calibration(spec, embedding[torch.tensor(ids)].float())
+        state = calib.Calibration(spec, embedding[torch.tensor(ids)].float(), GPTQ_CALIBRATION_WINDOW if gptq else None)
         del embedding
         out = []
         for i in range(spec.num_layers):
             prefix = f"model.layers.{i}."
             tensors = {name: source.get(name) for name in source.names() if name.startswith(prefix)}
-            stats = state.run_layer(i, tensors).stats
+            calibrated = state.run_layer(i, tensors, device if gptq else None)
             residual = float(state.hidden.square().sum(dim=-1).mean())
             for unit, modules in calib.INPUTS.items():
                 names = [f"{prefix}{m}" for m in modules]
-                importance = stats[unit].mean_sq
-                errors = {b: sum(_weighted_error(tensors[f"{n}.weight"], importance, b, device) for n in names)
-                          for b in (3, 4)}
+                if gptq:
+                    errors = _gptq_errors([tensors[f"{n}.weight"] for n in names], calibrated.hessians.pop(unit),
+                                          names[0], device)
+                else:
+                    importance = calibrated.stats[unit].mean_sq
+                    errors = {b: sum(_weighted_error(tensors[f"{n}.weight"], importance, b, device) for n in names)
+                              for b in (3, 4)}
                 extra = sum(tensors[f"{n}.weight"].shape[0] * padded_k(tensors[f"{n}.weight"].shape[1]) // 8
                             for n in names)
                 out.append(UnitSensitivity(i, unit, tuple(names), extra, (errors[3] - errors[4]) / residual))
