@@ -183,7 +183,7 @@ def test_the_jobs_gptq_settings_reach_the_solver_and_the_resume_fingerprint(tiny
     with pytest.raises(Interrupted):
         quantize_model(QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq"), stop)
     other = QuantizeJob(model=tiny_qwen_dir, out=half, recipe=recipe, method="gptq", gptq=GptqSettings(damp=0.1))
-    with pytest.raises(QwenTrayError, match="another model, recipe or method"):
+    with pytest.raises(QwenTrayError, match=r"with other GPTQ settings \(--sequential\); delete it"):
         quantize_model(other)  # a resume with other GPTQ settings must not mix their layers
 
 

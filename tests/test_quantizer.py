@@ -173,8 +173,25 @@ def test_resume_with_other_settings_is_refused(model_3b_shaped, tmp_path):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / JOURNAL).write_text(json.dumps({"fingerprint": {"method": "rtn"}, "files": {}, "tensors": {}}))
-    with pytest.raises(QwenTrayError, match="another model, recipe or method"):
+    with pytest.raises(QwenTrayError, match=r"with --method rtn \(this run: search\): run with --method rtn to resume"):
         quantize_model(QuantizeJob(model=model_3b_shaped, out=out, recipe=load_recipe("w4"), method="search"))
+
+
+def test_a_resume_refusal_names_what_differs(model_3b_shaped, tmp_path):
+    """An unfinished run of the same method but another recipe / calibration says which option changed."""
+    class Stop(Exception):
+        pass
+
+    def stop(stage: str, done: int, total: int) -> None:
+        if done == 1:
+            raise Stop
+
+    out = tmp_path / "ckpt"
+    with pytest.raises(Stop):
+        quantize_model(QuantizeJob(model=model_3b_shaped, out=out, recipe=load_recipe("w4"), method="search"), stop)
+    with pytest.raises(QwenTrayError, match=r"with another recipe; delete it or choose another --out$"):
+        quantize_model(QuantizeJob(model=model_3b_shaped, out=out, recipe=load_recipe("mixed"), method="search"))
+    quantize_model(QuantizeJob(model=model_3b_shaped, out=out, recipe=load_recipe("w4"), method="search"))  # resumes
 
 
 def test_output_folder_must_be_new_or_an_unfinished_run(model_3b_shaped, tmp_path):

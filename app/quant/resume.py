@@ -61,6 +61,26 @@ def fingerprint(job) -> dict:
     return fp
 
 
+# What differs between an unfinished run and this one, in the words of the options that set it.
+_FIELDS = (("source", "of another source model"), ("adapter", "with another --adapter"),
+           ("recipe", "with another recipe"), ("calibration", "with another calibration text or --calibration-tokens"),
+           ("calibration_window", "with another calibration window"), ("gptq", "with other GPTQ settings (--sequential)"),
+           ("format_version", "by an older version of the quantizer"))
+
+
+def _difference(started: object, now: dict) -> str:
+    """How the unfinished run ``started`` differs from ``now`` (fingerprints), e.g. "with --method calibrated
+    (this run: gptq): run with --method calibrated to resume it"."""
+    if not isinstance(started, dict):
+        return "of another model, recipe or method"
+    if started.get("method") != now.get("method"):
+        method = started.get("method")
+        return (f"with --method {method} (this run: {now.get('method')}): run with --method {method} to resume it"
+                if isinstance(method, str) else "with another method")
+    reasons = [words for key, words in _FIELDS if started.get(key) != now.get(key)]
+    return ", ".join(reasons) or "of another model, recipe or method"
+
+
 class Journal:
     """Finished files of an interrupted run, with their checksums and tensor entries."""
 
@@ -89,7 +109,7 @@ class Journal:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise QwenTrayError(f"{self.path}: unreadable resume journal ({e}); delete the folder and start again") from None
         if not same:
-            raise QwenTrayError(f"{self.out}: holds an unfinished quantization of another model, recipe or method; "
+            raise QwenTrayError(f"{self.out}: holds an unfinished quantization {_difference(data['fingerprint'], self.fingerprint)}; "
                                 "delete it or choose another --out")
         self.files, self.tensors = files, tensors
 
