@@ -8,6 +8,7 @@ what the model was trained on.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +23,9 @@ from app.errors import ModelLoadError, QwenTrayError
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# Stand-ins for message contents while the template is rendered (private-use characters).
+_CONTENT_MARK = "\ue000{}\ue001"
+_CONTENT_MARK_RE = re.compile("\ue000(\\d+)\ue001")
 
 
 class Tokenizer:
@@ -31,7 +35,10 @@ class Tokenizer:
         self.special = special
         self.source = source
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self.special_ids = frozenset(t_id for t_id, tok in backend.get_added_tokens_decoder().items() if tok.special)
+        added = backend.get_added_tokens_decoder()
+        self.special_ids = frozenset(t_id for t_id, tok in added.items() if tok.special)
+        self._special_texts = tuple(tok.content for tok in added.values() if tok.special)
+        self._plain: HFTokenizer | None = None  # the same vocabulary, reading special-token text as text
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -72,7 +79,33 @@ class Tokenizer:
             raise QwenTrayError(f"chat template: {e}") from None
 
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        """The rendered chat's ids. Text in a message that spells a control token (``<|im_end|>``)
+        stays text, as OpenAI reads content: a selection or a user must not forge a turn."""
+        rendered = self.render_chat(messages, add_generation_prompt)
+        if not any(t in m["content"] for m in messages for t in self._special_texts):
+            return self.encode(rendered)  # the usual case: one pass, token for token as transformers
+        return self._encode_contents_as_text(messages, rendered, add_generation_prompt)
+
+    def _encode_contents_as_text(self, messages: list[Message], rendered: str, add_generation_prompt: bool) -> list[int]:
+        """Render with a mark per content, then parse special tokens in the template's text only."""
+        marked = [dict(m, content=_CONTENT_MARK.format(i)) for i, m in enumerate(messages)]
+        parts = _CONTENT_MARK_RE.split(self.render_chat(marked, add_generation_prompt))  # text, index, text, ...
+        for shape in (str, str.strip):  # templates insert content as is or trimmed (Llama 3)
+            pieces = [(part, False) if k % 2 == 0 else (shape(messages[int(part)]["content"]), True)
+                      for k, part in enumerate(parts)]
+            if "".join(text for text, _ in pieces) == rendered:  # the same text; only the parsing differs
+                return [i for text, plain in pieces if text
+                        for i in (self._plain_backend().encode(text, add_special_tokens=False).ids if plain
+                                  else self.encode(text))]
+        raise QwenTrayError("a message contains control-token text (such as <|im_end|>) that this model's chat "
+                            "template cannot keep as plain text; remove it from the message")
+
+    def _plain_backend(self) -> HFTokenizer:
+        if self._plain is None:
+            plain = HFTokenizer.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
 
 def _check_messages(messages: list[Message]) -> None:
