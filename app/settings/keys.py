@@ -60,6 +60,17 @@ class Hotkey:
         return "+".join([*mods, self.key])
 
 
+def _keys(modifiers: str, keys: str) -> set[Hotkey]:
+    return {Hotkey(frozenset(modifiers.split("+")), key) for key in keys.split()}
+
+
+# Copy, cut, paste, undo, redo and select all, as applications and terminals take them (Cmd is
+# Super on macOS), and the Windows console's Ctrl+Insert: the copy and paste the app sends into
+# other windows too. Grabbed globally they would stop working everywhere.
+_EDITING_KEYS = frozenset(_keys("ctrl", "C V X Z Y A Insert") | _keys("ctrl+shift", "C V X Z")
+                          | _keys("super", "C V X Z A") | _keys("super+shift", "Z"))
+
+
 def parse_hotkey(text: str) -> Hotkey:
     """Parse "Ctrl+Alt+S" (case-insensitive, aliases Win/Meta/Cmd/Option allowed)."""
     raw = text.strip()
@@ -83,7 +94,11 @@ def parse_hotkey(text: str) -> Hotkey:
         raise HotkeyError(f"hotkey {raw!r}: unknown key {key_part!r}")
     if not modifiers & {"ctrl", "alt", "super"}:
         raise HotkeyError(f"hotkey {raw!r}: needs Ctrl, Alt or Super so it does not steal typing")
-    return Hotkey(frozenset(modifiers), key)
+    hotkey = Hotkey(frozenset(modifiers), key)
+    if hotkey in _EDITING_KEYS:
+        raise HotkeyError(f"hotkey {hotkey}: applications copy, paste or undo with it (and Qwen Tray copies "
+                          "the selection with it), so it cannot be a global hotkey; choose another")
+    return hotkey
 
 
 def normalize_hotkey(text: str) -> str:

@@ -164,6 +164,9 @@ class Preferences:
     model_source: str = pref("hf", one_of(MODEL_SOURCES))  # Settings -> Models downloads from it
     # a Hugging Face mirror such as https://hf-mirror.com ("": HF_ENDPOINT or the hub itself)
     hf_mirror: str = pref("", url_or_empty)
+    # the tray has said once where it is and which hotkeys it listens to (a settings file written
+    # by `qwen-tray models add-starter` before the first start does not count as a start)
+    welcomed: bool = pref(False, boolean)
 
     def __post_init__(self) -> None:
         for f in fields(self):

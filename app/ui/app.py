@@ -23,7 +23,7 @@ from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
-from app.settings.store import SettingsStore, settings_path
+from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
@@ -56,8 +56,8 @@ class TrayApp(QObject):
         qapp = QApplication.instance()
         self._shut_down = False
         self.notices: list[str] = []  # everything told to the user this run, oldest first
-        first_start = not settings_path().exists()
         self.store = PreferencesStore()
+        first_start = not self.store.prefs.welcomed
         set_language(language or self.store.prefs.language)
         install_qt_translation(qapp)
         self.builtin_actions = load_builtin_actions()
@@ -116,7 +116,7 @@ class TrayApp(QObject):
 
     def _welcome(self) -> None:
         """The first start: one notice saying where the app is and which hotkeys it listens to
-        (as registered now); saving the settings makes the next start not a first one."""
+        (as registered now); saved, so the next start is not a first one."""
         active = self.hotkeys.active
         pressed = ", ".join(f"{a.label(current_language())} {active[a.id]}" for a in self.actions if a.id in active)
         if not pressed:
@@ -126,7 +126,7 @@ class TrayApp(QObject):
                            hotkeys=pressed, chat=active[OPEN_CHAT_ID]))
         else:
             self.notify(tr("Qwen Tray is in the system tray. Select text and press {hotkeys}.", hotkeys=pressed))
-        self.store.write_if_missing()
+        self.store.update(welcomed=True)
 
     def _notice_without_kernels(self) -> None:
         """Say once per load why a model on a GPU machine runs slower than it could."""
@@ -285,9 +285,20 @@ class TrayApp(QObject):
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
                 model_jobs=self.model_jobs, model_removal=self.model_removal)
-            self.settings_dialog.finished.connect(lambda _result: setattr(self, "settings_dialog", None))
+            self.settings_dialog.hotkeys_page.recording.connect(self._recording_hotkey)
+            self.settings_dialog.finished.connect(self._settings_closed)
         self.settings_dialog.show()
         self.settings_dialog.raise_()
+
+    def _recording_hotkey(self, recording: bool) -> None:
+        if recording:
+            self.hotkeys.suspend()
+        else:
+            self.hotkeys.resume()
+
+    def _settings_closed(self, _result: int) -> None:
+        self.settings_dialog = None
+        self.hotkeys.resume()  # a field that had the focus when the dialog went
 
     def apply_settings(self, changes: dict, user_actions: list[Action]) -> None:
         """Take what Settings changed into use and save it (raises QwenTrayError naming a bad value,

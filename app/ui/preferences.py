@@ -77,16 +77,6 @@ class PreferencesStore:
             self._noticed(Notice(NOT_SAVED, {"error": str(e)}))
         return self.prefs
 
-    def write_if_missing(self) -> None:
-        """Write the settings file when there is none yet (the first start is over then); a save
-        that fails is told as a notice."""
-        if self.path.exists():
-            return
-        try:
-            self._store.save(self.settings)
-        except SettingsFileError as e:
-            self._noticed(Notice(NOT_SAVED, {"error": str(e)}))
-
     def change(self, *, models: list[ModelEntry] | None = None, actions: list[Action] | None = None,
                **preferences) -> None:
         """Apply and save preferences, the registry and/or the user's actions in one write.

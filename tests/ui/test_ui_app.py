@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFormLayout, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication, QFormLayout, QSystemTrayIcon
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.settings.document import Settings
@@ -185,6 +185,19 @@ def test_the_first_start_names_the_hotkeys_it_registered_once(qtbot, make_app):
     assert not any(n.startswith("Qwen Tray is in the system tray") for n in again.notices)
 
 
+def test_the_first_start_after_the_readme_registered_a_model_still_names_the_hotkeys(qtbot, make_app, tiny_qwen_dir,
+                                                                                      cli):
+    """The README's `qwen-tray models add-starter && qwen-tray`: the settings file exists (the model's
+    registration) before the tray's first start, which must still say where it is, once."""
+    assert cli("models", "add", "mine", str(tiny_qwen_dir)).returncode == 0
+    assert settings_path().exists()
+    first = make_app(taken=("Ctrl+Alt+T",))
+    assert first.notices.count(WELCOME) == 1
+    first.shutdown()
+    assert not any(n.startswith("Qwen Tray is in the system tray") for n in make_app().notices)
+    assert [m.name for m in saved().models] == ["mine"]  # the registration kept
+
+
 def test_the_first_start_notice_in_chinese_and_none_without_a_tray(qtbot, make_app):
     app = make_app(language="zh_CN")
     assert ("Qwen Tray 在系统托盘中。选中文字后按 总结 Ctrl+Alt+S, 翻译 Ctrl+Alt+T, 提取待办 Ctrl+Alt+D, "
@@ -335,6 +348,36 @@ def test_settings_change_hotkeys_by_pressing_them_and_add_a_user_action(qtbot, m
     assert page.fields["explain"].text() == ""
 
 
+def test_recording_a_hotkey_lets_go_of_the_grabs_and_refuses_editing_keys(qtbot, make_app):
+    """While a hotkey field has the keyboard the global grabs are released, so pressing an
+    action's keys records them instead of running the action (whose copy step would have sent
+    Ctrl+C into the field); copy/paste/undo keys cannot become global hotkeys."""
+    app = make_app()
+    backend = FakeHotkeys.instances[-1]
+    app.open_settings()
+    dialog = app.settings_dialog
+    page = dialog.hotkeys_page
+    dialog.tabs.setCurrentWidget(page)  # the user opens the Hotkeys tab
+    dialog.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is dialog)
+    grabbed = dict(backend.registered)
+    assert grabbed["summarize"] == "Ctrl+Alt+S"
+    _press(qtbot, page.fields["explain"], Qt.Key_S, Qt.ControlModifier | Qt.AltModifier)
+    qtbot.waitUntil(lambda: backend.registered == {})  # recording: nothing grabbed
+    _press(qtbot, page.fields["explain"], Qt.Key_C, Qt.ControlModifier)
+    assert page.fields["explain"].text() == "Ctrl+C"
+    assert "copy, paste or undo" in page.statuses["explain"].text()
+    page.modes["explain"].setFocus()  # the field lets go of the keyboard
+    qtbot.waitUntil(lambda: backend.registered == grabbed)
+    assert not dialog.apply()
+    assert dialog.error.text().startswith("Explain: ") and "cannot be a global hotkey" in dialog.error.text()
+    page.fields["explain"].edit.setFocus()
+    qtbot.waitUntil(lambda: backend.registered == {})
+    dialog.reject()  # closed while recording: the grabs come back
+    qtbot.waitUntil(lambda: backend.registered == grabbed)
+    assert "explain" not in saved().preferences.hotkeys
+
+
 def test_settings_report_a_hotkey_the_os_refuses(qtbot, make_app):
     app = make_app(taken={"Ctrl+Alt+Q"})
     app.open_settings()
@@ -400,7 +443,7 @@ def test_a_corrupt_settings_file_does_not_stop_the_app_and_the_user_is_told_wher
     backups = list(path.parent.glob("settings.corrupt-*.json"))
     assert len(backups) == 1 and backups[0].read_text(encoding="utf-8").startswith('{"version": 2')
     assert [n for n in app.notices if str(backups[0]) in n and "not valid JSON" in n], app.notices
-    assert app.store.prefs == Preferences()
+    assert app.store.prefs == Preferences(welcomed=True)  # reset (and welcomed again, as on a first start)
     _start(qtbot, app)
     assert app.host.state == "ready"
 
@@ -412,7 +455,7 @@ def test_a_bad_value_costs_only_that_value(qtbot, make_app):
                     ' "actions": [{"id": "summarize", "name": "My summary", "prompt": "Short: {text}",'
                     ' "hotkey": "Ctrl+Alt+M"}]}', encoding="utf-8")
     app = make_app()
-    assert app.store.prefs == Preferences(language="en", device="cpu")
+    assert app.store.prefs == Preferences(language="en", device="cpu", welcomed=True)
     assert [n for n in app.notices if "max_tokens" in n and "16..8192" in n]
     # A user action with a built-in's id gets a free one (and a word); the tray starts all the same.
     assert [(a.id, a.name) for a in app.user_actions] == [("user-my-summary", "My summary")]

@@ -31,6 +31,8 @@ def test_hotkey_strings_normalize(text, canonical):
 @pytest.mark.parametrize("bad, fragment", [
     ("S", "needs Ctrl, Alt or Super"), ("shift+a", "needs Ctrl, Alt or Super"), ("ctrl+alt", "ends with a modifier"),
     ("ctrl+hyper+a", "not a modifier"), ("ctrl+nosuchkey", "unknown key"), ("ctrl++", "empty part"),
+    ("ctrl+c", "copy, paste or undo"), ("Ctrl+Shift+V", "copy, paste or undo"), ("cmd+z", "copy, paste or undo"),
+    ("ctrl+insert", "copy, paste or undo"), ("ctrl+a", "copy, paste or undo"),
 ])
 def test_bad_hotkeys_are_refused_with_the_reason(bad, fragment):
     with pytest.raises(HotkeyError, match=fragment):

@@ -19,7 +19,7 @@ ALL_KEYS = sorted(set(NAMED_KEYS.values()))
 def test_every_key_has_a_code_on_every_platform(key):
     assert hotkeys_win.virtual_key_for(key) > 0
     assert hotkeys_x11.keysym_for(key) > 0
-    assert hotkeys_mac.pynput_combo(parse_hotkey(f"Ctrl+{key}")).startswith("<ctrl>+")
+    assert hotkeys_mac.pynput_combo(parse_hotkey(f"Ctrl+Alt+{key}")).startswith("<ctrl>+<alt>+")
 
 
 def test_windows_virtual_keys_and_modifiers():

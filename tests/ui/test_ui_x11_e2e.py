@@ -309,3 +309,17 @@ def test_x11_hotkey_fires_once_per_press(xdisplay, monkeypatch):
         assert fired.get(timeout=TIMEOUT) == "sentinel"  # nothing came between the third press and this one
     finally:
         hotkeys.close()
+
+
+def test_the_key_injector_closed_at_quit_ignores_a_late_focus_restore(xdisplay, monkeypatch):
+    """Quitting with the popup open: the popup's close asks to give the focus back after the app
+    closed its X connection; that is a no-op, not an Xlib traceback."""
+    monkeypatch.setenv("DISPLAY", xdisplay)
+    from app.ui.platform.keyinput_x11 import X11KeyInjector
+
+    injector = X11KeyInjector()
+    focus = injector.remember_focus()
+    injector.restore_focus(focus)  # open: works
+    injector.close()
+    injector.restore_focus(focus)
+    injector.close()  # twice: no error either

@@ -61,6 +61,8 @@ class HotkeyManager(QObject):
         self._backend = backend_factory(self.activated.emit)
         self.failures: dict[str, str] = {}
         self.active: dict[str, str] = {}
+        self._bindings: dict[str, str] = {}
+        self._suspended = False
 
     @property
     def backend_name(self) -> str:
@@ -69,6 +71,7 @@ class HotkeyManager(QObject):
     def apply(self, bindings: dict[str, str]) -> dict[str, str]:
         """Re-register everything; returns {binding_id: reason} for the ones not registered."""
         self._backend.unregister_all()
+        self._bindings, self._suspended = dict(bindings), False
         self.failures, self.active = {}, {}
         taken: dict[Hotkey, str] = {}
         for binding_id, text in bindings.items():
@@ -85,6 +88,18 @@ class HotkeyManager(QObject):
             taken[hotkey] = binding_id
             self.active[binding_id] = str(hotkey)
         return dict(self.failures)
+
+    def suspend(self) -> None:
+        """Let go of every grab while a hotkey is being recorded in Settings: the keys must reach the
+        field, not run an action (whose copy step would send Ctrl+C into the field)."""
+        if not self._suspended:
+            self._backend.unregister_all()
+            self._suspended = True
+
+    def resume(self) -> None:
+        """Grab the bindings again after :meth:`suspend` (a no-op otherwise)."""
+        if self._suspended:
+            self.apply(self._bindings)
 
     def close(self) -> None:
         self._backend.close()

@@ -28,6 +28,7 @@ class X11KeyInjector(KeyInjector):
 
     def __init__(self):
         self._display = display.Display(os.environ.get("DISPLAY"))
+        self._closed = False
         if not self._display.has_extension("XTEST"):
             self._display.close()
             raise OSError("the X server has no XTEST extension")
@@ -109,7 +110,7 @@ class X11KeyInjector(KeyInjector):
         return self._client_window(focus)[1] if focus is not None else ()
 
     def restore_focus(self, token: object | None) -> None:
-        if token is None:
+        if token is None or self._closed:  # (a popup closed while the app quits, after close())
             return
         try:
             client, _ids = self._client_window(token)
@@ -126,5 +127,7 @@ class X11KeyInjector(KeyInjector):
             pass  # the window is gone: the paste goes wherever the focus is
 
     def close(self) -> None:
-        self._display.close()
+        if not self._closed:
+            self._closed = True
+            self._display.close()
 

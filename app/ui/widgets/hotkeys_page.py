@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QKeySequenceEdit, QLabel,
                                QLineEdit, QPushButton, QScrollArea, QVBoxLayout, QWidget)
@@ -70,11 +70,15 @@ def status_words(binding_id: str, active: dict[str, str], failures: dict[str, st
 
 
 class HotkeyField(QWidget):
-    """Press the combination to set it; the clear button (or Backspace alone) switches it off."""
+    """Press the combination to set it; the clear button (or Backspace alone) switches it off.
+    ``recording`` says when the field takes keys (it has the focus), so global grabs can pause."""
+
+    recording = Signal(bool)
 
     def __init__(self, text: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.edit = QKeySequenceEdit()
+        self.edit.installEventFilter(self)
         self.edit.setMaximumSequenceLength(1)
         self.edit.setClearButtonEnabled(True)
         self.edit.setToolTip(tr("Click, then press the keys"))
@@ -82,6 +86,11 @@ class HotkeyField(QWidget):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.edit, 1)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self.edit and event.type() in (QEvent.FocusIn, QEvent.FocusOut):
+            self.recording.emit(event.type() == QEvent.FocusIn)
+        return False
 
     def set_text(self, text: str) -> None:
         self.edit.setKeySequence(key_sequence(text))
@@ -91,6 +100,8 @@ class HotkeyField(QWidget):
 
 
 class HotkeysPage(QWidget):
+    recording = Signal(bool)  # a hotkey field took (True) or lost (False) the keyboard
+
     def __init__(self, bindings: Callable[[], list[BindingRow]], parent: QWidget | None = None):
         super().__init__(parent)
         self._bindings = bindings
@@ -122,6 +133,7 @@ class HotkeysPage(QWidget):
 
     def _row(self, binding_id: str, text: str, mode: str | None, status: str) -> QWidget:
         field = HotkeyField(text)
+        field.recording.connect(self.recording)
         self.fields[binding_id] = field
         line = QHBoxLayout()
         line.setContentsMargins(0, 0, 0, 0)
