@@ -276,3 +276,37 @@ def test_switching_conversations_while_an_answer_streams_keeps_it_and_frees_the_
     assert [w.text() for w in window.message_widgets()][-2:] == ["Send works again", "one two three four five six "
                                                                  "seven eight nine ten"]
     assert window.list.count() == (3 if switch != "open another" else 2)
+
+
+def test_the_view_follows_new_messages_and_a_streaming_answer_unless_the_user_scrolled_up(qtbot, host):
+    host.backend._answer = lambda m: " ".join(f"Paragraph{i}\n\n" for i in range(60))  # one paragraph a token
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.resize(500, 400)
+    window.show()
+    qtbot.waitExposed(window)
+    bar = window.scroll.verticalScrollBar()
+
+    def settled_at_bottom(longer_than=0):
+        qtbot.waitUntil(lambda: bar.maximum() > longer_than and bar.value() == bar.maximum(), timeout=5000)
+        return bar.maximum()
+
+    _send(qtbot, window, "A long answer, please")
+    end = settled_at_bottom()  # the whole answer was followed to its end
+    gate = host.backend.gate = TokenGate()
+    window.input.setPlainText("Another one")
+    window.send_button.click()
+    end = settled_at_bottom(end)  # the new message is in view
+    for _ in range(3):  # the answer grows: the view keeps up
+        gate.release(5)
+        end = settled_at_bottom(end)
+    bar.setValue(0)  # the user scrolls up to read
+    gate.release(10)
+    qtbot.waitUntil(lambda: bar.maximum() > end, timeout=5000)
+    qtbot.wait(100)
+    assert bar.value() == 0  # not yanked down
+    bar.setValue(bar.maximum())  # back at the bottom: followed again
+    gate.release(100)
+    qtbot.waitUntil(lambda: window.task is None, timeout=5000)
+    settled_at_bottom(end)
+    assert window.message_widgets()[-1].text().endswith("Paragraph59\n\n")

@@ -31,6 +31,7 @@ from app.ui.widgets.tray import loading_text
 
 
 NOT_KEPT = "This conversation is not kept in the history: {error}"
+FOLLOW_SLACK_PX = 8  # this close to the bottom still counts as reading the newest text
 
 
 def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tokens: int) -> tuple[list[dict], int]:
@@ -104,6 +105,12 @@ class ChatWindow(QWidget):
         self.messages_layout.addStretch(1)
         self.scroll = QScrollArea(widgetResizable=True)
         self.scroll.setWidget(self.messages_box)
+        # The range grows when the layout catches up with a new or growing message (later than
+        # the change itself), so the view follows the range, not the change.
+        self._follow = True  # at the bottom: keep the newest text in view; off while reading above
+        bar = self.scroll.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._range_changed)
         self.input = QPlainTextEdit()
         self.input.setMaximumHeight(90)
         self.input.setPlaceholderText(self._placeholder())
@@ -220,9 +227,15 @@ class ChatWindow(QWidget):
     def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
         widget = MessageWidget(role, text, tps)
         self.messages_layout.insertWidget(self.messages_layout.count() - 1, widget)
-        bar = self.scroll.verticalScrollBar()
-        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))  # after the new widget is laid out
+        self._follow = True  # a new message is shown, wherever the user had scrolled to
         return widget
+
+    def _scrolled(self, value: int) -> None:
+        self._follow = value >= self.scroll.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
+
+    def _range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.scroll.verticalScrollBar().setValue(maximum)
 
     def message_widgets(self) -> list[MessageWidget]:
         return [self.messages_layout.itemAt(i).widget() for i in range(self.messages_layout.count() - 1)]
