@@ -252,6 +252,7 @@ ZH_CN: dict[str, str] = {
     "Prompt; {text} is replaced by the selected text": "提示词；{text} 会被替换为所选文字",
     "New action": "新建操作",
     "Save action": "保存操作",
+    "Actions: the action being edited is not saved ({field}): {error}": "操作：正在编辑的操作未保存（{field}）：{error}",
     "Remove": "删除",
     "Kind": "类型",
     "Local folder": "本地文件夹",

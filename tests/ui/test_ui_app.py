@@ -629,3 +629,64 @@ def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
     _start(qtbot, app)
     assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 token · 显存 3.20 GiB"
     assert "显存 3.20 GiB" in app.tray.toolTip()
+
+
+def _dialog_button(dialog, which):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    return dialog.findChild(QDialogButtonBox).button(which)
+
+
+def test_ok_keeps_a_new_action_typed_in_without_save_action(qtbot, make_app):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    app = make_app()
+    app.open_settings()
+    dialog = app.settings_dialog
+    actions = dialog.actions_page
+    actions.name.setText("Formal tone")
+    actions.prompt.setPlainText("Make this formal:\n\n{text}")
+    _press(qtbot, actions.hotkey, Qt.Key_F, Qt.ControlModifier | Qt.AltModifier)
+    _dialog_button(dialog, QDialogButtonBox.Ok).click()  # no "Save action" first
+    assert not dialog.isVisible() and dialog.result() == dialog.DialogCode.Accepted
+    assert [(a.id, a.name, a.hotkey) for a in saved().actions] == [("user-formal-tone", "Formal tone", "Ctrl+Alt+F")]
+    assert FakeHotkeys.instances[-1].registered["user-formal-tone"] == "Ctrl+Alt+F"
+
+
+def test_apply_keeps_an_edit_of_an_action_and_ok_with_an_untouched_form_adds_nothing(qtbot, make_app):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    app = make_app()
+    app.open_settings()
+    actions = app.settings_dialog.actions_page
+    actions._new()  # "New action" pressed, nothing typed: no action to keep
+    assert app.settings_dialog.apply() and saved().actions == []
+    actions.name.setText("Formal tone")
+    actions.prompt.setPlainText("Make this formal:\n\n{text}")
+    assert actions.save_current() and app.settings_dialog.apply()
+    actions.prompt.setPlainText("Make this very formal:\n\n{text}")  # edited, not saved with "Save action"
+    _dialog_button(app.settings_dialog, QDialogButtonBox.Apply).click()
+    assert [a.prompt for a in saved().actions] == ["Make this very formal:\n\n{text}"]
+    actions.list.setCurrentRow(0)
+    actions._remove()  # the removed action's text in the form is not saved back on OK
+    _dialog_button(app.settings_dialog, QDialogButtonBox.Ok).click()
+    assert saved().actions == []
+
+
+def test_ok_with_an_invalid_action_being_edited_says_which_field_and_stays_open(qtbot, make_app):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    app = make_app()
+    app.open_settings()
+    dialog = app.settings_dialog
+    before = settings_path().read_text(encoding="utf-8")
+    dialog.tabs.setCurrentIndex(0)
+    dialog.actions_page.prompt.setPlainText("Make this formal:\n\n{text}")  # no name
+    _dialog_button(dialog, QDialogButtonBox.Ok).click()
+    assert dialog.isVisible() and dialog.tabs.currentWidget() is dialog.actions_page
+    assert dialog.error.text().startswith("Actions: the action being edited is not saved (Name): ")
+    assert "name is empty" in dialog.error.text()
+    assert settings_path().read_text(encoding="utf-8") == before  # nothing applied
+    dialog.actions_page.name.setText("Formal tone")
+    dialog.actions_page.prompt.setPlainText("Make this formal")  # no {text}
+    assert not dialog.apply() and "(Prompt)" in dialog.error.text()

@@ -7,7 +7,7 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
-from ui_fakes import FakeBackend, FakeOpener
+from ui_fakes import FakeBackend, FakeOpener, TokenGate
 
 from app.engine.request import PRIORITY_NORMAL
 from app.ui.controllers.engine_host import EngineHost
@@ -229,3 +229,84 @@ def test_a_popup_answer_continues_as_a_new_conversation(qtbot, host):
     messages = host.backend.requests[-1][0]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[1]["content"].endswith("The selected text.") and messages[2]["content"] == "A summary."
+
+
+def _stream_partly(qtbot, window, host, gate, text, tokens):
+    """Send ``text`` and let the slow answer write ``tokens`` pieces; returns them."""
+    window.input.setPlainText(text)
+    window.send_button.click()
+    gate.release(tokens)
+    partial = "".join(word + " " for word in host.backend._answer([]).split(" ")[:tokens])
+    qtbot.waitUntil(lambda: window.message_widgets()[-1].text() == partial, timeout=5000)
+    return partial
+
+
+@pytest.mark.parametrize("switch", ["new chat", "open another", "continue a popup answer"])
+def test_switching_conversations_while_an_answer_streams_keeps_it_and_frees_the_window(qtbot, host, caplog, switch):
+    host.backend._answer = lambda m: "one two three four five six seven eight nine ten"
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    _send(qtbot, window, "An earlier chat")
+    earlier = window.conversation.id
+    window.new_chat()
+    gate = host.backend.gate = TokenGate()  # a slow model: one word per release
+    with qtbot.captureExceptions() as exceptions:
+        partial = _stream_partly(qtbot, window, host, gate, "Count to ten", 3)
+        answered = window.conversation.id
+        if switch == "new chat":
+            window.new_button.click()
+        elif switch == "open another":
+            window.list.itemClicked.emit(next(window.list.item(i) for i in range(window.list.count())
+                                              if window.list.item(i).data(Qt.UserRole) == earlier))
+        else:
+            window.start_conversation([{"role": "user", "content": "Popup"}, {"role": "assistant", "content": "Done."}])
+        assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
+        assert window.status.text().endswith("Stopped") and "Writing" not in window.status.text()
+        gate.release(100)  # the old task's late tokens and its end
+        qtbot.waitUntil(lambda: not host.busy, timeout=5000)
+        host.backend.gate = None
+        _send(qtbot, window, "Send works again")
+        qtbot.wait(100)  # anything the old task still had queued
+    assert exceptions == [] and not [r for r in caplog.records if r.levelname == "ERROR"]
+    saved = {c.id: c for c in ChatHistory().load_all()[0]}
+    assert [(m.role, m.content) for m in saved[answered].messages] == [("user", "Count to ten"),
+                                                                        ("assistant", partial)]
+    assert saved[answered].messages[1].tokens_per_second > 0  # completed when the old task ended
+    assert window.conversation.id != answered and window.conversation.messages[-1].content.startswith("one two")
+    assert [w.text() for w in window.message_widgets()][-2:] == ["Send works again", "one two three four five six "
+                                                                 "seven eight nine ten"]
+    assert window.list.count() == (3 if switch != "open another" else 2)
+
+
+def test_the_view_follows_new_messages_and_a_streaming_answer_unless_the_user_scrolled_up(qtbot, host):
+    host.backend._answer = lambda m: " ".join(f"Paragraph{i}\n\n" for i in range(60))  # one paragraph a token
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.resize(500, 400)
+    window.show()
+    qtbot.waitExposed(window)
+    bar = window.scroll.verticalScrollBar()
+
+    def settled_at_bottom(longer_than=0):
+        qtbot.waitUntil(lambda: bar.maximum() > longer_than and bar.value() == bar.maximum(), timeout=5000)
+        return bar.maximum()
+
+    _send(qtbot, window, "A long answer, please")
+    end = settled_at_bottom()  # the whole answer was followed to its end
+    gate = host.backend.gate = TokenGate()
+    window.input.setPlainText("Another one")
+    window.send_button.click()
+    end = settled_at_bottom(end)  # the new message is in view
+    for _ in range(3):  # the answer grows: the view keeps up
+        gate.release(5)
+        end = settled_at_bottom(end)
+    bar.setValue(0)  # the user scrolls up to read
+    gate.release(10)
+    qtbot.waitUntil(lambda: bar.maximum() > end, timeout=5000)
+    qtbot.wait(100)
+    assert bar.value() == 0  # not yanked down
+    bar.setValue(bar.maximum())  # back at the bottom: followed again
+    gate.release(100)
+    qtbot.waitUntil(lambda: window.task is None, timeout=5000)
+    settled_at_bottom(end)
+    assert window.message_widgets()[-1].text().endswith("Paragraph59\n\n")

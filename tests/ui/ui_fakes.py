@@ -50,6 +50,20 @@ class FakeStream:
         return self._result
 
 
+class TokenGate:
+    """A FakeBackend gate that lets one token through per ``release()``: a slow model whose
+    stream the test advances step by step (Event-like ``wait``, as FakeStream calls it)."""
+
+    def __init__(self):
+        self._tokens = threading.Semaphore(0)
+
+    def release(self, n: int = 1) -> None:
+        self._tokens.release(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._tokens.acquire(timeout=timeout)
+
+
 class FakeBackend:
     def __init__(self, name: str = "fake", answer: Callable[[list[dict]], str] | None = None,
                  max_context: int = 4096, count: Callable[[str], int] = words, log: list | None = None,

@@ -22,7 +22,7 @@ from app.ui.backend.base import ChatBackend
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
 from app.settings.jsonfile import SettingsFileError
-from app.ui.history import ChatHistory, Conversation
+from app.ui.history import ChatHistory, ChatMessage, Conversation
 from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
@@ -31,6 +31,7 @@ from app.ui.widgets.tray import loading_text
 
 
 NOT_KEPT = "This conversation is not kept in the history: {error}"
+FOLLOW_SLACK_PX = 8  # this close to the bottom still counts as reading the newest text
 
 
 def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tokens: int) -> tuple[list[dict], int]:
@@ -64,6 +65,9 @@ class ChatWindow(QWidget):
         self.history.subscribe(self._history_changed)  # the History window deleted some
         self.conversation = Conversation()
         self.task: StreamTask | None = None
+        # Answers stopped because another conversation was opened, until their task ends:
+        # task -> (its conversation, the partial answer saved there)
+        self._left: dict[StreamTask, tuple[Conversation, ChatMessage]] = {}
         self._answer_widget: MessageWidget | None = None
         self._last_outcome = ""  # "12.3 tokens/s" of the last answer, shown beside the model name
         self._waiting = False  # the last message waits for the model being loaded
@@ -101,6 +105,12 @@ class ChatWindow(QWidget):
         self.messages_layout.addStretch(1)
         self.scroll = QScrollArea(widgetResizable=True)
         self.scroll.setWidget(self.messages_box)
+        # The range grows when the layout catches up with a new or growing message (later than
+        # the change itself), so the view follows the range, not the change.
+        self._follow = True  # at the bottom: keep the newest text in view; off while reading above
+        bar = self.scroll.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._range_changed)
         self.input = QPlainTextEdit()
         self.input.setMaximumHeight(90)
         self.input.setPlaceholderText(self._placeholder())
@@ -170,13 +180,13 @@ class ChatWindow(QWidget):
             self.list.addItem(item)
 
     def new_chat(self) -> None:
-        self.stop()
+        self._leave_answer()
         self.conversation = Conversation()
         self._show_messages()
 
     def start_conversation(self, messages: list[dict[str, str]]) -> None:
         """A new conversation that starts with ``messages`` (a popup's request and answer)."""
-        self.stop()
+        self._leave_answer()
         self.conversation = Conversation()
         for m in messages:
             self.conversation.add(m["role"], m["content"])
@@ -185,7 +195,9 @@ class ChatWindow(QWidget):
         self.input.setFocus(Qt.OtherFocusReason)
 
     def open_conversation(self, conversation_id: str) -> None:
-        self.stop()
+        if self.task is not None and conversation_id == self.conversation.id:
+            return  # the one being answered is shown already: let it write on
+        self._leave_answer()
         if not any(c.id == conversation_id for c in self.conversations):
             self.conversations, _notices = self.history.load_all()  # kept since this window opened
             self._refresh_list()
@@ -198,8 +210,10 @@ class ChatWindow(QWidget):
             return  # nothing is written: the list is this window's own
         kept = self.history.ids()
         if self.conversation in self.conversations and self.conversation.id not in kept:
+            self._leave_answer(keep=False)  # deleted: its answer has nowhere to go
             self.new_chat()
         self.conversations = [c for c in self.conversations if c.id in kept]
+        self._left = {t: left for t, left in self._left.items() if left[0].id in kept}  # not saved back
         self._refresh_list()
 
     def _show_messages(self) -> None:
@@ -213,9 +227,15 @@ class ChatWindow(QWidget):
     def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
         widget = MessageWidget(role, text, tps)
         self.messages_layout.insertWidget(self.messages_layout.count() - 1, widget)
-        bar = self.scroll.verticalScrollBar()
-        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))  # after the new widget is laid out
+        self._follow = True  # a new message is shown, wherever the user had scrolled to
         return widget
+
+    def _scrolled(self, value: int) -> None:
+        self._follow = value >= self.scroll.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
+
+    def _range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.scroll.verticalScrollBar().setValue(maximum)
 
     def message_widgets(self) -> list[MessageWidget]:
         return [self.messages_layout.itemAt(i).widget() for i in range(self.messages_layout.count() - 1)]
@@ -279,12 +299,27 @@ class ChatWindow(QWidget):
 
         task = StreamTask(job, lambda: holder["stream"].cancel() if "stream" in holder else None)
         task.delta.connect(lambda d, t=task: self.task is t and self._answer_widget.append(d))
-        task.finished.connect(lambda r, t=task: self.task is t and self._finished(r))
-        task.failed.connect(lambda msg, t=task: self.task is t and self._failed(msg))
+        task.finished.connect(lambda r, t=task: self._task_finished(t, r))
+        task.failed.connect(lambda msg, t=task: self._task_failed(t, msg))
         self.task = task
         self._set_running(True)
         self.host.track(task)
         task.start()
+
+    def _task_finished(self, task: StreamTask, result: GenerationResult) -> None:
+        if task is self.task:
+            self._finished(result)
+        elif task in self._left:  # its conversation is no longer shown: only its saved answer is completed
+            conversation, message = self._left.pop(task)
+            message.content, message.tokens_per_second = result.text, result.tokens_per_second
+            self._save(conversation)
+            if conversation is self.conversation and self.task is None and not self._waiting:
+                self._show_messages()  # opened again meanwhile: show the completed answer
+
+    def _task_failed(self, task: StreamTask, message: str) -> None:
+        if task is self.task:
+            self._failed(message)
+        self._left.pop(task, None)  # a left answer keeps what was saved when it was left
 
     def _finished(self, result: GenerationResult) -> None:
         self._answer_widget.finish(result.tokens_per_second)
@@ -304,19 +339,40 @@ class ChatWindow(QWidget):
         self._set_running(False)
         self._update_status()
 
+    def _leave_answer(self, keep: bool = True) -> None:
+        """Before another conversation is shown: the answer being written stops and, with ``keep``,
+        what it has so far is saved in its own conversation, as Stop would; the tokens still on
+        their way and the speed are added when its task ends (_task_finished). The window is free
+        at once: the old task's signals never reach the message widgets about to be deleted."""
+        if self._waiting:
+            self._give_back_waiting(tr("Stopped"))
+        task = self.task
+        if task is None:
+            return
+        if keep:
+            self._left[task] = (self.conversation, self.conversation.add("assistant", self._answer_widget.text()))
+            self._save()
+        self.task, self._answer_widget = None, None
+        task.cancel()
+        self._last_outcome = tr("Stopped")
+        self._set_running(False)
+        self._update_status()
+
     def stop(self) -> None:
         if self._waiting:
             self._give_back_waiting(tr("Stopped"))
         if self.task is not None:
             self.task.cancel()
 
-    def _save(self) -> None:
+    def _save(self, conversation: Conversation | None = None) -> None:
+        """Save ``conversation`` (the one shown by default) and list it."""
+        conversation = self.conversation if conversation is None else conversation
         try:
-            self.history.save(self.conversation)
+            self.history.save(conversation)
         except SettingsFileError as e:  # a full disk, a read-only folder: the chat goes on, unsaved
             self.status.setText(tr(NOT_KEPT, error=str(e)))
-        if self.conversation not in self.conversations:
-            self.conversations.insert(0, self.conversation)
+        if conversation not in self.conversations:
+            self.conversations.insert(0, conversation)
         self._refresh_list()
 
     def _set_running(self, running: bool) -> None:

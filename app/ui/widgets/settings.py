@@ -162,6 +162,8 @@ class SettingsDialog(QDialog):
         if self.models_page.removal.running:
             self.error.setText(tr("Wait until {name} is removed, then save", name=self.models_page.removal.name))
             return False
+        if not self._commit_action_edit():
+            return False
         try:
             changes, actions = self.collect()
             self._on_apply(changes, actions)
@@ -172,6 +174,17 @@ class SettingsDialog(QDialog):
             return False
         self.error.clear()
         self._fill_hotkeys()  # show what the OS accepted this time
+        return True
+
+    def _commit_action_edit(self) -> bool:
+        """The action being edited is saved with the rest; when it is invalid the dialog stays
+        open on the Actions tab, saying which field (nothing else is applied)."""
+        try:
+            self.actions_page.commit_edit()
+        except QwenTrayError as e:
+            self.tabs.setCurrentWidget(self.actions_page)
+            self.error.setText(str(e))
+            return False
         return True
 
     def _model_removed(self, name: str) -> None:

@@ -65,11 +65,37 @@ class ActionsPage(QWidget):
         layout.addWidget(self.list, 1)
         layout.addLayout(right, 2)
         self._refresh()
+        self._mark_unchanged()
 
     def _refresh(self) -> None:
         self.list.clear()
         for a in self.actions:
             self.list.addItem(QListWidgetItem(a.name))
+
+    def _form(self) -> tuple[str, str, str, str]:
+        return self.name.text(), self.prompt.toPlainText(), self.hotkey.text(), self.mode.currentData()
+
+    def _mark_unchanged(self) -> None:
+        """The form as shown (an action, or a blank new one): what an unsaved edit differs from."""
+        self._shown = self._form()
+
+    def commit_edit(self) -> None:
+        """OK/Apply: an edit in the form not yet saved with "Save action" is saved now (a user who
+        typed an action and pressed OK means to keep it). Raises QwenTrayError naming the bad field."""
+        if self._form() == self._shown or self.save_current():
+            return
+        field, label = self._bad_field()
+        field.setFocus(Qt.OtherFocusReason)
+        raise QwenTrayError(tr("Actions: the action being edited is not saved ({field}): {error}",
+                               field=label, error=self.error.text()))
+
+    def _bad_field(self) -> tuple[QWidget, str]:
+        """The form field an invalid action fails on, and its label (the checks of Action, in order)."""
+        if not self.name.text().strip():
+            return self.name, tr("Name")
+        if "{text}" not in self.prompt.toPlainText():
+            return self.prompt, tr("Prompt")
+        return self.hotkey.edit, tr("Hotkey")
 
     def _show(self, row: int) -> None:
         if 0 <= row < len(self.actions):
@@ -78,6 +104,8 @@ class ActionsPage(QWidget):
             self.prompt.setPlainText(a.prompt)
             self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
+            self.error.clear()
+            self._mark_unchanged()
 
     def _new(self) -> None:
         self.list.clearSelection()
@@ -86,6 +114,7 @@ class ActionsPage(QWidget):
         self.prompt.setPlainText("{text}")
         self.hotkey.set_text("")
         self.error.clear()
+        self._mark_unchanged()  # a blank new action is no edit until something is typed
 
     def save_current(self) -> bool:
         """Validate the form into an action (new or the selected one); shows the error and returns False."""
@@ -107,6 +136,7 @@ class ActionsPage(QWidget):
         self.error.clear()
         self._refresh()
         self.list.setCurrentRow(row)
+        self._mark_unchanged()
         self.changed.emit()
         return True
 
@@ -115,6 +145,7 @@ class ActionsPage(QWidget):
         if 0 <= row < len(self.actions):
             del self.actions[row]
             self._refresh()
+            self._new()  # the removed action's values left in the form would be saved again on OK
             self.changed.emit()
 
 
