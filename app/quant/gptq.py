@@ -96,25 +96,64 @@ class HessianProbe:
 
 @torch.inference_mode()  # the Hessian may come from the calibration pass, an inference tensor
 def inverse_cholesky_upper(hessian: torch.Tensor, damp: float, name: str, *, overwrite: bool = False) -> torch.Tensor:
-    """``chol_upper((H + damp * mean(diag H) * I)^-1)`` [K, K] fp32.
+    """``chol_upper((H + damp * mean(diag H) * I)^-1)`` [K, K] fp32: U with H^-1 = U^T U.
 
     Inputs never seen in calibration (zero diagonal, e.g. the zero padding to 128 columns) get a
-    diagonal of 1 so H stays invertible; their columns are then plain rounding. The Cholesky
-    factor, the inverse and its factor are computed in place, so one K x K fp32 matrix is alive
-    (a 18944-wide down_proj: ~1.4 GiB); ``overwrite=True`` uses ``hessian`` itself as that matrix.
+    diagonal of 1 so H stays invertible; their columns are then plain rounding. Computed without
+    a second K x K matrix (a 18944-wide down_proj's is ~1.4 GiB; ``cholesky_inverse`` would copy
+    it, twice on CUDA): with J the reversal, J H J = M M^T gives H = R R^T for the upper R = J M J,
+    so U = R^-1 = J M^-1 J -- a Cholesky factor and a triangular inverse, both in place.
+    ``overwrite=True`` uses ``hessian`` itself as that matrix.
     """
     h = hessian if overwrite and hessian.dtype == torch.float32 else hessian.to(torch.float32).clone()
     diag = h.diagonal()
     diag[diag <= 0] = 1.0
     diag.add_(damp * float(diag.mean()))
+    _reverse_(h)
     info = torch.empty((), dtype=torch.int32, device=h.device)
-    torch.linalg.cholesky_ex(h, out=(h, info))
+    # LAPACK/cuSOLVER work in column-major order: h's transpose is h's memory read that way (and
+    # the same matrix), so no column-major copy is made; U^T of the column-major factor is M.
+    torch.linalg.cholesky_ex(h.mT, upper=True, out=(h.mT, info))
     if int(info) != 0:
         raise QwenTrayError(f"{name}: the calibration Hessian is not positive definite even with damping; "
                             "use a longer calibration text")
-    torch.cholesky_inverse(h, out=h)
-    torch.linalg.cholesky(h, upper=True, out=h)
+    h.tril_()  # M; nothing above the diagonal, which the block inverse reads
+    _invert_lower_(h)
+    return _reverse_(h)
+
+
+def _reverse_(h: torch.Tensor, block_rows: int = 256) -> torch.Tensor:
+    """``J h J`` (rows and columns in reverse order) written into ``h``: mirrored row blocks swapped
+    through one spare block (never a copy between overlapping rows, which a GPU would race on)."""
+    k = h.shape[0]
+    for top in range(0, k // 2, block_rows):
+        rows = min(block_rows, k // 2 - top)
+        low = h[k - top - rows:k - top]  # the rows that land in h[top:top + rows], in reverse
+        upper = h[top:top + rows].flip(0, 1).clone()
+        h[top:top + rows] = low.flip(0, 1)
+        low.copy_(upper)
+    if k % 2:  # the middle row is its own mirror
+        h[k // 2] = h[k // 2].flip(0).clone()
     return h
+
+
+def _invert_lower_(m: torch.Tensor, leaf: int = 256, chunk: int = 512) -> None:
+    """A lower-triangular ``m`` (zero above the diagonal) replaced by its inverse, in place:
+    [[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1, C^-1]], the off-diagonal block updated in
+    row then column chunks, so the extra memory is a few chunks, not a matrix."""
+    n = m.shape[0]
+    if n <= leaf:
+        eye = torch.eye(n, dtype=m.dtype, device=m.device)
+        m.copy_(torch.linalg.solve_triangular(m, eye, upper=False))
+        return
+    half = n // 2
+    a, b, c = m[:half, :half], m[half:, :half], m[half:, half:]
+    _invert_lower_(a, leaf, chunk)
+    _invert_lower_(c, leaf, chunk)
+    for rows in range(0, b.shape[0], chunk):  # B A^-1: a row of the product needs that row of B only
+        b[rows:rows + chunk] = b[rows:rows + chunk] @ a
+    for cols in range(0, b.shape[1], chunk):  # -C^-1 (B A^-1): a column needs that column only
+        b[:, cols:cols + chunk] = (c @ b[:, cols:cols + chunk]).neg_()
 
 
 @torch.inference_mode()  # as inverse_cholesky_upper: the Hessian may be an inference tensor
