@@ -41,12 +41,14 @@ class ContextLengthError(QwenTrayError):
 
 class InvalidParameterError(QwenTrayError):
     """A parameter is out of range: ``param`` as the engine's API spells it (``top_p``), ``reason``
-    why. The message is "param: reason"; the CLI names its option instead (``--top-p``)."""
+    why. The message is "param: reason"; the CLI names its option instead (``--top-p``). ``index``
+    is the element of a list parameter that is wrong (``stop`` 1: the second stop string), else None."""
 
-    def __init__(self, param: str, reason: str):
+    def __init__(self, param: str, reason: str, index: int | None = None):
         super().__init__(f"{param}: {reason}")
         self.param = param
         self.reason = reason
+        self.index = index
 
 
 class EngineClosedError(QwenTrayError):

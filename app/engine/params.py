@@ -15,9 +15,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 
 
-def _check(ok: bool, param: str, message: str) -> None:
+def _check(ok: bool, param: str, message: str, index: int | None = None) -> None:
     if not ok:
-        raise InvalidParameterError(param, message)
+        raise InvalidParameterError(param, message, index)
 
 
 @dataclass(slots=True)
@@ -40,9 +40,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = (self.stop,)
-        self.stop = tuple(self.stop)
+        one_stop = isinstance(self.stop, str)  # a wrong one is then the parameter, not an element of it
+        self.stop = (self.stop,) if one_stop else tuple(self.stop)
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1")
         _check(_finite(self.temperature) and 0.0 <= self.temperature <= 2.0, "temperature", "must be between 0 and 2")
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
@@ -56,9 +55,9 @@ class SamplingParams:
         _check(self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
                "seed", "must be an integer that fits in 64 bits")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings")
-        for s in self.stop:
+        for i, s in enumerate(self.stop):
             _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH, "stop",
-                   f"each stop string must be 1..{MAX_STOP_LENGTH} characters")
+                   f"each stop string must be 1..{MAX_STOP_LENGTH} characters", None if one_stop else i)
 
     @property
     def greedy(self) -> bool:

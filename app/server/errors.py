@@ -90,8 +90,8 @@ def from_exception(exc: BaseException, *, prompt_param: str, retry_after_s: int 
         return ApiError(400, f"{str(exc)[:1].upper()}{str(exc)[1:]}.", param=prompt_param,
                         code="context_length_exceeded")
     if isinstance(exc, InvalidParameterError):  # the engine's "param: what it must be"
-        detail = str(exc).removeprefix(f"{exc.param}: ")
-        return invalid_param(exc.param, f"Invalid value for '{exc.param}': {detail}.")
+        param = exc.param if exc.index is None else f"{exc.param}[{exc.index}]"  # stop[1], as the client sent it
+        return invalid_param(param, f"Invalid value for '{param}': {exc.reason}.")
     if isinstance(exc, EngineClosedError):
         return unavailable(f"The model was unloaded while serving this request ({exc}); retry.",
                            "model_unloaded", retry_after_s)

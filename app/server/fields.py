@@ -29,6 +29,12 @@ UNSUPPORTED_REASONS = {
     "modalities": "answers in text only",
     "echo": "does not echo the prompt",
     "suffix": "does not fill in text between a prompt and a suffix",
+    # documented OpenAI parameters of features this server does not have
+    "reasoning_effort": "does not take reasoning settings",
+    "verbosity": "does not adjust how long answers are (use max_tokens to cap them)",
+    "prediction": "does not take predicted outputs",
+    "audio": "answers in text only",
+    "web_search_options": "does not search the web",
 }
 
 
@@ -76,15 +82,33 @@ def unsupported_value(param: str, value: str, reason: str) -> ApiError:
                                 f"which {reason}.", code="unsupported_value")
 
 
-def refuse_unless(body: dict, name: str, *neutral: object) -> None:
-    """Refuse ``name`` unless it is absent, null or one of the values that ask for nothing extra."""
-    if body.get(name) is None or any(body[name] == value for value in neutral):
+def same_json(value: object, neutral: object) -> bool:
+    """``value`` is ``neutral`` as JSON sees it: true is not 1, 1.0 is not 1 (Python's == says both are)."""
+    if json_type(value) != json_type(neutral):
+        return False
+    if isinstance(neutral, list):
+        return len(value) == len(neutral) and all(same_json(v, n) for v, n in zip(value, neutral))
+    if isinstance(neutral, dict):
+        return value.keys() == neutral.keys() and all(same_json(value[k], n) for k, n in neutral.items())
+    return value == neutral
+
+
+def refuse_unless(body: dict, name: str, *neutral: object, expected: str | None = None) -> None:
+    """Refuse ``name`` unless it is absent, null or one of the values that ask for nothing extra.
+
+    ``expected`` (a JSON type with its article, "an integer") is the field's type in OpenAI's API:
+    a value of another type is invalid_type, as OpenAI answers it, before asking whether it is neutral.
+    """
+    value = body.get(name)
+    if value is None or any(same_json(value, n) for n in neutral):
         return
+    if expected is not None and json_type(value) != expected:
+        raise invalid_type(name, expected, value)
     reason = UNSUPPORTED_REASONS[name]
-    if all(value in ([], {}, "") for value in neutral):  # only "nothing" is allowed: not worth suggesting
+    if all(n in ([], {}, "") for n in neutral):  # only "nothing" is allowed: not worth suggesting
         message = f"Unsupported parameter: '{name}' is not supported by this server, which {reason}."
         raise invalid_param(name, message, code="unsupported_parameter")
-    allowed = " or ".join(shown(value) for value in neutral)
+    allowed = " or ".join(shown(n) for n in neutral)
     raise invalid_param(name, f"Unsupported value: '{name}' can only be {allowed} on this server, which {reason}.",
                         code="unsupported_value")
 

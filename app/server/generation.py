@@ -20,11 +20,12 @@ from starlette.types import Receive
 
 from app.engine.params import SamplingParams
 from app.engine.request import PRIORITY_BACKGROUND
-from app.server.errors import (ApiError, context_length_exceeded, from_exception, invalid_param,
-                               max_tokens_too_large, unavailable)
-from app.server.protocol import ApiRequest, ResponseBuilder
+from app.server.errors import ApiError, context_length_exceeded, from_exception, max_tokens_too_large, unavailable
+from app.server.fields import invalid_value
+from app.server.protocol import ApiRequest
 from app.server.responses import EventStreamResponse
 from app.server.service import ActiveRequest, ApiService
+from app.server.shapes import ResponseBuilder
 from app.server.sse import DONE, encode_event
 
 # Longer than any single engine step, even a 7B prefill chunk on a laptop GPU.
@@ -187,7 +188,7 @@ def start_generation(engine: Any, request: ApiRequest):
     elif isinstance(request.prompt, str):
         prompt_ids = engine.tokenizer.encode(request.prompt)
     else:
-        prompt_ids = _checked_token_ids(request.prompt, engine.spec.vocab_size)
+        prompt_ids = _checked_token_ids(request.prompt, engine.spec.vocab_size, request.prompt_where)
     room = window - len(prompt_ids)
     if room < 1:
         raise context_length_exceeded(window, len(prompt_ids), request.prompt_param)
@@ -197,12 +198,13 @@ def start_generation(engine: Any, request: ApiRequest):
     return engine.generate(prompt_ids, params, priority=PRIORITY_BACKGROUND)
 
 
-def _checked_token_ids(ids: list[int], vocab_size: int) -> list[int]:
+def _checked_token_ids(ids: list[int], vocab_size: int, where: str) -> list[int]:
+    """Every id names a token of the model; else a 400 naming the element (``prompt[3]``)."""
     for i, token in enumerate(ids):
         if not 0 <= token < vocab_size:
             shown = str(token) if abs(token) < 10**20 else f"{str(token)[:20]}..."
-            raise invalid_param("prompt", f"prompt[{i}]: token id {shown} is outside the vocabulary "
-                                          f"(0..{vocab_size - 1})")
+            raise invalid_value(f"{where}[{i}]", f"token id {shown} is not in the model's vocabulary "
+                                                 f"(0 to {vocab_size - 1})")
     return ids
 
 
@@ -227,8 +229,9 @@ async def _whole(run: GenerationRun, builder: ResponseBuilder, retry_after_s: in
 async def _events(run: GenerationRun, builder: ResponseBuilder, first: str | None, prompt_param: str,
                   retry_after_s: int) -> AsyncGenerator[bytes, None]:
     try:
-        opening = [builder.chunk(first=True)] + ([builder.chunk(first)] if first else [])
-        yield b"".join(encode_event(e) for e in opening)
+        opening = builder.opening(first)
+        if opening:
+            yield b"".join(encode_event(e) for e in opening)
         while (delta := await run.pump.next()) is not None:
             yield encode_event(builder.chunk(delta))
         reason = run.finish_reason()

@@ -1,4 +1,4 @@
-"""OpenAI request bodies in, engine calls out; engine results in, OpenAI response bodies out.
+"""OpenAI request bodies in, validated requests out (the response bodies are shapes.py's).
 
 Pure functions and small dataclasses: no sockets, no engine. Anything the engine cannot do
 (tools, logprobs, n > 1, images, JSON mode) is refused with a 400 naming the parameter
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from app.server.errors import ApiError, invalid_param
 from app.server.fields import (NO_TOOLS, boolean, check_known, integer, invalid_type, invalid_value, missing,
                                number, quoted, refuse_unless, unsupported_value)
-
-Kind = Literal["chat", "completion"]
+from app.server.shapes import Kind
 # "developer" is OpenAI's newer name for "system"; the chat template only knows "system".
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}
@@ -33,6 +29,9 @@ SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "sto
 COMMON_FIELDS = frozenset({"model", "stream", "stream_options", "n", "logit_bias"}) | SAMPLING_FIELDS | IGNORED_FIELDS
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                                "tool_choice", "functions", "function_call", "response_format", "modalities"}
+# OpenAI documents these; this server refuses them (fields.UNSUPPORTED_REASONS says why) unless null.
+UNSUPPORTED_CHAT_FIELDS = ("reasoning_effort", "verbosity", "prediction", "audio", "web_search_options")
+CHAT_FIELDS |= frozenset(UNSUPPORTED_CHAT_FIELDS)
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "suffix", "best_of"}
 # include_obfuscation pads OpenAI's chunks against network side channels; a loopback server skips it.
 STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
@@ -49,6 +48,7 @@ class ApiRequest:
     sampling: dict  # SamplingParams keyword arguments; max_tokens only when the client sent it
     messages: list[dict] | None = None  # chat: [{"role", "content": str}]
     prompt: str | list[int] | None = None  # completion: text or token ids
+    prompt_where: str = "prompt"  # where the client put the token ids: "prompt", or "prompt[0]" for [[ids]]
     stream: bool = False
     include_usage: bool = False
     max_tokens_param: str = "max_tokens"  # the field the client limited the answer with
@@ -136,12 +136,13 @@ def _model(body: dict) -> str:
     return model
 
 
-def _stop(body: dict) -> tuple[str, ...]:
+def _stop(body: dict) -> str | tuple[str, ...]:
+    """The stop strings; one string stays a string, so that the engine's error names ``stop``, not ``stop[0]``."""
     stop = body.get("stop")
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,)
+        return stop
     if not isinstance(stop, list):
         raise invalid_type("stop", "a string or an array of strings", stop)
     for i, item in enumerate(stop):
@@ -195,7 +196,7 @@ def _sampling(body: dict, max_tokens_fields: tuple[str, ...]) -> dict:
     if seed is not None:
         out["seed"] = seed
     stop = _stop(body)
-    if stop:
+    if stop != ():
         out["stop"] = stop
     if boolean(body, "ignore_eos"):
         out["ignore_eos"] = True
@@ -273,8 +274,10 @@ def parse_messages(raw: object) -> list[dict]:
                                                        f"by this server, which {NO_TOOLS}.",
                                     code="unsupported_parameter")
         content = msg.get("content")
-        if content is None and role == "assistant":
+        if content is None and role == "assistant":  # OpenAI's assistant messages may leave it out
             content = ""
+        elif "content" not in msg:  # absent is missing; an explicit null stays the wrong type
+            raise missing(f"{where}.content")
         messages.append({"role": role, "content": _message_text(content, f"{where}.content")})
     return messages
 
@@ -288,9 +291,9 @@ def parse_request(raw: bytes, kind: Kind) -> ApiRequest:
 def parse_chat_request(body: dict) -> ApiRequest:
     check_known(body, CHAT_FIELDS)
     model = _model(body)
-    refuse_unless(body, "n", 1)
-    refuse_unless(body, "logprobs", False)
-    refuse_unless(body, "top_logprobs", 0)
+    refuse_unless(body, "n", 1, expected="an integer")
+    refuse_unless(body, "logprobs", False, expected="a boolean")
+    refuse_unless(body, "top_logprobs", 0, expected="an integer")
     refuse_unless(body, "tools", [])
     refuse_unless(body, "functions", [])
     refuse_unless(body, "tool_choice", "none", "auto")
@@ -298,6 +301,8 @@ def parse_chat_request(body: dict) -> ApiRequest:
     refuse_unless(body, "response_format", {"type": "text"})
     refuse_unless(body, "logit_bias", {})
     refuse_unless(body, "modalities", ["text"])
+    for name in UNSUPPORTED_CHAT_FIELDS:
+        refuse_unless(body, name)
     messages = parse_messages(body.get("messages"))
     fields = ("max_completion_tokens", "max_tokens")
     sampling = _sampling(body, fields)
@@ -328,80 +333,16 @@ def _prompt(raw: object, unwrap: bool = True) -> str | list[int]:
 def parse_completion_request(body: dict) -> ApiRequest:
     check_known(body, COMPLETION_FIELDS)
     model = _model(body)
-    refuse_unless(body, "n", 1)
-    refuse_unless(body, "best_of", 1)
-    refuse_unless(body, "logprobs", 0, False)
-    refuse_unless(body, "echo", False)
+    refuse_unless(body, "n", 1, expected="an integer")
+    refuse_unless(body, "best_of", 1, expected="an integer")
+    refuse_unless(body, "logprobs", 0, expected="an integer")
+    refuse_unless(body, "echo", False, expected="a boolean")
     refuse_unless(body, "suffix", "")
     refuse_unless(body, "logit_bias", {})
-    prompt = _prompt(body.get("prompt"))
+    raw_prompt = body.get("prompt")
+    prompt = _prompt(raw_prompt)
+    nested = isinstance(raw_prompt, list) and len(raw_prompt) == 1 and isinstance(raw_prompt[0], list)
     sampling = _sampling(body, ("max_tokens",))
     stream, include_usage = _streaming(body)
-    return ApiRequest("completion", model, sampling, prompt=prompt, stream=stream, include_usage=include_usage,
-                      default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)
-
-
-# -- responses -------------------------------------------------------------------------------
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-@dataclass(slots=True)
-class ResponseBuilder:
-    """Builds the bodies of one response; every chunk of a stream shares id and created."""
-
-    kind: Kind
-    model: str
-    include_usage: bool = False
-    id: str = ""
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def __post_init__(self) -> None:
-        if not self.id:
-            prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
-            self.id = prefix + uuid.uuid4().hex
-
-    def _envelope(self, obj: str, choices: list) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
-
-    def chunk(self, text: str | None = None, *, first: bool = False, finish_reason: str | None = None) -> dict:
-        """One streamed chunk: the first carries the role (chat), the last the finish reason."""
-        if self.kind == "chat":
-            delta: dict = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion.chunk", [choice])
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        if self.include_usage:
-            body["usage"] = None  # OpenAI: null on every chunk but the last
-        return body
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        body = self._envelope(obj, [])
-        body["usage"] = usage_dict(prompt_tokens, completion_tokens)
-        return body
-
-    def full(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = usage_dict(prompt_tokens, completion_tokens)
-        return body
-
-
-def models_list(model_id: str, created: int) -> dict:
-    return {"object": "list", "data": [model_card(model_id, created)]}
-
-
-def model_card(model_id: str, created: int) -> dict:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "qwen-tray"}
+    return ApiRequest("completion", model, sampling, prompt=prompt, prompt_where="prompt[0]" if nested else "prompt",
+                      stream=stream, include_usage=include_usage, default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from app.server import protocol
+from app.server import protocol, shapes
 from app.server.errors import ApiError, from_exception, model_not_found
 from app.server.fields import quoted
 from app.server.generation import serve_generation
@@ -28,6 +28,11 @@ from app.server.responses import error_response
 from app.server.service import ApiService
 
 Handler = Callable[[Request], Awaitable[Response]]
+# OpenAI's other APIs under /v1 (platform.openai.com/docs/api-reference): a client that calls one
+# learns that this server does not have it, not merely that the path is unknown.
+OPENAI_ENDPOINTS = frozenset({"embeddings", "responses", "conversations", "images", "audio", "moderations",
+                              "files", "uploads", "batches", "fine_tuning", "assistants", "threads",
+                              "vector_stores", "realtime", "evals", "containers", "videos"})
 
 
 def create_app(service: ApiService) -> ASGIApp:
@@ -53,10 +58,19 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         error = ApiError(405, f"Method {request.method} is not allowed here; use {allowed.split(',')[0]}.",
                          code="method_not_allowed", headers={"Allow": f"{allowed}, OPTIONS"})
     elif exc.status_code == 404:
-        error = ApiError(404, f"Unknown path {path}.", code="not_found")
+        error = ApiError(404, _unknown_path_message(path), code="not_found")
     else:
         error = ApiError(exc.status_code, str(exc.detail), code="invalid_request")
     return error_response(error, f"{request.method} {path}")
+
+
+def _unknown_path_message(path: str) -> str:
+    """A path of OpenAI's API this server does not implement says so, and what it serves instead."""
+    endpoint = path.removeprefix("/v1/").split("/", 1)[0]
+    if not path.startswith("/v1/") or endpoint not in OPENAI_ENDPOINTS:
+        return f"Unknown path {path}."
+    return (f"This server does not support OpenAI's /v1/{endpoint} API; it serves /v1/chat/completions, "
+            f"/v1/completions and /v1/models.")
 
 
 class _Routes:
@@ -83,14 +97,14 @@ class _Routes:
 
     async def list_models(self, request: Request) -> Response:
         _, model_id = self.service.ready_engine()
-        return JSONResponse(protocol.models_list(model_id, self.service.created))
+        return JSONResponse(shapes.models_list(model_id, self.service.created))
 
     async def retrieve_model(self, request: Request) -> Response:
         engine, model_id = self.service.ready_engine()
         wanted = request.path_params["model_id"]
         if not self.service.serves(engine, model_id, wanted):
             raise model_not_found(wanted)
-        return JSONResponse(protocol.model_card(model_id, self.service.created))
+        return JSONResponse(shapes.model_card(model_id, self.service.created))
 
     async def generate(self, kind: protocol.Kind, request: Request) -> Response:
         raw = await read_body(request, self.service.config.max_body_bytes, self.service.config.request_timeout_s)

@@ -12,9 +12,13 @@ A server on 127.0.0.1 is still reachable by every page the user's browser opens:
 from __future__ import annotations
 
 import hmac
+import re
 
 from app.server.config import ServerConfig, is_loopback_host, is_wildcard_host, parse_ip
 from app.server.errors import ApiError
+
+DEFAULT_ALLOWED_HEADERS = "Authorization, Content-Type"
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}")  # RFC 9110 token, cut to a sane length
 
 
 def host_name(host_header: str) -> str:
@@ -63,23 +67,49 @@ def check_origin(origin: str | None, config: ServerConfig) -> None:
 
 
 def cors_headers(origin: str | None, config: ServerConfig) -> dict[str, str]:
-    """Headers for an allowed cross-origin response (none for same-origin/non-browser calls)."""
-    if origin is None or not origin_allowed(origin, config):
+    """Headers for an allowed cross-origin response (none for same-origin/non-browser calls).
+
+    With --cors-origin set, an answer depends on the request's Origin, so every answer says so
+    (``Vary: Origin``): a cache must not hand a page an answer made for another origin or none.
+    """
+    if not config.cors_origins:
+        return {}
+    if origin is None:
+        return {"Vary": "Origin"}
+    if not origin_allowed(origin, config):
         return {}
     return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
 
 
 def preflight_headers(origin: str | None, request_headers, config: ServerConfig) -> dict[str, str]:
+    """The answer to a CORS preflight (the Origin, if any, was allowed: check_origin runs first).
+
+    An allowed page may send whatever headers it asks for: the official openai JS SDK adds its
+    ``X-Stainless-*`` headers, and a fixed list would make browsers block it. A disallowed
+    origin never gets here (403), so this opens nothing to other pages.
+    """
     headers = cors_headers(origin, config)
+    requested = allowed_request_headers(request_headers.get("Access-Control-Request-Headers"))
     headers.update({
         "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-        "Access-Control-Allow-Headers": "Authorization, Content-Type",
+        "Access-Control-Allow-Headers": requested if origin is not None and requested else DEFAULT_ALLOWED_HEADERS,
         "Access-Control-Max-Age": "600",
     })
+    if "Access-Control-Allow-Origin" in headers:  # the answer depends on what the preflight asked
+        headers["Vary"] = "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"
     # Chrome's Private Network Access asks before a public page may reach a loopback server.
     if request_headers.get("Access-Control-Request-Private-Network") == "true":
         headers["Access-Control-Allow-Private-Network"] = "true"
     return headers
+
+
+def allowed_request_headers(requested: str | None) -> str:
+    """The header names a preflight asked for (``Access-Control-Request-Headers``), each a valid
+    HTTP token (RFC 9110's tchar), joined as the answer lists them; "" when none is valid."""
+    if not requested:
+        return ""
+    names = [name.strip() for name in requested.split(",")]
+    return ", ".join(name for name in names if name and HEADER_NAME.fullmatch(name))
 
 
 def check_api_key(authorization: str | None, config: ServerConfig) -> None:

@@ -142,6 +142,18 @@ def test_text_completions(client, engine):
     assert by_ids.choices[0].text == expected.text
 
 
+def test_completion_streams_start_with_text(client, engine):
+    """OpenAI's completion streams have no empty opening chunk (chat streams open with the role, as OpenAI's)."""
+    chunks = list(client.completions.create(model=engine.model_id, prompt="Once upon a time", max_tokens=4,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    texts = [c.choices[0].text for c in chunks]
+    assert texts[0] and all(texts[:-1]), texts  # the first chunk carries the first text
+    assert chunks[-1].choices[0].finish_reason == "length" and texts[-1] == ""
+    assert "".join(texts) == client.completions.create(model=engine.model_id, prompt="Once upon a time",
+                                                       max_tokens=4, temperature=0,
+                                                       extra_body={"ignore_eos": True}).choices[0].text
+
+
 def test_context_length_error_is_openai_shaped(client, engine):
     import openai
 

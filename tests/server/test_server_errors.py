@@ -84,7 +84,7 @@ COMPLETION_ERRORS = [
     ({"prompt": ["a", "b"]}, 400, "prompt", "unsupported_value"),
     ({"prompt": None}, 400, "prompt", "missing_required_parameter"),
     ({"prompt": ""}, 400, "prompt", "invalid_value"),
-    ({"prompt": [1, 10**9]}, 400, "prompt", "invalid_value"),
+    ({"prompt": [1, 10**9]}, 400, "prompt[1]", "invalid_value"),
     ({"echo": True}, 400, "echo", "unsupported_value"),
     ({"best_of": 3}, 400, "best_of", "unsupported_value"),
     ({"logprobs": 2}, 400, "logprobs", "unsupported_value"),
@@ -126,6 +126,29 @@ def test_unknown_path_and_wrong_method(server):
     assert response.status == 405 and "POST" in response.headers["allow"]
     assert raw_request(server, "DELETE", "/v1/models").status == 405
     assert raw_request(server, "GET", "/v1/models/nope").error["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("method", "path", "endpoint"), [
+    ("POST", "/v1/embeddings", "/v1/embeddings"), ("POST", "/v1/responses", "/v1/responses"),
+    ("GET", "/v1/responses/resp_1", "/v1/responses"), ("POST", "/v1/audio/speech", "/v1/audio"),
+    ("POST", "/v1/images/generations", "/v1/images")])
+def test_openai_endpoints_this_server_lacks_say_so(server, method, path, endpoint):
+    response = raw_request(server, method, path, {"model": "m", "input": "hi"} if method == "POST" else None)
+    assert response.status == 404
+    error = response.error
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "not_found"
+    assert error["message"] == (f"This server does not support OpenAI's {endpoint} API; it serves "
+                                "/v1/chat/completions, /v1/completions and /v1/models.")
+
+
+def test_openai_client_learns_embeddings_and_responses_are_not_served(server, client, engine):
+    import openai
+
+    with pytest.raises(openai.NotFoundError, match="does not support OpenAI's /v1/embeddings API"):
+        client.embeddings.create(model=engine.model_id, input="hi")
+    with pytest.raises(openai.NotFoundError, match="/v1/chat/completions"):
+        client.responses.create(model=engine.model_id, input="hi")
+    assert raw_request(server, "GET", "/v1/frobnicate").error["message"] == "Unknown path /v1/frobnicate."
 
 
 def test_protocol_errors_are_json_too(server):

@@ -61,6 +61,23 @@ CHAT_MISTAKES = [
      "unsupported_parameter"),
     ({"extra_body": {"stream": [True]}}, "stream", "invalid_type"),
     ({"extra_body": {"frobnicate": {"a": [1]}}}, "frobnicate", "unsupported_parameter"),
+    # a boolean is not an integer and an integer not a boolean (Python's True == 1 must not let them pass)
+    ({"n": True}, "n", "invalid_type"),
+    ({"n": 1.0}, "n", "invalid_type"),
+    ({"logprobs": 0}, "logprobs", "invalid_type"),
+    ({"top_logprobs": False}, "top_logprobs", "invalid_type"),
+    # content left out is missing; an explicit null on a user message is the wrong type
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "missing_required_parameter"),
+    ({"messages": [{"role": "system"}, *USER]}, "messages[0].content", "missing_required_parameter"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "invalid_type"),
+    # the engine's limits name the element of a list, the parameter of a single value
+    ({"stop": ["end", "x" * 300]}, "stop[1]", "invalid_value"),
+    ({"stop": "x" * 300}, "stop", "invalid_value"),
+    # documented OpenAI parameters of features this server does not have
+    ({"reasoning_effort": "low"}, "reasoning_effort", "unsupported_parameter"),
+    ({"verbosity": "low"}, "verbosity", "unsupported_parameter"),
+    ({"prediction": {"type": "content", "content": "Hi"}}, "prediction", "unsupported_parameter"),
+    ({"web_search_options": {}}, "web_search_options", "unsupported_parameter"),
 ]
 
 COMPLETION_MISTAKES = [
@@ -72,6 +89,13 @@ COMPLETION_MISTAKES = [
     ({"suffix": "The end."}, "suffix", "unsupported_parameter"),
     ({"n": 3}, "n", "unsupported_value"),
     ({"logit_bias": {"1": -100}}, "logit_bias", "unsupported_parameter"),
+    ({"n": True}, "n", "invalid_type"),
+    ({"echo": 0}, "echo", "invalid_type"),
+    ({"best_of": True}, "best_of", "invalid_type"),
+    ({"logprobs": False}, "logprobs", "invalid_type"),
+    # a token id outside the vocabulary names its element
+    ({"prompt": [99999999]}, "prompt[0]", "invalid_value"),
+    ({"prompt": [[1, 99999999]]}, "prompt[0][1]", "invalid_value"),
 ]
 
 
@@ -140,6 +164,36 @@ def test_empty_tools_and_neutral_choices_are_accepted(client, engine):
                                               tool_choice="none", n=1, logprobs=False,
                                               response_format={"type": "text"})
     assert len(response.choices) == 1
+
+
+def test_neutral_values_of_the_exact_json_type_are_accepted(client, engine):
+    """n 1, logprobs false / 0, top_logprobs 0, echo false, best_of 1: accepted as before; an assistant turn
+    may leave out its content."""
+    history = [*USER, {"role": "assistant"}, *USER]
+    chat = client.chat.completions.create(model=engine.model_id, messages=history, max_tokens=2, n=1,
+                                          logprobs=False, top_logprobs=0)
+    assert len(chat.choices) == 1
+    text = client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2, n=1, logprobs=0,
+                                     echo=False, best_of=1)
+    assert len(text.choices) == 1
+
+
+def test_documented_openai_parameters_say_they_are_unsupported(client, engine):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=engine.model_id, messages=USER, reasoning_effort="high")
+    assert info.value.body["message"] == ("Unsupported parameter: 'reasoning_effort' is not supported by this "
+                                          "server, which does not take reasoning settings.")
+    assert "Unrecognized" not in info.value.body["message"]
+    assert client.chat.completions.create(model=engine.model_id, messages=USER, max_tokens=2,
+                                          extra_body={"verbosity": None}).choices  # null asks for nothing
+
+
+def test_a_token_id_outside_the_vocabulary_is_one_sentence(client, engine):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=engine.model_id, prompt=[5, 99999999], max_tokens=2)
+    vocab = engine.spec.vocab_size
+    assert info.value.body["message"] == (f"Invalid value for 'prompt[1]': token id 99999999 is not in the "
+                                          f"model's vocabulary (0 to {vocab - 1}).")
 
 
 def test_n_above_one_is_refused_with_the_alternative(client, engine):

@@ -65,6 +65,43 @@ def test_allowed_origin_gets_cors_headers(make_server, engine):
     assert raw_request(handle, "GET", "/v1/models", headers={"Origin": "http://localhost:4000"}).status == 403
 
 
+# What the official openai JS SDK (v4+) sends from a browser: its X-Stainless-* headers besides the usual two.
+SDK_HEADERS = "authorization,content-type,x-stainless-os,x-stainless-lang,x-stainless-retry-count,x-stainless-timeout"
+
+
+def test_preflight_allows_the_headers_an_allowed_page_asks_for(make_server, engine):
+    origin = "http://localhost:3000"
+    handle = make_server(cors_origins=(origin,))
+    preflight = raw_request(handle, "OPTIONS", "/v1/chat/completions",
+                            headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                     "Access-Control-Request-Headers": SDK_HEADERS})
+    assert preflight.status == 204
+    allowed = {name.strip().lower() for name in preflight.headers["access-control-allow-headers"].split(",")}
+    assert allowed >= set(SDK_HEADERS.split(","))
+    vary = {name.strip().lower() for name in preflight.headers["vary"].split(",")}
+    assert {"origin", "access-control-request-headers"} <= vary
+    # only header-name tokens are echoed: no way to smuggle text into the answer's headers
+    odd = raw_request(handle, "OPTIONS", "/v1/chat/completions",
+                      headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                               "Access-Control-Request-Headers": "x-ok, bad name, x(y), , content-type"})
+    assert odd.headers["access-control-allow-headers"] == "x-ok, content-type"
+    # a request with an allowed origin, and one without (curl), say that the answer depends on Origin
+    stream_headers = {"Origin": origin, "X-Stainless-Lang": "js"}
+    answer = raw_request(handle, "POST", "/v1/chat/completions", chat_body(engine.model_id, max_tokens=2),
+                         headers=stream_headers)
+    assert answer.status == 200 and answer.headers["vary"] == "Origin"
+    assert raw_request(handle, "GET", "/v1/models").headers["vary"] == "Origin"
+
+
+def test_preflight_from_a_disallowed_origin_is_still_refused(make_server):
+    handle = make_server(cors_origins=("http://localhost:3000",))
+    preflight = raw_request(handle, "OPTIONS", "/v1/chat/completions",
+                            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+                                     "Access-Control-Request-Headers": SDK_HEADERS})
+    assert preflight.status == 403 and preflight.error["code"] == "origin_not_allowed"
+    assert not any(name.startswith("access-control-") for name in preflight.headers)
+
+
 def test_api_key_is_required_when_set(make_server, engine):
     import openai
 
