@@ -126,10 +126,32 @@ def chat_tokens(model_dir: Path, prompt: str) -> int:
 def test_prompt_too_long_for_the_context(cli, tiny_qwen_dir, prompt, max_context):
     needed = chat_tokens(tiny_qwen_dir, prompt)
     assert needed >= max_context  # no room left for one token of the answer
-    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-context", str(max_context), prompt)
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-context", str(max_context), "--max-tokens", "8", prompt)
+    # room for the prompt and the answer --max-tokens asks for, not for one token of it
     assert_one_line_error(proc, f"the prompt needs {needed} tokens with the chat template",
-                          f"--max-context is {max_context}", f"give --max-context {needed + 1} or more")
+                          f"--max-context is {max_context}", f"give --max-context {needed + 8} or more")
     assert "max_context" not in proc.stderr
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-context", str(needed + 8), "--max-tokens", "8",
+               "--temperature", "0", prompt)  # the advice, followed: the whole answer fits
+    assert proc.returncode == 0 and proc.stdout.strip()
+    assert "context" not in proc.stderr
+
+
+def test_an_answer_cut_short_says_why_on_stderr(cli, tiny_qwen_dir):
+    """stdout holds the answer only; why it ended early is one line on stderr."""
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-tokens", "3", "--temperature", "0", "hello")
+    assert proc.returncode == 0 and proc.stdout.strip()
+    assert proc.stderr.strip() == "qwen-tray: the answer stopped at --max-tokens 3; give a larger --max-tokens for more"
+    needed = chat_tokens(tiny_qwen_dir, "hello")
+    proc = cli("ask", "--model", str(tiny_qwen_dir), "--max-context", str(needed + 2), "--max-tokens", "50",
+               "--temperature", "0", "hello")
+    assert proc.stderr.strip() == (f"qwen-tray: the answer stopped when the context of {needed + 2} tokens was full; "
+                                   "give a larger --max-context or shorten the prompt")
+
+
+def test_stdin_prompt_takes_no_other_words(cli, tiny_qwen_dir):
+    assert_one_line_error(cli("ask", "--model", str(tiny_qwen_dir), "-", "please", stdin="hi"),
+                          "'-' reads the prompt from standard input and takes no other words")
 
 
 def test_prompt_longer_than_the_model_reads(cli, tiny_qwen_dir):

@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="0 = greedy (default 0.7)")
     p.add_argument("--top-p", type=float, default=0.9, metavar="P", help="nucleus sampling (default 0.9)")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K likeliest tokens (0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="above 1 makes tokens already in the text less likely (default 1: off)")
     p.add_argument("--seed", type=int, metavar="S", help="same seed, same answer")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
@@ -43,6 +44,9 @@ def register(sub) -> None:
 
 def read_prompt(words: list[str]) -> str:
     """The prompt from its words (as `ollama run` and `llm` take them), or standard input for '-'."""
+    if words[0] == "-" and len(words) > 1:  # `echo text | ask - summarize` would send "- summarize"
+        raise QwenTrayError("'-' reads the prompt from standard input and takes no other words; "
+                            "put the instruction in the input, or use --system for it")
     text = text_input.from_stdin() if words == ["-"] else text_input.from_argument(" ".join(words))
     if not text.strip():
         raise QwenTrayError("the prompt is empty")
@@ -79,21 +83,35 @@ def _ask_local(args, messages, params) -> int:
             generation = engine.chat(messages, params)
         except ContextLengthError as e:
             raise QwenTrayError(prompt_too_long(e.requested, engine.max_context, engine.spec.max_position_embeddings,
-                                                given=args.max_context is not None)) from None
+                                                given=args.max_context is not None, answer=params.max_tokens)) from None
         try:
             _stream(generation)
         except KeyboardInterrupt:
             generation.cancel()
             raise
+        note = cut_short(generation.result, params.max_tokens, engine.max_context)
+        if note:
+            print(f"qwen-tray: {note}", file=sys.stderr)
     return 0
 
 
-def prompt_too_long(needed: int, context: int, model_max: int, *, given: bool) -> str:
-    """The prompt (as the chat template wraps it) leaves no token of the context for the answer."""
+def prompt_too_long(needed: int, context: int, model_max: int, *, given: bool, answer: int) -> str:
+    """The prompt (as the chat template wraps it) leaves no token of the context for the answer;
+    the context suggested holds the prompt and an answer of ``answer`` tokens (--max-tokens)."""
     limit = f"--max-context is {context}" if given else f"the context is {context} tokens"
-    fix = (f"give --max-context {needed + 1} or more, or shorten the prompt" if needed < model_max
+    fix = (f"give --max-context {min(needed + answer, model_max)} or more, or shorten the prompt" if needed < model_max
            else f"shorten the prompt (this model reads at most {model_max} tokens)")
     return f"the prompt needs {needed} tokens with the chat template but {limit}; {fix}"
+
+
+def cut_short(result, max_tokens: int, context: int) -> str | None:
+    """Why an answer ended before the model finished it (said on stderr: stdout holds the answer only)."""
+    if result.finish_reason != "length":
+        return None
+    if result.usage.completion_tokens >= max_tokens:
+        return f"the answer stopped at --max-tokens {max_tokens}; give a larger --max-tokens for more"
+    return (f"the answer stopped when the context of {context} tokens was full; "
+            "give a larger --max-context or shorten the prompt")
 
 
 def _ask_server(args, messages, params) -> int:
