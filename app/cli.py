@@ -65,10 +65,22 @@ def _register_optional(sub, module_name: str) -> None:
     module.register(sub)
 
 
+def _check_tray_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--language and --replace belong to the tray app: another command would silently ignore them."""
+    if args.command in (None, "tray"):
+        return
+    given = [flag for flag, value in (("--language", args.language), ("--replace", args.replace)) if value]
+    if given:
+        parser.error(f"{' and '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of the tray app "
+                     f"(qwen-tray {given[0]} ...), not of `{args.command}`")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = None
     try:
-        args = build_parser().parse_args(argv)  # (some option types import torch: Ctrl+C may come here)
+        parser = build_parser()
+        args = parser.parse_args(argv)  # (some option types import torch: Ctrl+C may come here)
+        _check_tray_options(parser, args)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         if args.command is None:

@@ -193,9 +193,10 @@ def test_a_vram_budget_for_a_model_on_the_cpu_is_noted_once(cli, tiny_qwen_dir):
     ask = ("ask", "--model", str(tiny_qwen_dir), "--device", "cpu", "--temperature", "0", "--max-tokens", "3", "hi")
     noted = cli(*ask[:-1], "--vram-budget", "3.2GiB", ask[-1])
     assert noted.returncode == 0 and noted.stdout.strip()
-    assert noted.stderr == "qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU\n"
+    cut = "qwen-tray: the answer stopped at --max-tokens 3; give a larger --max-tokens for more\n"
+    assert noted.stderr == "qwen-tray: note: --vram-budget has no effect here: the model runs on the CPU\n" + cut
     plain = cli(*ask)
-    assert plain.returncode == 0 and plain.stderr == "" and plain.stdout == noted.stdout
+    assert plain.returncode == 0 and plain.stderr == cut and plain.stdout == noted.stdout
 
 
 def test_corrupt_settings_file_is_backed_up_not_fatal(cli, tmp_path):
@@ -251,3 +252,15 @@ def test_serve_help_names_values_as_the_other_commands_do(tmp_path):
     help_text = run_cli("serve", "--help", home=tmp_path).stdout
     assert "--max-batch-size N" in help_text and "--max-context N" in help_text and "--model NAME|PATH" in help_text
     assert not any(word in help_text for word in ("MAX_BATCH_SIZE", "MAX_CONTEXT", "MODEL_ID", "MAX_QUEUED"))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (("--language", "zh_CN", "models", "list"), "--language is an option of the tray app"),
+    (("--replace", "ask", "hi"), "--replace is an option of the tray app"),
+    (("--language", "en", "--replace", "doctor"), "--language and --replace are options of the tray app"),
+])
+def test_tray_options_before_another_command_are_refused_not_ignored(cli, capsys, argv, named):
+    with pytest.raises(SystemExit) as stopped:
+        cli(*argv)
+    assert stopped.value.code == 2
+    assert named in capsys.readouterr().err
