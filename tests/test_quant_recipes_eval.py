@@ -162,6 +162,9 @@ def test_quantize_sequential_with_the_recipe_sensitive_wrote(tiny_qwen_dir, tmp_
     recipe = tmp_path / "r.json"
     proc = cli("recipe", "sensitive", "--model", str(tiny_qwen_dir), "--out", str(recipe))
     assert proc.returncode == 0, proc.stderr
+    # a log (no terminal) gets a line per tenth of the layers: the tiny model's 2 layers, each
+    layers = [line for line in proc.stderr.splitlines() if line.startswith("measuring ")]
+    assert layers == [f"measuring {tiny_qwen_dir.name}: layer 1 (1/2)", f"measuring {tiny_qwen_dir.name}: layer 2 (2/2)"]
     suggested = proc.stdout.strip().splitlines()[-1]
     assert suggested.endswith(f"--recipe {recipe} --method gptq --sequential --out DIR")
     args = suggested.removeprefix("quantize with it: qwen-tray ").replace("DIR", str(tmp_path / "cli")).split()

@@ -4,7 +4,6 @@ the base recipe's byte budget where it matters (app/quant/sensitivity.py)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -33,9 +32,8 @@ def register(sub) -> None:
 
 
 def run_sensitive(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from app.errors import ModelLoadError, QwenTrayError
+    from app.progress import LOG_STEPS, load_progress_bar
     from app.quant import sensitivity
     from app.formats.recipe import load_recipe
     from app.settings.console import locate_model
@@ -47,10 +45,10 @@ def run_sensitive(args: argparse.Namespace) -> int:
         raise QwenTrayError(f"{args.out}: --out must be a .json file")
     base = load_recipe(args.base)
     budget = int(args.budget_gib * 2**30) if args.budget_gib is not None else None
-    with tqdm(desc="measuring", unit="layer", file=sys.stderr, disable=None) as bar:
+    # a bar on a terminal, a line per tenth of the layers in a log (a 7B on the CPU takes long)
+    with load_progress_bar(f"measuring {source.name}", delay=0, steps=LOG_STEPS) as report:
         def progress(done: int, total: int) -> None:
-            bar.total, bar.n = total, done
-            bar.refresh()
+            report(f"layer {done}", done, total)
 
         units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress,
                                     method=args.method)
