@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     # (also after the subcommand: every subcommand's parser is a SubcommandParser)
     # The tray's own options work without "tray" too: `qwen-tray --language zh_CN`.
     parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language of the tray app for this run")
-    parser.add_argument("--replace", action="store_true", help="quit the running tray app and start this one")
+    parser.add_argument("--replace", dest="tray_replace", action="store_true",
+                        help="quit the running tray app and start this one")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SubcommandParser)
 
     from app.commands import action, ask, doctor, models, tray
@@ -69,7 +70,7 @@ def _check_tray_options(parser: argparse.ArgumentParser, args: argparse.Namespac
     """--language and --replace belong to the tray app: another command would silently ignore them."""
     if args.command in (None, "tray"):
         return
-    given = [flag for flag, value in (("--language", args.language), ("--replace", args.replace)) if value]
+    given = [flag for flag, value in (("--language", args.language), ("--replace", args.tray_replace)) if value]
     if given:
         parser.error(f"{' and '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of the tray app "
                      f"(qwen-tray {given[0]} ...), not of `{args.command}`")

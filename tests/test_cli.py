@@ -257,6 +257,8 @@ def test_serve_help_names_values_as_the_other_commands_do(tmp_path):
 @pytest.mark.parametrize("argv, named", [
     (("--language", "zh_CN", "models", "list"), "--language is an option of the tray app"),
     (("--replace", "ask", "hi"), "--replace is an option of the tray app"),
+    # not `models add --replace` (which re-points a name): the tray's flag, before the command
+    (("--replace", "models", "add", "tiny", "/nowhere"), "--replace is an option of the tray app"),
     (("--language", "en", "--replace", "doctor"), "--language and --replace are options of the tray app"),
 ])
 def test_tray_options_before_another_command_are_refused_not_ignored(cli, capsys, argv, named):

@@ -16,7 +16,8 @@ def register(sub) -> None:
     # SUPPRESS: no default of its own, so `qwen-tray --language zh_CN tray` keeps the top-level choice.
     p.add_argument("--language", choices=("auto", "en", "zh_CN"), default=argparse.SUPPRESS,
                    help="UI language for this run")
-    p.add_argument("--replace", action="store_true", default=argparse.SUPPRESS,
+    # dest: not "replace", which `models add/get --replace` use for another meaning
+    p.add_argument("--replace", dest="tray_replace", action="store_true", default=argparse.SUPPRESS,
                    help="quit the running Qwen Tray and start this one")
     p.set_defaults(func=run)
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     # A running tray takes the arguments (no display needed for that); else this one starts.
-    instance = claim_instance(argv, replace=getattr(args, "replace", False))
+    instance = claim_instance(argv, replace=getattr(args, "tray_replace", False))
     if instance is None:
         return 0
     problem = display_problem()
