@@ -28,7 +28,7 @@ ZH_CN: dict[str, str] = {
     "GPU": "GPU",
     "remote endpoint": "远程接口",
     "No model loaded": "未加载模型",
-    "Model unloaded to free memory; it loads again when needed": "模型已卸载以释放内存；需要时会重新加载",
+    "{model} unloaded to free memory; it loads again when needed": "{model} 已卸载以释放内存；需要时会重新加载",
     "Loading {model}…": "正在加载 {model}…",
     "Loading {model}: preparing the GPU…": "正在加载 {model}：正在准备 GPU…",
     "Loading {model}: building GPU kernels (first run)…": "正在加载 {model}：首次运行，正在编译 GPU 内核…",

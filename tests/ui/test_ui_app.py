@@ -101,7 +101,7 @@ def test_menu_is_built_from_state(qtbot, make_app):
     assert texts[0] == f"{STARTER_NAME} · CPU · ready · {app.host.backend.max_context} tokens of context"
     assert texts[1:6] == ["Summarize\tCtrl+Alt+S", "Translate\tCtrl+Alt+T", "Extract to-dos\tCtrl+Alt+D",
                           "Rewrite / polish\tCtrl+Alt+R", "Explain"]
-    assert texts[6:] == ["Open chat", "History…", "Model", "Local API", "Settings…", "Open log folder", "Quit"]
+    assert texts[6:] == ["Open chat\tCtrl+Alt+Space", "History…", "Model", "Local API", "Settings…", "Open log folder", "Quit"]
     models = _submenu(app.tray.menu, "Model")
     assert [(a.text(), a.isChecked()) for a in models.actions()] == [(STARTER_NAME, True)]
     api = _submenu(app.tray.menu, "Local API")
@@ -431,7 +431,7 @@ def test_chinese_ui(qtbot, make_app):
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
     assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} token"
-    assert "总结\tCtrl+Alt+S" in texts and "打开对话" in texts and "退出" in texts
+    assert "总结\tCtrl+Alt+S" in texts and "打开对话\tCtrl+Alt+Space" in texts and "退出" in texts
     assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
 

@@ -48,6 +48,7 @@ def test_multi_turn_chat_streams_markdown_and_saves_history(qtbot, host):
     rendered = widgets[3].view.toPlainText()
     assert rendered == "Answer 3 for And paged attention?"  # Markdown rendered: no ** or backticks
     assert "tokens/s" in widgets[3].speed.text() and "tokens/s" in window.status.text()
+    assert f"{host.backend.name} · CPU — " in window.status.text()  # where it runs, in words as the tray says it
     saved, notices = ChatHistory().load_all()
     assert notices == [] and len(saved) == 1
     assert [m.content for m in saved[0].messages] == [m.content for m in window.conversation.messages]

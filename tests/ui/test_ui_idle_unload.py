@@ -13,7 +13,7 @@ from app.settings.models import ModelEntry
 from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore
 
-UNLOADED = "Model unloaded to free memory; it loads again when needed"
+UNLOADED = "tiny unloaded to free memory; it loads again when needed"
 
 
 def menu_status(app) -> str:
@@ -112,6 +112,6 @@ def test_the_first_kernel_build_shows_a_percentage_in_both_languages(qtbot):
         set_language("zh_CN")
         assert state_text(app) == "正在加载 Qwen2.5-3B：首次运行，正在编译 GPU 内核… 30%"
         app.host.state = "unloaded"
-        assert state_text(app) == "模型已卸载以释放内存；需要时会重新加载"
+        assert state_text(app) == "Qwen2.5-3B 已卸载以释放内存；需要时会重新加载"
     finally:
         app.shutdown()

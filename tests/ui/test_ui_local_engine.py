@@ -106,7 +106,7 @@ def test_one_engine_serves_chat_and_the_local_api(qtbot, tiny_qwen_dir):
         api_answer = answer["choices"][0]["message"]["content"]
         assert chat_answer.startswith(api_answer) and len(api_answer) > 0
         assert app.host.backend.engine is engine  # one engine served both
-        assert window.status.text().startswith("tiny · cpu"), window.status.text()  # not the folder's name
+        assert window.status.text().startswith("tiny · CPU"), window.status.text()  # not the folder's name
         app.set_local_api(False)
         assert not app.local_api.running
     finally:

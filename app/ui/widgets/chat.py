@@ -27,7 +27,7 @@ from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
-from app.ui.widgets.tray import loading_text
+from app.ui.widgets.tray import device_label, loading_text
 
 
 NOT_KEPT = "This conversation is not kept in the history: {error}"
@@ -387,7 +387,7 @@ class ChatWindow(QWidget):
     def _update_status(self) -> None:
         if self.task is None:
             backend = self.host.backend
-            model = f"{backend.name} · {backend.device}" if backend else tr(self.host.state)
+            model = f"{backend.name} · {device_label(backend.device)}" if backend else tr(self.host.state)
             self.status.setText(f"{model} — {self._last_outcome}" if self._last_outcome else model)
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt)

@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.progress import GPU_STAGE, KERNELS_STAGE
+from app.settings.actions import OPEN_CHAT_ID
 from app.ui.backend.base import ChatBackend
 from app.ui.i18n import current_language, tr
 from app.ui.widgets.icons import state_icon
@@ -41,7 +42,8 @@ def state_text(app: TrayApp) -> str:
     if host.state == "loading":
         return loading_text(host)
     if host.state == "unloaded":
-        return tr("Model unloaded to free memory; it loads again when needed")
+        name = host.entry.name if host.entry is not None else ""
+        return tr("{model} unloaded to free memory; it loads again when needed", model=name)
     if host.state == "error":
         return tr("Error: {message}", message=host.error)
     if host.state == "ready":
@@ -113,7 +115,8 @@ def fill_app_menu(menu: QMenu, app: TrayApp) -> None:
         item.setEnabled(app.host.backend is not None or app.host.state == "loading")  # (it waits for the load)
         item.triggered.connect(lambda _checked=False, a=action.id: app.run_on_clipboard(a))
     menu.addSeparator()
-    menu.addAction(tr("Open chat")).triggered.connect(app.open_chat)
+    chat_keys = hotkeys.get(OPEN_CHAT_ID)
+    menu.addAction(f"{tr('Open chat')}\t{chat_keys}" if chat_keys else tr("Open chat")).triggered.connect(app.open_chat)
     menu.addAction(tr("History…")).triggered.connect(app.open_history)
     _model_menu(menu.addMenu(tr("Model")), app)
     _api_menu(menu.addMenu(tr("Local API")), app)
