@@ -59,8 +59,10 @@ def resources_dir() -> Path:
     return Path(__file__).resolve().parent / "resources"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a crash leaves either the old file or the new one."""
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` so a crash leaves either the old file or the new one. The file
+    is private to the user (0600, the temporary file's) unless ``mode`` says otherwise: a document
+    the user exports gets what an editor would give it (0644)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -68,6 +70,8 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -79,5 +79,6 @@ def history_markdown(shown: list[HistoryEntry]) -> str:
 
 
 def export_markdown(path: Path, shown: list[HistoryEntry]) -> None:
-    """Write ``shown`` to ``path`` as Markdown (a crash leaves the old file or the new one)."""
-    atomic_write_text(path, history_markdown(shown))
+    """Write ``shown`` to ``path`` as Markdown (a crash leaves the old file or the new one), readable
+    as any document the user saves (the history itself stays private)."""
+    atomic_write_text(path, history_markdown(shown), mode=0o644)

@@ -72,7 +72,7 @@ def _keep_chat(title: str, answer: str, updated: float) -> Conversation:
     return conversation
 
 
-def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_path):
+def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_path, monkeypatch):
     chat = _keep_chat("What is a KV cache?", "It keeps the keys and values of earlier tokens.", 1000.0)
     ActionHistory().save(ActionRecord("Translate", "会议改到周五下午。", "The meeting moved to Friday afternoon.",
                                       "Qwen2.5-3B", "translate", created=2000.0))
@@ -102,6 +102,12 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     assert "> 会议改到周五下午。" in text and "**Assistant:**\n\nIt keeps the keys" in text
     assert [p.name for p in exported.parent.iterdir()] == ["history.md"]  # written atomically: no temp file left
     assert window.status.text() == f"Exported 3 entries to {exported}"
+    assert exported.stat().st_mode & 0o777 == 0o644  # a document to share, unlike the private history
+    from PySide6.QtWidgets import QFileDialog  # (the modal dialog answered as a user typing a name)
+    monkeypatch.setattr(QFileDialog, "getSaveFileName",
+                        lambda *args, **kwargs: (str(exported.parent / "notes"), "Markdown (*.md)"))
+    window._choose_export_file()
+    assert (exported.parent / "notes.md").read_text(encoding="utf-8") == text
 
     window.list.setCurrentRow(0)
     window.delete_button.click()

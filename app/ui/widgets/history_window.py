@@ -145,8 +145,8 @@ class HistoryWindow(QWidget):
     def _choose_export_file(self) -> None:
         suggested = str(Path.home() / "qwen-tray-history.md")
         path, _filter = QFileDialog.getSaveFileName(self, tr("Export to Markdown"), suggested, "Markdown (*.md)")
-        if path:
-            self.export_to(Path(path))
+        if path:  # a name typed without an extension gets the Markdown one the filter promises
+            self.export_to(Path(path) if Path(path).suffix else Path(path).with_suffix(".md"))
 
     def export_to(self, path: Path) -> None:
         """What the list shows (the search applied), as Markdown."""
