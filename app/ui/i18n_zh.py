@@ -250,6 +250,8 @@ ZH_CN: dict[str, str] = {
     "Name": "名称",
     "Prompt": "提示词",
     "Prompt; {text} is replaced by the selected text": "提示词；{text} 会被替换为所选文字",
+    "Give the action a name.": "请为动作起个名字。",
+    "The prompt must contain {text}, where the selected text goes.": "提示词中必须包含 {text}，用来放入所选文字。",
     "New action": "新建操作",
     "Save action": "保存操作",
     "Actions: the action being edited is not saved ({field}): {error}": "操作：正在编辑的操作未保存（{field}）：{error}",

@@ -685,8 +685,19 @@ def test_ok_with_an_invalid_action_being_edited_says_which_field_and_stays_open(
     _dialog_button(dialog, QDialogButtonBox.Ok).click()
     assert dialog.isVisible() and dialog.tabs.currentWidget() is dialog.actions_page
     assert dialog.error.text().startswith("Actions: the action being edited is not saved (Name): ")
-    assert "name is empty" in dialog.error.text()
+    assert dialog.error.text().endswith("(Name): Give the action a name.")  # the user's words, not a field's
     assert settings_path().read_text(encoding="utf-8") == before  # nothing applied
     dialog.actions_page.name.setText("Formal tone")
     dialog.actions_page.prompt.setPlainText("Make this formal")  # no {text}
     assert not dialog.apply() and "(Prompt)" in dialog.error.text()
+    assert "The prompt must contain {text}, where the selected text goes." in dialog.error.text()
+
+
+def test_a_cleared_translate_target_is_the_automatic_choice_not_an_error(qtbot, make_app):
+    app = make_app()
+    app.store.update(translate_target="French")
+    app.open_settings()
+    dialog = app.settings_dialog
+    dialog.translate_target.setCurrentText("")
+    assert dialog.apply() and dialog.error.text() == ""
+    assert saved().preferences.translate_target == "auto"

@@ -129,6 +129,8 @@ class SettingsDialog(QDialog):
     def _translate_target_value(self) -> str:
         """The stored value of the chosen entry, or the language the user typed in."""
         text = self.translate_target.currentText().strip()
+        if not text:  # a cleared box: the automatic choice it started from, not an error about a field
+            return "auto"
         index = self.translate_target.findText(text)
         return self.translate_target.itemData(index) if index >= 0 else text
 

@@ -120,6 +120,10 @@ class ActionsPage(QWidget):
         """Validate the form into an action (new or the selected one); shows the error and returns False."""
         row = self.list.currentRow()
         taken = self._builtin_ids | {a.id for i, a in enumerate(self.actions) if i != row}
+        problem = self._form_problem()
+        if problem:  # in the user's words and language (Action's own checks name the settings-file fields)
+            self.error.setText(problem)
+            return False
         try:
             action = Action(
                 id=self.actions[row].id if 0 <= row < len(self.actions) else new_action_id(self.name.text(), taken),
@@ -139,6 +143,13 @@ class ActionsPage(QWidget):
         self._mark_unchanged()
         self.changed.emit()
         return True
+
+    def _form_problem(self) -> str | None:
+        if not self.name.text().strip():
+            return tr("Give the action a name.")
+        if "{text}" not in self.prompt.toPlainText():
+            return tr("The prompt must contain {text}, where the selected text goes.")
+        return None
 
     def _remove(self) -> None:
         row = self.list.currentRow()
