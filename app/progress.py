@@ -5,6 +5,7 @@ A load reports ``progress(stage, done, total)``: the stages below, in this order
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -92,15 +93,18 @@ def load_progress_bar(description: str, file: TextIO | None = None, delay: float
     1/``steps`` of the work, with ``steps``)."""
     file = file or sys.stderr
     delay = PROGRESS_DELAY_S if delay is None else delay
-    reporter = (BarProgress if _is_terminal(file) else LineProgress)(description, file, delay, steps=steps)
+    reporter = (BarProgress if draws_bars(file) else LineProgress)(description, file, delay, steps=steps)
     try:
         yield reporter
     finally:
         reporter.close()
 
 
-def _is_terminal(file: TextIO) -> bool:
+def draws_bars(file: TextIO) -> bool:
+    """True where a redrawn bar can be seen: a terminal with a width. A pseudo-terminal of 0
+    columns (`script` started from a service, some IDE consoles) gets lines, where tqdm would draw
+    nothing at all."""
     try:
-        return file.isatty()
-    except (AttributeError, ValueError):  # a closed or file-like object without a terminal
+        return file.isatty() and os.get_terminal_size(file.fileno()).columns > 0
+    except (AttributeError, ValueError, OSError):  # closed, file-like without a descriptor, no size
         return False

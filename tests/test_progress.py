@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import sys
 
 import pytest
 
@@ -75,11 +77,32 @@ def test_a_terminal_gets_a_bar_after_the_moment():
     assert "loading m" in text and "15/30" in text and "building GPU kernels (first run)" in text and "5/40" in text
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
 def test_load_progress_bar_picks_lines_for_a_pipe_and_a_bar_for_a_terminal():
     with load_progress_bar("x", file=io.StringIO(), delay=0) as reporter:
         assert type(reporter) is LineProgress
-    with load_progress_bar("x", file=Terminal(), delay=0) as reporter:
+    with _pseudo_terminal(columns=80) as terminal, load_progress_bar("x", file=terminal, delay=0) as reporter:
         assert type(reporter) is BarProgress
+    with _pseudo_terminal(columns=0) as terminal, load_progress_bar("x", file=terminal, delay=0) as reporter:
+        assert type(reporter) is LineProgress  # `script` from a service: tqdm would draw nothing at 0 columns
+
+
+@contextlib.contextmanager
+def _pseudo_terminal(columns: int):
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0, columns, 0, 0))
+        with os.fdopen(follower, "w", closefd=False) as file:
+            yield file
+    finally:
+        os.close(leader)
+        os.close(follower)
 
 
 def test_ask_says_what_it_loads_on_stderr(cli, tiny_qwen_dir, monkeypatch):
