@@ -73,9 +73,13 @@ class BarProgress(LineProgress):
         if self.bar is None:
             if self.clock() - self.started < self.delay:
                 return
-            self.bar = tqdm(desc=self.description, total=total, file=self.file, leave=False, dynamic_ncols=True)
+            # initial: what was done before the bar (a resumed quantization's finished files) is
+            # not counted in its rate
+            self.bar = tqdm(desc=self.description, total=total, file=self.file, leave=False, dynamic_ncols=True,
+                            initial=done)
         if self.bar.total != total:
             self.bar.reset(total=total)
+            self.bar.initial = done  # a new stage: its rate counts from where it starts
         self.bar.set_postfix_str(stage, refresh=False)
         self.bar.n = done
         self.bar.refresh()

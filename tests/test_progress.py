@@ -77,6 +77,23 @@ def test_a_terminal_gets_a_bar_after_the_moment():
     assert "loading m" in text and "15/30" in text and "building GPU kernels (first run)" in text and "5/40" in text
 
 
+def test_a_bar_that_starts_midway_measures_its_rate_from_its_own_work(monkeypatch):
+    """A resumed quantization's bar starts at the files already done: 25/31 with no rate, then
+    1 file in 10 s is 10 s/file and 50 s left (not 26 files in 10 s: the finished ones were only skipped)."""
+    import tqdm.std
+
+    now = [100.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])  # tqdm's clock, read as each bar is made
+    out = Terminal()
+    bar = BarProgress("quantizing m", out, delay=0, clock=Clock())
+    bar("layer_025.safetensors", 25, 31)
+    assert "25/31" in out.getvalue() and "?it/s" in out.getvalue()
+    now[0] += 10.0
+    bar("layer_026.safetensors", 26, 31)
+    bar.close()
+    assert "26/31 [00:10<00:50, 10.00s/it" in out.getvalue(), out.getvalue()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
 def test_load_progress_bar_picks_lines_for_a_pipe_and_a_bar_for_a_terminal():
     with load_progress_bar("x", file=io.StringIO(), delay=0) as reporter:

@@ -219,6 +219,23 @@ def test_checkpoint_info(cli, tiny_checkpoint):
         assert text in proc.stdout, text
 
 
+def test_checkpoint_info_and_eval_take_registered_names(cli, tiny_checkpoint, tiny_qwen_dir):
+    """A registered name works wherever a model folder is taken (README), as `quantize --model`:
+    `models list` shows a checkpoint by its name, and `checkpoint` takes it."""
+    assert cli("models", "add", "ck", str(tiny_checkpoint)).returncode == 0
+    assert cli("models", "add", "src", str(tiny_qwen_dir)).returncode == 0
+    info = cli("checkpoint", "info", "ck")
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.splitlines()[0] == f"checkpoint  {tiny_checkpoint} (ck)" and "mixed" in info.stdout
+    scored = cli("checkpoint", "eval", "ck", "--source", "src", "--device", "cpu", "--tokens", "64")
+    assert scored.returncode == 0, scored.stderr
+    lines = scored.stdout.splitlines()
+    assert lines[0].startswith(f"checkpoint {tiny_checkpoint}: perplexity ") and "vs source" in lines[0]
+    assert lines[1].startswith(f"source     {tiny_qwen_dir}: perplexity ")
+    for command in (("checkpoint", "info", "nope"), ("checkpoint", "eval", "ck", "--source", "nope")):
+        assert_one_line_error(cli(*command), "nope: model folder not found, and no registered model has that name")
+
+
 def test_bits_per_weight_counts_packed_scales_and_fp16(tiny_checkpoint):
     m = read_manifest(tiny_checkpoint)
     on_disk = 0

@@ -54,5 +54,8 @@ def test_ctrl_c_keeps_the_finished_layers_and_the_same_command_resumes(deep_mode
     again = subprocess.run(command, env=env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"wrote {out}" in again.stdout
-    assert again.stderr.splitlines()[0] == f"resuming: {len(finished)} of {files} files are already done"
+    resumed = again.stderr.splitlines()
+    assert resumed[0] == f"resuming: {len(finished)} of {files} files are already done"
+    # the count goes on from the finished files (not from 0/49 as if they were quantized again)
+    assert resumed[1] == f"quantizing Deep: {layer_file(len(finished))} ({len(finished)}/{files})", again.stderr
     assert {name: (out / name).stat().st_ino for name in finished} == kept  # resumed: not written again

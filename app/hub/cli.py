@@ -34,6 +34,9 @@ def register(models_sub) -> None:
                      "room, else the CPU)")
     get.add_argument("--keep-source", action="store_true", help="keep the downloaded 16-bit model folder")
     get.add_argument("--default", action="store_true", help="make it the default model")
+    get.add_argument("--force", action="store_true",
+                     help="quantize again even if its checkpoint exists (one made with another --method or "
+                          "recipe is refused without it)")
     get.add_argument("--replace", action="store_true",
                      help="point the name at this model even if it is registered to another one")
     get.set_defaults(func=run_get)
@@ -42,9 +45,11 @@ def register(models_sub) -> None:
 def endpoint_url(text: str) -> str:
     """--endpoint: a URL with its scheme (a bare host name would be read as a path)."""
     url = text.strip()
-    if not url.startswith(("https://", "http://")):
-        raise argparse.ArgumentTypeError(f"{text!r} needs https:// in front (e.g. https://{url or 'hf-mirror.com'})")
-    return url
+    if url.startswith(("https://", "http://")):
+        return url
+    if "://" in url:  # another scheme: putting https:// in front of it would make no URL
+        raise argparse.ArgumentTypeError(f"{text!r} must be an http(s) URL, such as https://hf-mirror.com")
+    raise argparse.ArgumentTypeError(f"{text!r} needs https:// in front (e.g. https://{url or 'hf-mirror.com'})")
 
 
 def warn_about(problems: list[str]) -> None:
@@ -102,7 +107,8 @@ def run_get(args: argparse.Namespace) -> int:
     warn_about(catalog.problems)
     job = GetModelJob(find_entry(args.name, catalog.entries), source=args.source, recipe=args.recipe, method=args.method,
                       keep_source=args.keep_source, make_default=args.default, endpoint=args.endpoint,
-                      device=args.device, machine=Machine.detect(), replace=args.replace, store=console_store())
+                      device=args.device, machine=Machine.detect(), replace=args.replace, force=args.force,
+                      store=console_store())
     with job_reporter() as report:
         stage = _LastStage(report)
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.engine.cuda.fit import Machine
 from app.errors import QwenTrayError
+from app.formats.recipe import load_recipe
 from app.hub.job import GotModel, fit_of, quantize_into
 from app.hub.progress import CONVERTING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.model_folders import model_folder_lock
@@ -74,6 +75,7 @@ class ImportGgufJob:
         staging = models_dir() / f".{name}.fp16"
         try:
             convert_gguf_to_hf(gguf, staging, progress=converted, overwrite=True)
-            quantize_into(staging, out, self.recipe, self.method, self.device, report, cancel, name, model_id=name)
+            quantize_into(staging, out, load_recipe(self.recipe), self.method, self.device, report, cancel, name,
+                          model_id=name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -19,10 +19,12 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
+from app.errors import QwenTrayError
+from app.formats.recipe import Recipe, load_recipe
 from app.formats.spec import ModelSpec
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
-from app.hub.download import STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete
+from app.hub.download import PART_SUFFIX, STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete
 from app.hub.errors import HubError, HubNotFoundError, HubUnreachableError, keeping_download
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
@@ -72,13 +74,12 @@ def quantize_vram_bytes(source: Path | None, method: str) -> int:
     return max(QUANTIZE_VRAM_BYTES, hessians + GPTQ_WORK_VRAM_BYTES)
 
 
-def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str | None, report: Reporter,
+def quantize_into(source: Path, out: Path, recipe: Recipe, method: str, device: str | None, report: Reporter,
                   cancel: threading.Event | None, label: str, model_id: str) -> None:
     """Quantize ``source`` into ``out`` (resuming an interrupted run), layer by layer with progress;
     ``model_id`` names the model in the manifest (`checkpoint info`)."""
     import torch
 
-    from app.formats.recipe import load_recipe
     from app.quant.quantizer import QuantizeJob, quantize_model
 
     device = device or quantize_device(source, method)
@@ -88,17 +89,24 @@ def quantize_into(source: Path, out: Path, recipe: str, method: str, device: str
         meter.total = meter.files = total
         meter.set(done, detail=f"{label} on the {'GPU' if device == 'cuda' else 'CPU'}: {unit}")
 
-    job = QuantizeJob(model=source, out=out, recipe=load_recipe(recipe), method=method, device=device,
-                      model_id=model_id)
+    def resumed(done: int, total: int, *, say: bool = True) -> None:
+        # the files an earlier run finished are not this run's work: the rate and ETA start from them
+        meter.total = meter.files = total
+        meter.start_at(done)
+        if say:  # as `quantize` says it
+            meter.tell(f"resuming: {done} of {total} files are already done")
+
+    job = QuantizeJob(model=source, out=out, recipe=recipe, method=method, device=device, model_id=model_id)
     try:
-        quantize_model(job, progress)
+        quantize_model(job, progress, on_resume=resumed)
     except torch.cuda.OutOfMemoryError:
         if device != "cuda":
             raise
         log.warning("the GPU ran out of memory while quantizing %s; going on on the CPU", label)
         torch.cuda.empty_cache()
         device = job.device = "cpu"
-        quantize_model(job, progress)  # the journal keeps the layers the GPU finished
+        # the journal keeps the layers the GPU finished (the warning above said why it goes on)
+        quantize_model(job, progress, on_resume=lambda done, total: resumed(done, total, say=False))
 
 
 def fit_of(folder: Path, name: str, machine: Machine | None) -> Fit | None:
@@ -122,6 +130,7 @@ class GetModelJob:
     device: str | None = None  # where to quantize; None: quantize_device()
     machine: Machine | None = None  # for the verdict on where the tray will run it
     replace: bool = False  # re-point the name when it is registered to another model
+    force: bool = False  # quantize again even if a checkpoint of the name exists (as import-gguf's --force)
     store: SettingsStore | None = None  # the registry (default: the settings file)
 
     @property
@@ -162,10 +171,11 @@ class GetModelJob:
 
     def _run(self, report: Reporter, cancel: threading.Event | None) -> GotModel:
         report(JobProgress(CHECKING, detail=self.name))
-        recipe = self.recipe or self.entry.recipe
+        # a wrong --recipe is the user's, said as `quantize` says it, before anything is fetched
+        recipe = load_recipe(self.recipe or self.entry.recipe)
         check_free_name(self.name, self.out, replace=self.replace, store=self.store)  # before the download
         with model_folder_lock(self.name):  # (and what a killed conversion of this name left goes)
-            if not (self.out / "manifest.json").is_file():
+            if not self._has_checkpoint(recipe):
                 self._fetch(report, cancel)
                 quantize_into(self.source_folder, self.out, recipe, self.method, self.device, report, cancel,
                               self.name, model_id=self.entry.ref(self.source).repo)
@@ -176,6 +186,42 @@ class GetModelJob:
         if kept is None:
             shutil.rmtree(self.source_folder, ignore_errors=True)
         return GotModel(self.name, self.out, is_default, kept, fit_of(self.out, self.name, self.machine))
+
+    def _has_checkpoint(self, recipe: Recipe) -> bool:
+        """Whether ``out`` holds the finished checkpoint asked for: then it is only registered
+        again. One made with another method or other recipe rules (finished, or unfinished and
+        so refused by the quantizer's journal) is refused in one line, unless ``force``; with
+        ``force`` a finished one is quantized again, and an unfinished one made as asked resumes
+        (so the same command run again after an interruption goes on where it stopped)."""
+        made = made_with(self.out)
+        if made is None:
+            return False
+        method, made_recipe, finished = made
+        same = method == self.method and same_rules(made_recipe, recipe)
+        if same and finished and not self.force:
+            return True
+        if not same and not self.force:
+            raise QwenTrayError(self._made_another_way(method, made_recipe, recipe, finished))
+        if finished or not same:
+            log.info("%s: quantizing again (--force)", self.out)
+            shutil.rmtree(self.out)
+        return False
+
+    def _made_another_way(self, method: str, made: Recipe, asked: Recipe, finished: bool) -> str:
+        """One line: what ``out`` was made with, what was asked, and how to go on."""
+        made_as, asked_as = [], []
+        if method != self.method:
+            made_as.append(f"--method {method}")
+            asked_as.append(f"--method {self.method}")
+        if not same_rules(made, asked):
+            made_as.append(f"recipe {made.name!r} of other rules" if finished else "other recipe rules")
+            file = self.recipe and Path(self.recipe).is_file()
+            asked_as.append(f"{self.recipe} as it reads now" if file else f"recipe {asked.name!r}")
+        what = "a checkpoint" if finished else "an unfinished quantization"
+        go_on = "to use it as it is" if finished else "to resume it"
+        use = f", or {made_as[0]} {go_on}" if method != self.method and same_rules(made, asked) else ""
+        return (f"{self.out} holds {what} of {self.name} made with {' and '.join(made_as)} (asked: "
+                f"{' and '.join(asked_as)}); pass --force to quantize it again as asked{use}")
 
     def _fetch(self, report: Reporter, cancel: threading.Event | None) -> None:
         folder = self.source_folder
@@ -189,9 +235,26 @@ class GetModelJob:
                              f"{self.name} (the download and its checkpoint)")
             download.run(report, cancel)
         except HubUnreachableError as e:
+            self._drop_empty_download()
             raise keeping_download(e.located(self.source, source.custom_endpoint), self.downloaded_bytes()) from None
         except HubError as e:
+            self._drop_empty_download()
             raise keeping_download(e, self.downloaded_bytes()) from None
+        except BaseException:  # a cancel, Ctrl+C, a bug: the same
+            self._drop_empty_download()
+            raise
+
+    def _drop_empty_download(self) -> None:
+        """Remove the download folder when it holds nothing worth resuming: a get refused before its
+        first byte (a gated repo's 401, a missing file's 404) left only its state and an empty
+        .part, which no command could reach (nothing was registered). Any byte or finished file
+        stays for the next run."""
+        folder = self.source_folder
+        if not folder.is_dir() or self.downloaded_bytes() > 0:
+            return
+        if any(p.is_file() and p.name != STATE_FILE and not p.name.endswith(PART_SUFFIX) for p in folder.rglob("*")):
+            return  # a finished (empty) file
+        shutil.rmtree(folder, ignore_errors=True)
 
     def _snapshot(self, source):
         """The listing at the commit an earlier run of this download started from, if any (so
@@ -211,6 +274,33 @@ class GetModelJob:
             return planned
         weights = sum(f.size for f in snapshot.files if f.path.endswith(".safetensors"))
         return int(weights * UNKNOWN_CHECKPOINT_FRACTION)
+
+
+def made_with(folder: Path) -> tuple[str, Recipe, bool] | None:
+    """(method, recipe, finished) of the checkpoint in ``folder``, from its manifest, or from the
+    journal of an unfinished quantization; None when it holds neither."""
+    from app.formats.checkpoint import MANIFEST, read_manifest
+    from app.quant.resume import JOURNAL
+
+    if (folder / MANIFEST).is_file():
+        try:
+            manifest = read_manifest(folder)
+        except QwenTrayError as e:
+            raise QwenTrayError(f"{e}; pass --force to quantize it again") from None
+        return manifest.method, manifest.recipe, True
+    try:
+        started = json.loads((folder / JOURNAL).read_text(encoding="utf-8"))["fingerprint"]
+        rules = tuple((str(p), int(b)) for p, b in started["recipe"]["rules"])
+        return str(started["method"]), Recipe("unfinished", rules, int(started["recipe"]["default_bits"])), False
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: the quantizer's journal says so in its own words
+
+
+def same_rules(a: Recipe, b: Recipe) -> bool:
+    """Whether two recipes quantize alike (their names aside: a file's name is its stem)."""
+    return tuple(map(tuple, a.rules)) == tuple(map(tuple, b.rules)) and a.default_bits == b.default_bits
 
 
 def _started_revision(folder: Path, source: str, repo: str) -> str | None:

@@ -58,6 +58,13 @@ class RateMeter:
         self.detail = ""
         self._lock = threading.Lock()
 
+    def start_at(self, done: int) -> None:
+        """Count from ``done`` without a report: work an earlier run did (a resumed quantization)
+        is not this run's, so the rate and ETA are measured from here."""
+        with self._lock:
+            self.done = done
+            self._samples = deque([(self._clock(), done)])
+
     def check_cancel(self) -> None:
         if self._cancel is not None and self._cancel.is_set():
             raise JobCancelled("cancelled")

@@ -14,17 +14,13 @@ from typing import TextIO
 
 from app.hub.progress import (CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
                               format_bytes)
-from app.progress import LOG_STEPS
+from app.progress import LOG_STEPS, draws_bars
 
 
 def job_reporter(file: TextIO | None = None) -> TqdmReporter | LogReporter:
-    """Bars where ``file`` (default stderr) is a terminal, else lines."""
+    """Bars where ``file`` (default stderr) is a terminal with a width, else lines."""
     file = file or sys.stderr
-    try:
-        terminal = file.isatty()
-    except (AttributeError, ValueError):
-        terminal = False
-    return TqdmReporter(file) if terminal else LogReporter(file)
+    return TqdmReporter(file) if draws_bars(file) else LogReporter(file)
 
 
 class LogReporter:

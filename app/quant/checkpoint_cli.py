@@ -1,4 +1,7 @@
-"""``qwen-tray checkpoint info DIR``: what a quantized checkpoint holds; ``checkpoint eval``: how good it is."""
+"""``qwen-tray checkpoint info NAME|DIR``: what a quantized checkpoint holds; ``checkpoint eval``: how good it is.
+
+Both take a registered model's name wherever they take a folder, as ``quantize --model`` does
+(app.settings.console.locate_model): `models list` shows a checkpoint by its name."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ def register(sub) -> None:
                        description="Inspect quantized checkpoints.")
     csub = p.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
     info = csub.add_parser("info", help="print the spec, recipe, bits per weight and size of a checkpoint")
-    info.add_argument("path", type=Path, metavar="DIR")
+    info.add_argument("path", metavar="NAME|DIR", help="a registered model's name or a checkpoint folder")
     info.add_argument("--verify", action="store_true", help="also check every file's sha256")
     info.set_defaults(func=run_info)
     ev = csub.add_parser(
@@ -20,8 +23,10 @@ def register(sub) -> None:
         description="Score a checkpoint on the English and Chinese held-out texts shipped with the app (never "
                     "the calibration text), in non-overlapping windows of 512 tokens; with --source, score the "
                     "model it was made from the same way. Lower is better.")
-    ev.add_argument("path", type=Path, metavar="CKPT", help="a checkpoint folder (or any model folder)")
-    ev.add_argument("--source", type=Path, metavar="HF_DIR", help="the Hugging Face folder it was quantized from")
+    ev.add_argument("path", metavar="NAME|CKPT", help="a registered model's name or a checkpoint folder (or any "
+                    "model folder)")
+    ev.add_argument("--source", metavar="NAME|HF_DIR", help="the model it was quantized from: a registered name or "
+                    "a Hugging Face folder")
     ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="where to run it (default: cuda when available, else cpu)")
     ev.add_argument("--tokens", type=int, metavar="N", help="score only the first N tokens of each text")
@@ -31,12 +36,22 @@ def register(sub) -> None:
 def run_info(args: argparse.Namespace) -> int:
     from app.formats.checkpoint import open_checkpoint  # lazily: `qwen-tray --help` needs no torch
 
-    manifest = open_checkpoint(args.path, checksum=args.verify, reuse_verified=False)  # --verify: hash every file
-    print(describe(args.path, manifest, verified=args.verify))
+    path = _located(args.path)
+    manifest = open_checkpoint(path, checksum=args.verify, reuse_verified=False)  # --verify: hash every file
+    name = args.path if Path(args.path).expanduser() != path else None  # the registered name it was given by
+    print(describe(path, manifest, verified=args.verify, name=name))
     return 0
 
 
-def describe(path: Path, manifest, *, verified: bool = False) -> str:
+def _located(name_or_path: str) -> Path:
+    """The folder of a registered model's name, or the folder given (a missing one is named as
+    `quantize --model` names it)."""
+    from app.settings.console import locate_model
+
+    return locate_model(name_or_path).path
+
+
+def describe(path: Path, manifest, *, verified: bool = False, name: str | None = None) -> str:
     spec = manifest.spec
     formats = Counter(t.format for t in manifest.tensors.values())
     params_by_format = Counter()
@@ -50,7 +65,7 @@ def describe(path: Path, manifest, *, verified: bool = False) -> str:
     tensors = ", ".join(f"{fmt}: {formats[fmt]} ({params_by_format[fmt] / 1e6:.1f} M params)" for fmt in sorted(formats))
     checksums = "verified" if verified else "sizes checked (add --verify for sha256)"
     lines = [
-        f"checkpoint  {path}",
+        f"checkpoint  {path}" + (f" ({name})" if name else ""),
         (f"model       {manifest.model_id or '?'} ({spec.architecture}), format version {manifest.format_version}, "
          f"created {manifest.created}"),
         (f"spec        {spec.num_layers} layers, hidden {spec.hidden_size}, intermediate {spec.intermediate_size}, "
@@ -75,9 +90,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if args.tokens is not None and args.tokens < 2:
         raise QwenTrayError(f"--tokens must be at least 2, got {args.tokens}")
-    folders = [("checkpoint", args.path)] + ([("source", args.source)] if args.source else [])
+    given = [("checkpoint", args.path)] + ([("source", args.source)] if args.source else [])
+    folders = [(label, _located(text)) for label, text in given]
     for label, folder in folders:
-        if not folder.is_dir():
+        if not folder.is_dir():  # (a file: the path is there, but it is not a model)
             raise ModelLoadError(f"{folder}: {label} folder not found")
     device = args.device
     if device == "auto":

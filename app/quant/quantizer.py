@@ -124,7 +124,8 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
                    on_resume: Callable[[int, int], None] | None = None) -> Manifest:
     """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest.
     ``on_resume(done, total)``: called once, before the first progress, when a previous run's
-    files are taken over."""
+    files are taken over; ``progress(file, done, total)`` before each file is quantized (after a
+    resume, from the count already done), then ``progress("done", total, total)``."""
     spec = ModelSpec.from_hf_folder(job.model)
     shapes = _expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
@@ -137,14 +138,18 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
     done_before = {file_name for file_name, _ in units if journal.finished(file_name)}
     if done_before and on_resume is not None:
         on_resume(len(done_before), len(units))
-    for done, (file_name, index) in enumerate(units):
-        if progress is not None:
-            progress(file_name, done, len(units))
+    # The count starts at what is already done: skipping a finished file is not progress (a bar
+    # would redo the finished files' count and show their skipping as a rate).
+    done = len(done_before)
+    for file_name, index in units:
         if file_name in done_before:
             continue
+        if progress is not None:
+            progress(file_name, done, len(units))
         tensors = run.layer(index) if index is not None else run.tables()
         journal.record(file_name, write_tensor_file(job.out / file_name, tensors.stored), tensors.entries)
         del tensors  # before the next layer is read
+        done += 1
     if progress is not None:
         progress("done", len(units), len(units))
     copied = _copy_side_files(job.model, job.out)
