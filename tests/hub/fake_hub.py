@@ -71,6 +71,8 @@ class FakeHub:
     log: list[dict] = field(default_factory=list)  # method, path, range, proxied, sent
     stalled: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    # set when the stalled response has ended (after release: written out, or its client is gone)
+    stall_ended: threading.Event = field(default_factory=threading.Event)
     served: dict[str, int] = field(default_factory=dict)  # file path -> bytes sent, all requests
 
     def add_repo(self, repo: str, folder: Path) -> None:
@@ -244,24 +246,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(file.path, body, faults, entry)
 
     def _stream(self, path: str, body: bytes, faults: Faults, entry: dict) -> None:
-        state = self.state
+        stalled = False
+        try:
+            stalled = self._stream_chunks(path, body, faults, entry)
+        finally:
+            if stalled:
+                self.state.stall_ended.set()
+
+    def _stream_chunks(self, path: str, body: bytes, faults: Faults, entry: dict) -> bool:
+        """Send ``body``; True when this response was the one that stalled."""
+        state, stalled = self.state, False
         for offset in range(0, len(body), CHUNK):
             already = state.served.get(path, 0)
             if faults.stall_after is not None and already >= faults.stall_after:
-                faults.stall_after = None
+                faults.stall_after, stalled = None, True
                 state.stalled.set()
                 state.release.wait()
             if faults.drop_after is not None and already >= faults.drop_after:
                 faults.drop_after = None
                 self.close_connection = True
-                return
+                return stalled
             chunk = body[offset:offset + CHUNK]
             try:
                 self.wfile.write(chunk)
             except OSError:  # the client went away (killed)
-                return
+                return stalled
             state.served[path] = already + len(chunk)
             entry["sent"] += len(chunk)
+        return stalled
 
     def _json(self, data: dict | list, status: int = 200) -> None:
         body = json.dumps(data).encode()

@@ -34,6 +34,8 @@ def test_a_killed_download_resumes_to_identical_files(hub, home, tiny_catalog, t
     finally:
         proc.kill()
     hub.release.set()
+    # the killed client's response writes on into socket buffers until the server sees it gone
+    assert hub.stall_ended.wait(60), "the stalled response never ended"
     source = home / "data" / "downloads" / f"{TINY_NAME}.hf"
     part = source / (WEIGHTS + ".part")
     kept = part.stat().st_size
