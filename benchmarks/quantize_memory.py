@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
     args = p.parse_args(argv)
+    # the tree that runs is the one at the start (a long run may outlive later commits)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip() or "unknown"
     with tempfile.TemporaryDirectory(prefix="qwen-tray-qmem-") as tmp:
         layer_bytes = build(Path(tmp) / "model", args.shape, args.layers)
         cmd = [sys.executable, "-c", _CHILD, "quantize", "--model", str(Path(tmp) / "model"), "--recipe", args.recipe,
@@ -100,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         return proc.returncode
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=False).stdout.strip() or "unknown"
     report = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(), "gpu": gpu,
               **vars(args), "out_dir": None, "layer_bytes_bf16": layer_bytes, "seconds": round(seconds, 1),
               "peak_rss_above_base": m["peak"] - m["base"], "peak_rss": m["peak"], "peak_vram_allocated": m["vram"]}
