@@ -86,7 +86,8 @@ class Tokenizer:
             return self.encode(rendered)  # the usual case: one pass, token for token as transformers
         return self._encode_contents_as_text(messages, rendered, add_generation_prompt)
 
-    def _encode_contents_as_text(self, messages: list[Message], rendered: str, add_generation_prompt: bool) -> list[int]:
+    def _encode_contents_as_text(self, messages: list[Message], rendered: str,
+                                 add_generation_prompt: bool) -> list[int]:
         """Render with a mark per content, then parse special tokens in the template's text only."""
         marked = [dict(m, content=_CONTENT_MARK.format(i)) for i, m in enumerate(messages)]
         parts = _CONTENT_MARK_RE.split(self.render_chat(marked, add_generation_prompt))  # text, index, text, ...

@@ -54,7 +54,8 @@ def run_sensitive(args: argparse.Namespace) -> int:
                                     method=args.method)
     recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(source.path), budget,
                                            name=f"{source.name}-{base.name}-sensitive")
-    provenance = {**summary, "model": source.name, "method": args.method, "calibration": str(args.calibration or "shipped"),
+    provenance = {**summary, "model": source.name, "method": args.method,
+                  "calibration": str(args.calibration or "shipped"),
                   "calibration_tokens": args.calibration_tokens}
     sensitivity.write_recipe(args.out, recipe, provenance)
     print(f"wrote {args.out}: {summary['units_at_4_bits']} of {summary['units']} units at 4 bits, "

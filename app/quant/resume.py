@@ -64,7 +64,8 @@ def fingerprint(job) -> dict:
 # What differs between an unfinished run and this one, in the words of the options that set it.
 _FIELDS = (("source", "of another source model"), ("adapter", "with another --adapter"),
            ("recipe", "with another recipe"), ("calibration", "with another calibration text or --calibration-tokens"),
-           ("calibration_window", "with another calibration window"), ("gptq", "with other GPTQ settings (--sequential)"),
+           ("calibration_window", "with another calibration window"),
+           ("gptq", "with other GPTQ settings (--sequential)"),
            ("format_version", "by an older version of the quantizer"))
 
 
@@ -109,7 +110,8 @@ class Journal:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise QwenTrayError(f"{self.path}: unreadable resume journal ({e}); delete the folder and start again") from None
         if not same:
-            raise QwenTrayError(f"{self.out}: holds an unfinished quantization {_difference(data['fingerprint'], self.fingerprint)}; "
+            difference = _difference(data["fingerprint"], self.fingerprint)
+            raise QwenTrayError(f"{self.out}: holds an unfinished quantization {difference}; "
                                 "delete it or choose another --out")
         self.files, self.tensors = files, tensors
 

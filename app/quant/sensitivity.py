@@ -12,11 +12,12 @@ it, so its size is what an error is measured against) and ``Q_b`` the method tha
 quantize the model at ``b`` bits: GPTQ (the default; the full input covariance, as GPTQ
 minimises it) or the activation-weighted clipping search of ``calibrated`` (its diagonal,
 ``sum_k E[x_k^2] sum_n (W - Q_b)[n, k]^2``). Which units lose most depends on the method:
-GPTQ compensates rounding error that the clipping search leaves in place. Units are then given 4 bits in order of gain per extra byte
-until the budget -- by default exactly the base recipe's size, so the VRAM plan is unchanged --
-is spent; the rest get 3. Tables (embedding, head) keep the base recipe's bits. The result is
-an explicit recipe file (every unit named, with the measurements as provenance), so a
-quantization from it is reproducible without re-measuring.
+GPTQ compensates rounding error that the clipping search leaves in place. Units are then given
+4 bits in order of gain per extra byte until the budget -- by default exactly the base
+recipe's size, so the VRAM plan is unchanged -- is spent; the rest get 3. Tables (embedding,
+head) keep the base recipe's bits. The result is an explicit recipe file (every unit named,
+with the measurements as provenance), so a quantization from it is reproducible without
+re-measuring.
 """
 
 from __future__ import annotations
