@@ -45,6 +45,7 @@ def run_sensitive(args: argparse.Namespace) -> int:
         raise QwenTrayError(f"{args.out}: --out must be a .json file")
     base = load_recipe(args.base)
     budget = int(args.budget_gib * 2**30) if args.budget_gib is not None else None
+    sensitivity.check_budget(base, sensitivity.model_shapes(source.path), budget)  # before hours of measuring
     # a bar on a terminal, a line per tenth of the layers in a log (a 7B on the CPU takes long)
     with load_progress_bar(f"measuring {source.name}", delay=0, steps=LOG_STEPS) as report:
         def progress(done: int, total: int) -> None:

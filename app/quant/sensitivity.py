@@ -126,18 +126,32 @@ def stored_shapes(shapes: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, 
     return [(n, (s[0], padded_k(s[1])) if len(s) == 2 else s) for n, s in shapes]
 
 
+def _all_3_bit(base: Recipe) -> Recipe:
+    """Every unit's weights at 3 bits, the tables as ``base`` has them: the smallest allocation."""
+    units = tuple((f"model.layers.*.{m}", 3) for modules in calib.INPUTS.values() for m in modules)
+    return Recipe("all3", units + base.rules, base.default_bits)
+
+
+def check_budget(base: Recipe, shapes: list[tuple[str, tuple[int, ...]]], budget_bytes: int | None) -> int:
+    """The budget in bytes (default: ``base``'s size), refused when even all-3-bit units exceed it:
+    known from the shapes, so said before the measurement (hours on a 7B on the CPU) starts."""
+    shapes = stored_shapes(shapes)
+    budget = budget_bytes if budget_bytes is not None else plan_model(base, shapes).total_bytes
+    smallest = plan_model(_all_3_bit(base), shapes).total_bytes
+    if smallest > budget:
+        raise QwenTrayError(f"a budget of {budget / 2**30:.3f} GiB is below the all-3-bit size "
+                            f"{smallest / 2**30:.3f} GiB of recipe {base.name}")
+    return budget
+
+
 def allocate(units: list[UnitSensitivity], base: Recipe, shapes: list[tuple[str, tuple[int, ...]]],
              budget_bytes: int | None = None, name: str | None = None) -> tuple[Recipe, dict]:
     """Give 4 bits to the units with the most gain per byte within ``budget_bytes`` (default:
     the base recipe's size); return the explicit recipe and a summary for its provenance."""
     # Sizes as stored: K zero-padded to whole groups (hidden sizes like 576 or 64 are not multiples of 128).
     shapes = stored_shapes(shapes)
-    budget = budget_bytes if budget_bytes is not None else plan_model(base, shapes).total_bytes
-    all3 = Recipe("all3", tuple((m, 3) for u in units for m in u.modules) + base.rules, base.default_bits)
-    spent = plan_model(all3, shapes).total_bytes
-    if spent > budget:
-        raise QwenTrayError(f"a budget of {budget / 2**30:.3f} GiB is below the all-3-bit size "
-                            f"{spent / 2**30:.3f} GiB of recipe {base.name}")
+    budget = check_budget(base, shapes, budget_bytes)
+    spent = plan_model(_all_3_bit(base), shapes).total_bytes
     upgraded = set()
     for unit in sorted(units, key=lambda u: u.gain / u.extra_bytes, reverse=True):
         if spent + unit.extra_bytes <= budget:
