@@ -6,3 +6,5 @@ and the hub's job settings read them without importing the quantizer)."""
 # "The default method"; docs/results/gptq_study.md).
 METHOD_CHOICES = ("gptq", "calibrated", "search", "rtn", "awq")
 DEFAULT_METHOD = "gptq"
+# `qwen-tray recipe sensitive` ranks units by one of these methods' own errors (app.quant.sensitivity).
+SENSITIVITY_METHODS = ("gptq", "calibrated")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.quant.methods import DEFAULT_METHOD, SENSITIVITY_METHODS
+
 
 def register(sub) -> None:
     p = sub.add_parser("recipe", help="make quantization recipes from measurements",
@@ -24,8 +26,8 @@ def register(sub) -> None:
     s.add_argument("--budget-gib", type=float, metavar="GIB", help="weights budget (default: the base recipe's size)")
     s.add_argument("--calibration", type=Path, metavar="TEXT_FILE", help="calibration text (default: the shipped one)")
     s.add_argument("--calibration-tokens", type=int, default=2048, metavar="N", help="tokens of it to use (default 2048)")
-    s.add_argument("--method", choices=("gptq", "calibrated"), default="gptq",
-                   help="the method you will quantize with, whose errors rank the units (default: gptq)")
+    s.add_argument("--method", choices=SENSITIVITY_METHODS, default=DEFAULT_METHOD,
+                   help=f"the method you will quantize with, whose errors rank the units (default: {DEFAULT_METHOD})")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the measurement runs")
     s.add_argument("--out", required=True, type=Path, metavar="FILE.json", help="the recipe file to write")
     s.set_defaults(func=run_sensitive)
@@ -45,7 +47,8 @@ def run_sensitive(args: argparse.Namespace) -> int:
         raise QwenTrayError(f"{args.out}: --out must be a .json file")
     base = load_recipe(args.base)
     budget = int(args.budget_gib * 2**30) if args.budget_gib is not None else None
-    sensitivity.check_budget(base, sensitivity.model_shapes(source.path), budget)  # before hours of measuring
+    shapes = sensitivity.model_shapes(source.path)
+    sensitivity.check_budget(base, shapes, budget)  # before hours of measuring
     # a bar on a terminal, a line per tenth of the layers in a log (a 7B on the CPU takes long)
     with load_progress_bar(f"measuring {source.name}", delay=0, steps=LOG_STEPS) as report:
         def progress(done: int, total: int) -> None:
@@ -53,7 +56,7 @@ def run_sensitive(args: argparse.Namespace) -> int:
 
         units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress,
                                     method=args.method)
-    recipe, summary = sensitivity.allocate(units, base, sensitivity.model_shapes(source.path), budget,
+    recipe, summary = sensitivity.allocate(units, base, shapes, budget,
                                            name=f"{source.name}-{base.name}-sensitive")
     provenance = {**summary, "model": source.name, "method": args.method,
                   "calibration": str(args.calibration or "shipped"),

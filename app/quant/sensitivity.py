@@ -39,12 +39,9 @@ from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.quant import calibration as calib
 from app.quant.gptq import GptqSolver
-from app.quant.methods import DEFAULT_METHOD
+from app.quant.methods import DEFAULT_METHOD, SENSITIVITY_METHODS
 from app.quant.quantizer import GPTQ_CALIBRATION_WINDOW, GPTQ_SETTINGS
 from app.quant.search import search_scales
-
-# Methods whose errors the sensitivity is measured with: gptq's own, else the clipping search's.
-SENSITIVITY_METHODS = ("gptq", "calibrated")
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,7 @@ class TrayApp(QObject):
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
                 model_jobs=self.model_jobs, model_removal=self.model_removal)
-            self.settings_dialog.hotkeys_page.recording.connect(self._recording_hotkey)
+            self.settings_dialog.recording_hotkey.connect(self._recording_hotkey)
             self.settings_dialog.finished.connect(self._settings_closed)
         self.settings_dialog.show()
         self.settings_dialog.raise_()

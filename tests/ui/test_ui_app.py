@@ -373,6 +373,12 @@ def test_recording_a_hotkey_lets_go_of_the_grabs_and_refuses_editing_keys(qtbot,
     assert dialog.error.text().startswith("Explain: ") and "cannot be a global hotkey" in dialog.error.text()
     page.fields["explain"].edit.setFocus()
     qtbot.waitUntil(lambda: backend.registered == {})
+    page.modes["explain"].setFocus()
+    qtbot.waitUntil(lambda: backend.registered == grabbed)
+    dialog.tabs.setCurrentWidget(dialog.actions_page)  # a new action's hotkey is recorded the same way
+    _press(qtbot, dialog.actions_page.hotkey, Qt.Key_S, Qt.ControlModifier | Qt.AltModifier)
+    qtbot.waitUntil(lambda: backend.registered == {})
+    assert dialog.actions_page.hotkey.text() == "Ctrl+Alt+S"
     dialog.reject()  # closed while recording: the grabs come back
     qtbot.waitUntil(lambda: backend.registered == grabbed)
     assert "explain" not in saved().preferences.hotkeys

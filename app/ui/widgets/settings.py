@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
                                QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
@@ -39,6 +40,9 @@ IDLE_UNLOAD_TIP = ("The model's VRAM and memory are given back after this long w
 
 
 class SettingsDialog(QDialog):
+    # a hotkey field (Hotkeys page, or the action being edited) took (True) or lost the keyboard
+    recording_hotkey = Signal(bool)
+
     def __init__(self, store: PreferencesStore, builtin_actions: list[Action], user_actions: list[Action],
                  builtin_models: list[ModelEntry], user_models: list[ModelEntry],
                  hotkey_status: Callable[[], tuple[dict, dict]],
@@ -57,6 +61,8 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.hotkeys_page, tr("Hotkeys"))
         self.actions_page = ActionsPage(user_actions, {a.id for a in builtin_actions})
         self.actions_page.changed.connect(self._fill_hotkeys)
+        self.hotkeys_page.recording.connect(self.recording_hotkey)
+        self.actions_page.hotkey.recording.connect(self.recording_hotkey)
         self.tabs.addTab(self.actions_page, tr("Actions"))
         # Removing a model takes effect when confirmed (not on OK): the tray's remover, which can
         # unload the model first; a dialog of its own has nothing loaded to let go of.
