@@ -278,9 +278,19 @@ def _fuse(param: str, parts: list[tuple[int, str, QuantizedTensor, int]], target
 
 
 def _cat_rows(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if device.type == "meta":  # shapes only: torch.cat of meta tensors runs a decomposition that imports torch._dynamo
-        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
-    return torch.cat(parts).to(device)
+    """The parts stacked by rows on ``device``. Off the CPU each part is copied from the file's
+    pages straight into its rows there: ``torch.cat`` first would copy every byte once more on
+    the host. (On the meta device shapes only: torch.cat of meta tensors runs a decomposition
+    that imports torch._dynamo.)"""
+    if device.type == "cpu":
+        return torch.cat(parts)
+    out = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=device)
+    if device.type != "meta":
+        row = 0
+        for part in parts:
+            out[row:row + part.shape[0]].copy_(part)
+            row += part.shape[0]
+    return out
 
 
 def _swap_in(model: QuantizedDecoderModel, param: str, fused: tuple[QuantizedTensor, int]) -> QuantLinear:
