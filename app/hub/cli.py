@@ -8,6 +8,7 @@ import sys
 from app.errors import Interrupted, QwenTrayError
 from app.hub.errors import HubUnreachableError
 from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
+from app.quant.device import DEVICE_CHOICES
 from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 
 
@@ -30,8 +31,8 @@ def register(models_sub) -> None:
     get.add_argument("--recipe", metavar="RECIPE", help="w4, mixed, q4 or a recipe file (default: the catalog's)")
     get.add_argument("--method", choices=METHOD_CHOICES, default=DEFAULT_METHOD,
                      help=f"quantization method (default {DEFAULT_METHOD}; see `qwen-tray quantize --help`)")
-    get.add_argument("--device", choices=("cpu", "cuda"), help="where to quantize (default: the GPU when it has "
-                     "room, else the CPU)")
+    get.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                     help="where to quantize (default auto: the GPU when it has room, else the CPU)")
     get.add_argument("--keep-source", action="store_true", help="keep the downloaded 16-bit model folder")
     get.add_argument("--default", action="store_true", help="make it the default model")
     get.add_argument("--force", action="store_true",

@@ -32,16 +32,11 @@ from app.hub.sources import make_source
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
+from app.quant.device import resolve_quantize_device
 from app.quant.methods import DEFAULT_METHOD
 from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)
-MiB = 1 << 20
-# Free VRAM the quantizer's clipping search needs on the GPU: the 7B `mixed` peaks at 1.1 GiB
-# (issue 31's H100 run); below this it runs on the CPU, beside whatever model the GPU holds.
-QUANTIZE_VRAM_BYTES = 1536 * MiB
-# gptq's VRAM beside its Hessians: a 271 MB fp32 down_proj chunk of the 7B and the search's buffers.
-GPTQ_WORK_VRAM_BYTES = 512 * MiB
 UNKNOWN_CHECKPOINT_FRACTION = 0.35  # an entry without [config]: a W4 checkpoint is ~30 % of bf16
 
 
@@ -54,26 +49,6 @@ class GotModel:
     fit: Fit | None = None  # where the tray would run it (None without a machine)
 
 
-def quantize_device(source: Path | None = None, method: str = DEFAULT_METHOD) -> str:
-    """The GPU when PyTorch sees one with room for quantizing ``source`` by ``method``, else the CPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
-    free, _total = torch.cuda.mem_get_info()
-    return "cuda" if free >= quantize_vram_bytes(source, method) else "cpu"
-
-
-def quantize_vram_bytes(source: Path | None, method: str) -> int:
-    """Free VRAM the quantizer needs: the clipping search's, and for gptq one layer's fp32 Hessians
-    besides (q/k/v, o and gate/up of the hidden size, down_proj of the MLP's: 1.6 GB on the 7B)."""
-    if method != "gptq" or source is None:
-        return QUANTIZE_VRAM_BYTES
-    spec = ModelSpec.from_hf_folder(source)
-    hessians = 4 * (3 * spec.hidden_size ** 2 + spec.intermediate_size ** 2)
-    return max(QUANTIZE_VRAM_BYTES, hessians + GPTQ_WORK_VRAM_BYTES)
-
-
 def quantize_into(source: Path, out: Path, recipe: Recipe, method: str, device: str | None, report: Reporter,
                   cancel: threading.Event | None, label: str, model_id: str) -> None:
     """Quantize ``source`` into ``out`` (resuming an interrupted run), layer by layer with progress;
@@ -82,7 +57,7 @@ def quantize_into(source: Path, out: Path, recipe: Recipe, method: str, device: 
 
     from app.quant.quantizer import QuantizeJob, quantize_model
 
-    device = device or quantize_device(source, method)
+    device = resolve_quantize_device(device, source, method)
     meter = RateMeter(QUANTIZING, 0, "layer", report, cancel, folder=str(out))
 
     def progress(unit: str, done: int, total: int) -> None:
@@ -127,7 +102,7 @@ class GetModelJob:
     keep_source: bool = False
     make_default: bool = False
     endpoint: str | None = None  # a mirror of the hub, or another ModelScope endpoint
-    device: str | None = None  # where to quantize; None: quantize_device()
+    device: str | None = None  # where to quantize; None or "auto": the GPU if it has room
     machine: Machine | None = None  # for the verdict on where the tray will run it
     replace: bool = False  # re-point the name when it is registered to another model
     force: bool = False  # quantize again even if a checkpoint of the name exists (as import-gguf's --force)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from app.errors import Interrupted
+from app.quant.device import DEVICE_CHOICES
 from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 
 
@@ -33,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="gptq: each layer calibrated on what the already-quantized layers before it output "
                         "(measured better with a `recipe sensitive` recipe, worse with w4 and mixed)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the clipping search and GPTQ run")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="where the clipping search and GPTQ run (default auto: the GPU when it has room, else the CPU)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the checkpoint folder to write")
     p.set_defaults(func=run)
 
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from app.errors import QwenTrayError
     from app.formats.recipe import load_recipe
+    from app.quant.device import resolve_quantize_device
     from app.quant.quantizer import GPTQ_SETTINGS, QuantizeJob
     from app.settings.console import locate_model
 
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     source = locate_model(args.model)
     job = QuantizeJob(model=source.path, model_id=source.name, out=args.out, recipe=load_recipe(args.recipe),
                       method=args.method, adapter=args.adapter, calibration=args.calibration,
-                      calibration_tokens=args.calibration_tokens, device=args.device,
+                      calibration_tokens=args.calibration_tokens,
+                      device=resolve_quantize_device(args.device, source.path, args.method),
                       gptq=replace(GPTQ_SETTINGS, sequential=args.sequential))
     quantize_with_progress(job, source.name)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.quant.device import DEVICE_CHOICES
 from app.quant.methods import DEFAULT_METHOD, SENSITIVITY_METHODS
 
 
@@ -28,7 +29,8 @@ def register(sub) -> None:
     s.add_argument("--calibration-tokens", type=int, default=2048, metavar="N", help="tokens of it to use (default 2048)")
     s.add_argument("--method", choices=SENSITIVITY_METHODS, default=DEFAULT_METHOD,
                    help=f"the method you will quantize with, whose errors rank the units (default: {DEFAULT_METHOD})")
-    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the measurement runs")
+    s.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="where the measurement runs (default auto: the GPU when it has room, else the CPU)")
     s.add_argument("--out", required=True, type=Path, metavar="FILE.json", help="the recipe file to write")
     s.set_defaults(func=run_sensitive)
 
@@ -37,6 +39,7 @@ def run_sensitive(args: argparse.Namespace) -> int:
     from app.errors import ModelLoadError, QwenTrayError
     from app.progress import LOG_STEPS, load_progress_bar
     from app.quant import sensitivity
+    from app.quant.device import resolve_quantize_device
     from app.formats.recipe import load_recipe
     from app.settings.console import locate_model
 
@@ -54,7 +57,8 @@ def run_sensitive(args: argparse.Namespace) -> int:
         def progress(done: int, total: int) -> None:
             report(f"layer {done}", done, total)
 
-        units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, args.device, progress,
+        device = resolve_quantize_device(args.device, source.path, args.method)
+        units = sensitivity.measure(source.path, args.calibration, args.calibration_tokens, device, progress,
                                     method=args.method)
     recipe, summary = sensitivity.allocate(units, base, shapes, budget,
                                            name=f"{source.name}-{base.name}-sensitive")

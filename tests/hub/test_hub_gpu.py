@@ -9,7 +9,8 @@ from fake_hub import FakeHub
 
 from app.engine.cuda.fit import GPU, Machine
 from app.hub.catalog import find_entry
-from app.hub.job import GetModelJob, quantize_device
+from app.hub.job import GetModelJob
+from app.quant.device import quantize_device
 from app.hub.progress import QUANTIZING
 
 pytestmark = pytest.mark.gpu
