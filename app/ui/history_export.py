@@ -11,6 +11,7 @@ from app.paths import atomic_write_text
 from app.ui.action_history import ActionRecord
 from app.ui.history import Conversation
 from app.ui.i18n import tr
+from app.ui.text_preview import text_preview
 
 PREVIEW_WORDS = 10
 
@@ -36,9 +37,7 @@ class HistoryEntry:
     def title(self) -> str:
         if isinstance(self.item, Conversation):
             return tr("Chat: {title}", title=self.item.title or tr("(untitled)"))
-        words = self.item.source.split()
-        preview = " ".join(words[:PREVIEW_WORDS]) + (" …" if len(words) > PREVIEW_WORDS else "")
-        return f"{self.item.action}: {preview}"
+        return f"{self.item.action}: {text_preview(self.item.source, PREVIEW_WORDS)}"
 
     def matches(self, query: str) -> bool:
         """Every word of ``query`` somewhere in the entry (case-insensitive)."""

@@ -120,6 +120,18 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     assert tray.chat_window.conversation.messages == [] and tray.chat_window.list.count() == 0  # gone there too
 
 
+def test_long_chinese_text_is_shortened_in_the_list_as_english_is(qtbot, tray):
+    chinese = "会议决定把产品发布推迟到七月，并要求各部门在月底前提交新的计划。" * 25  # no spaces at all
+    english = "The meeting decided to push the product launch to July and asked every team for a plan."
+    ActionHistory().save(ActionRecord("Summarize", chinese, "a", "m", "summarize", created=2000.0))
+    ActionHistory().save(ActionRecord("Summarize", english, "a", "m", "summarize", created=1000.0))
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    assert [window.list.item(i).text() for i in range(window.list.count())] == [
+        f"Summarize: {chinese[:40]}…", "Summarize: The meeting decided to push the product launch to July …"]
+
+
 def test_a_broken_result_file_is_set_aside_and_the_user_told(qtbot, tray):
     folder = data_dir() / "action-results"
     ActionHistory().save(ActionRecord("Explain", "ok text", "ok answer", "m"))
