@@ -15,7 +15,8 @@ from app.paths import data_dir
 from app.ui.action_history import ActionHistory, ActionRecord
 from app.ui.app import TrayApp
 from app.ui.history import ChatHistory, Conversation
-from app.ui.history_export import entries
+from app.ui.history_export import entries, entry_markdown
+from app.ui.i18n import set_language
 
 
 @pytest.fixture
@@ -130,6 +131,23 @@ def test_long_chinese_text_is_shortened_in_the_list_as_english_is(qtbot, tray):
     qtbot.addWidget(window)
     assert [window.list.item(i).text() for i in range(window.list.count())] == [
         f"Summarize: {chinese[:40]}…", "Summarize: The meeting decided to push the product launch to July …"]
+
+
+def test_in_chinese_the_answer_is_headed_answer_with_full_width_colons(qtbot, tray, tmp_path):
+    ActionHistory().save(ActionRecord("润色改写", "会议改到周五下午。", "会议改至周五下午。", "Qwen2.5-3B", "rewrite"))
+    set_language("zh_CN")
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    assert window.list.item(0).text() == "润色改写：会议改到周五下午。"
+    shown = window.view.markdown_text()
+    assert "**文本：**" in shown and "**回答：**" in shown and "· 模型：Qwen2.5-3B*" in shown
+    assert "回答方式" not in shown and ":**" not in shown  # the mode's label is not the answer's heading
+    window.export_to(tmp_path / "历史.md")
+    assert "**回答：**\n\n会议改至周五下午。" in (tmp_path / "历史.md").read_text(encoding="utf-8")
+    set_language("en")
+    english = entry_markdown(window.shown[0])
+    assert "**Text:**" in english and "**Answer:**" in english and "· Model: Qwen2.5-3B*" in english
 
 
 def test_a_broken_result_file_is_set_aside_and_the_user_told(qtbot, tray):
