@@ -208,6 +208,26 @@ ZH_CN: dict[str, str] = {
     "Off: no hotkey": "未启用：没有快捷键",
     "Click, then press the keys": "点击后按下快捷键",
     "Changed: applied with OK or Apply": "已更改：点击“确定”或“应用”后生效",
+    "{label}: {error}": "{label}：{error}",
+    # why a hotkey cannot be used (app/settings/keys.py, app/ui/platform/hotkeys*.py)
+    "hotkey is empty": "快捷键为空",
+    "hotkey {hotkey!r}: empty part (use names like Ctrl+Alt+S)": "快捷键“{hotkey}”中有一段为空（请写成 Ctrl+Alt+S 这样）",
+    "hotkey {hotkey!r}: {part!r} is not a modifier (Ctrl, Alt, Shift, Super)":
+        "快捷键“{hotkey}”：“{part}”不是修饰键（Ctrl、Alt、Shift、Super）",
+    "hotkey {hotkey!r}: ends with a modifier; add a key such as S": "快捷键“{hotkey}”以修饰键结尾；请再加一个键，例如 S",
+    "hotkey {hotkey!r}: unknown key {key!r}": "快捷键“{hotkey}”：未知的键“{key}”",
+    "hotkey {hotkey!r}: needs Ctrl, Alt or Super so it does not steal typing":
+        "快捷键“{hotkey}”需要包含 Ctrl、Alt 或 Super，以免抢走正常的输入",
+    "hotkey {hotkey}: applications copy, paste or undo with it (and Qwen Tray copies the selection with it), so it "
+    "cannot be a global hotkey; choose another":
+        "快捷键 {hotkey}：各程序用它复制、粘贴或撤销（Qwen Tray 也用它复制所选内容），因此不能作为全局快捷键；请换一个",
+    "key {key!r} has no X11 keysym": "键“{key}”没有对应的 X11 keysym",
+    "key {key!r} has no Windows virtual-key code": "键“{key}”没有对应的 Windows 虚拟键码",
+    "hotkey {hotkey}: key {key!r} is not on this keyboard layout": "快捷键 {hotkey}：当前键盘布局上没有“{key}”键",
+    "hotkey {hotkey} is already taken by another program": "快捷键 {hotkey} 已被其他程序占用",
+    "hotkey {hotkey}: Windows refused it (error {code})": "快捷键 {hotkey}：Windows 拒绝了注册（错误 {code}）",
+    "{hotkey} is already used by {binding!r}": "{hotkey} 已被“{binding}”使用",
+    "global hotkeys are unavailable: {reason}": "全局快捷键不可用：{reason}",
     "Copy and paste keys per application": "各程序的复制/粘贴按键",
     "Terminals get Ctrl+Shift+C / Ctrl+Shift+V on their own, never Ctrl+C.":
         "终端会自动使用 Ctrl+Shift+C / Ctrl+Shift+V，绝不会收到 Ctrl+C。",

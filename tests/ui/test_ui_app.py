@@ -394,6 +394,27 @@ def test_settings_report_a_hotkey_the_os_refuses(qtbot, make_app):
     assert "rewrite" not in FakeHotkeys.instances[-1].registered
 
 
+def test_in_chinese_hotkey_errors_are_said_in_chinese(qtbot, make_app):
+    app = make_app(language="zh_CN", taken={"Ctrl+Alt+Q"})
+    app.open_settings()
+    dialog = app.settings_dialog
+    page = dialog.hotkeys_page
+    _press(qtbot, page.fields["rewrite"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
+    assert dialog.apply()
+    assert page.statuses["rewrite"].text() == "未注册：快捷键 Ctrl+Alt+Q 已被其他程序占用"
+    _press(qtbot, page.fields["explain"], Qt.Key_C, Qt.ControlModifier | Qt.ShiftModifier)
+    refused = "快捷键 Ctrl+Shift+C：各程序用它复制、粘贴或撤销（Qwen Tray 也用它复制所选内容），因此不能作为全局快捷键；请换一个"
+    assert page.statuses["explain"].text() == refused
+    assert not dialog.apply()
+    assert dialog.error.text() == f"解释：{refused}"
+    actions = dialog.actions_page
+    actions.name.setText("总结要点")
+    actions.prompt.setPlainText("总结要点：\n\n{text}")
+    _press(qtbot, actions.hotkey, Qt.Key_S)
+    assert not actions.save_current()
+    assert actions.error.text() == "快捷键“S”需要包含 Ctrl、Alt 或 Super，以免抢走正常的输入"
+
+
 def test_settings_copy_keys_per_application_chat_send_key_and_translated_lists(qtbot, make_app):
     app = make_app(language="zh_CN")
     app.open_settings()

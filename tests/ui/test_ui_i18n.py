@@ -17,9 +17,11 @@ from app.ui.i18n_zh import ZH_CN
 
 # The tray's text, and the settings' notices it shows (made without Qt, translated when shown).
 TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
-# tr("...") / Notice("...") with a literal first argument, in single or double quotes; and the
-# notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
-LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
+# tr("...") / Notice("...") / HotkeyError("...") (a NoticeError) with a literal first argument, in single or
+# double quotes (adjacent literals joined); and the notice templates kept in constants: NAME = "..." (one or
+# more adjacent literals, in parentheses).
+LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice|HotkeyError|HotkeyConflictError)\(\s*"""
+                     r"""((?:"(?:[^"\\]|\\.)*"\s*)+|'(?:[^'\\]|\\.)*')""")
 TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
 DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "unloaded"}  # tr(state)
 
@@ -29,11 +31,16 @@ def _ui_strings() -> set[str]:
     for path in (p for folder in TEXT_DIRS for p in folder.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
         for m in LITERAL.finditer(source):
-            found.add(m.group(1) if m.group(1) is not None else m.group(2))
+            found.add(_joined(m.group(1)))
         for m in TEMPLATE_CONSTANT.finditer(source):
             if f"Notice({m.group(1)}" in source or f"tr({m.group(1)}" in source:
                 found.add("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))))
     return found
+
+
+def _joined(literals: str) -> str:
+    """The text of adjacent string literals ("a " "b" -> "a b"), quotes and the space between them gone."""
+    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', literals)) if literals.startswith('"') else literals[1:-1]
 
 
 def _fields(text: str) -> set[str]:

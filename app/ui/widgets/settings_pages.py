@@ -14,12 +14,12 @@ from app.hub.gguf import ImportGgufJob
 from app.hub.job import GotModel
 from app.model_removal import Removal
 from app.settings.actions import MODES, Action
-from app.settings.keys import normalize_hotkey
+from app.settings.keys import HotkeyError, normalize_hotkey
 from app.settings.models import ModelEntry, check_model_name
 from app.ui.actions import new_action_id
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
-from app.ui.i18n import tr
+from app.ui.i18n import notice_text, tr
 from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 from app.ui.widgets.remove_model_dialog import RemoveModelDialog
 from app.ui.widgets.system_page import key_storage_text
@@ -129,6 +129,9 @@ class ActionsPage(QWidget):
                 id=self.actions[row].id if 0 <= row < len(self.actions) else new_action_id(self.name.text(), taken),
                 name=self.name.text().strip(), prompt=self.prompt.toPlainText(),
                 hotkey=normalize_hotkey(self.hotkey.text()), mode=self.mode.currentData())
+        except HotkeyError as e:
+            self.error.setText(notice_text(e.notice))
+            return False
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False
