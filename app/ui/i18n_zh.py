@@ -329,6 +329,11 @@ ZH_CN: dict[str, str] = {
     "Empty: the system's proxy; direct: none; or http://proxy:3128": "留空：使用系统代理；direct：不使用代理；或 http://proxy:3128",
     "API keys": "API 密钥",
     "API keys are kept in the system keyring ({keyring})": "API 密钥保存在系统密钥环中（{keyring}）",
+    "API keys are kept as plain text in the file {file} (keyrings.alt; not a system keyring)":
+        "API 密钥以明文保存在文件 {file} 中（keyrings.alt；并非系统密钥环）",
+    "API keys are kept encrypted in the file {file} (keyrings.alt; not a system keyring)":
+        "API 密钥加密保存在文件 {file} 中（keyrings.alt；并非系统密钥环）",
+    "API keys are kept by the keyring backend {keyring}": "API 密钥由密钥环后端 {keyring} 保存",
     "API keys stay in settings.json as plain text: {reason}": "API 密钥以明文保存在 settings.json 中：{reason}",
     "Log file": "日志文件",
     "Open log folder": "打开日志文件夹",
