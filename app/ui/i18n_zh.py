@@ -153,6 +153,8 @@ ZH_CN: dict[str, str] = {
     "check the network or the proxy, or enter a mirror in “{mirror}” (e.g. https://hf-mirror.com), or choose ModelScope in “{source}”":
         "请检查网络或代理，或在“{mirror}”中填写镜像（例如 https://hf-mirror.com），或在“{source}”中选择 ModelScope",
     "“{field}” needs https:// in front, e.g. https://{url}": "“{field}”需要以 https:// 开头，例如 https://{url}",
+    "“{field}” must be an http(s) URL, such as https://hf-mirror.com":
+        "“{field}”必须是 http(s) 网址，例如 https://hf-mirror.com",
     "Checking {item}…": "正在检查 {item}…",
     "Downloading {item}: {amount}": "正在下载 {item}：{amount}",
     "Verifying {item}: {amount}": "正在校验 {item}：{amount}",

@@ -136,7 +136,28 @@ def test_a_mirror_that_is_not_a_url_is_refused(qtbot, make_app, tiny_catalog):
     page.mirror.setText("hf-mirror.com")
     assert not page.start_selected()
     assert page.error.text() == "“Hugging Face mirror” needs https:// in front, e.g. https://hf-mirror.com"
+    page.mirror.setText("ftp：//hf-mirror.com")  # (a full-width colon, as a Chinese input method types it)
+    assert not page.start_selected()
+    assert page.error.text() == "“Hugging Face mirror” must be an http(s) URL, such as https://hf-mirror.com"
     assert not app.model_jobs.running
+
+
+def test_a_mirror_typed_with_a_full_width_colon_is_taken_as_its_url(qtbot, make_app, tiny_catalog):
+    import socket
+
+    with socket.socket() as s:  # a mirror nobody listens on: the job fails at once
+        s.bind(("127.0.0.1", 0))
+        mirror = f"http://127.0.0.1:{s.getsockname()[1]}"
+    app = make_app()
+    app.open_settings()
+    page = app.settings_dialog.catalog_page
+    page.select(TINY_NAME)
+    page.mirror.setText(mirror.replace("://", "：／／"))  # as a Chinese input method types it
+    with qtbot.waitSignal(app.model_jobs.failed, timeout=60_000):
+        assert page.start_selected()
+    assert page.mirror.text() == mirror and app.store.prefs.hf_mirror == mirror
+    qtbot.waitUntil(lambda: page.get.isEnabled(), timeout=10_000)
+    assert page.panel.status.text().startswith(f"Failed: cannot reach {mirror} (ConnectError")
 
 
 def test_a_gguf_from_settings_is_quantized_into_a_checkpoint(qtbot, make_app, tmp_path):

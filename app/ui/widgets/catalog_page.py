@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLay
 from app.engine.cuda.fit import CPU, GPU, GPU_PYTORCH, Fit
 from app.errors import QwenTrayError
 from app.hub.catalog import CatalogEntry, read_catalog
+from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
@@ -204,11 +205,17 @@ class CatalogPage(QWidget):
             self.error.setText(tr("Choose a model first"))
             return False
         entry, source = self.entries[row], self.source.currentData()
-        mirror_url = self.mirror.text().strip()
-        if mirror_url and not mirror_url.startswith(("https://", "http://")):
+        mirror_url = normalize_endpoint(self.mirror.text())
+        problem = endpoint_problem(mirror_url) if mirror_url else None
+        if problem == "no scheme":
             self.error.setText(tr("“{field}” needs https:// in front, e.g. https://{url}",
                                   field=tr("Hugging Face mirror"), url=mirror_url))
             return False
+        if problem == "other scheme":
+            self.error.setText(tr("“{field}” must be an http(s) URL, such as https://hf-mirror.com",
+                                  field=tr("Hugging Face mirror")))
+            return False
+        self.mirror.setText(mirror_url)
         try:
             self.store.update(model_source=source, hf_mirror=mirror_url)
         except QwenTrayError as e:
