@@ -274,6 +274,10 @@ ZH_CN: dict[str, str] = {
     "Prompt; {text} is replaced by the selected text": "提示词；{text} 会被替换为所选文字",
     "Give the action a name.": "请为动作起个名字。",
     "The prompt must contain {text}, where the selected text goes.": "提示词中必须包含 {text}，用来放入所选文字。",
+    "Command": "命令",
+    "Bind this command to keys in the desktop's shortcut settings where Qwen Tray's hotkeys do not work (Wayland)":
+        "在 Qwen Tray 的快捷键无法使用的桌面（Wayland）上，可在桌面的快捷键设置中为此命令绑定按键",
+    "(once the action is saved)": "（保存操作后显示）",
     "New action": "新建操作",
     "Save action": "保存操作",
     "Actions: the action being edited is not saved ({field}): {error}": "操作：正在编辑的操作未保存（{field}）：{error}",

@@ -415,6 +415,19 @@ def test_in_chinese_hotkey_errors_are_said_in_chinese(qtbot, make_app):
     assert actions.error.text() == "快捷键“S”需要包含 Ctrl、Alt 或 Super，以免抢走正常的输入"
 
 
+def test_settings_show_the_command_that_runs_a_user_action(qtbot, make_app):
+    """A desktop shortcut runs `qwen-tray action <id>` (Wayland); an action named in Chinese has an id
+    the user could not guess."""
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    actions = app.settings_dialog.actions_page
+    assert actions.command.text() == "（保存操作后显示）"
+    actions.name.setText("总结要点")
+    actions.prompt.setPlainText("要点：\n\n{text}")
+    assert actions.save_current()
+    assert actions.command.text() == "qwen-tray action user-action"
+
+
 def test_settings_copy_keys_per_application_chat_send_key_and_translated_lists(qtbot, make_app):
     app = make_app(language="zh_CN")
     app.open_settings()

@@ -43,6 +43,10 @@ class ActionsPage(QWidget):
         self.mode = QComboBox()
         for mode in MODES:
             self.mode.addItem(mode_label(mode), mode)
+        # Where global hotkeys cannot be grabbed (Wayland) the desktop's own shortcut runs this command.
+        self.command = QLabel(tr("(once the action is saved)"), textInteractionFlags=Qt.TextSelectableByMouse)
+        self.command.setToolTip(tr("Bind this command to keys in the desktop's shortcut settings where "
+                                   "Qwen Tray's hotkeys do not work (Wayland)"))
         self.error = QLabel()
         self.error.setStyleSheet("color: #b91c1c")
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
@@ -54,6 +58,7 @@ class ActionsPage(QWidget):
         form.addRow(tr("Prompt"), self.prompt)
         form.addRow(tr("Hotkey"), self.hotkey)
         form.addRow(tr("Answer"), self.mode)
+        form.addRow(tr("Command"), self.command)
         buttons = QHBoxLayout()
         for b in (add, save, remove):
             buttons.addWidget(b)
@@ -104,6 +109,7 @@ class ActionsPage(QWidget):
             self.prompt.setPlainText(a.prompt)
             self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
+            self.command.setText(f"qwen-tray action {a.id}")
             self.error.clear()
             self._mark_unchanged()
 
@@ -113,6 +119,7 @@ class ActionsPage(QWidget):
         self.name.clear()
         self.prompt.setPlainText("{text}")
         self.hotkey.set_text("")
+        self.command.setText(tr("(once the action is saved)"))
         self.error.clear()
         self._mark_unchanged()  # a blank new action is no edit until something is typed
 
