@@ -18,7 +18,7 @@ from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes, format_duration, format_size_gb)
+                              format_bytes, format_size_gb)
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
@@ -31,6 +31,16 @@ def fit_label(fit: Fit | None) -> str:
         return ""
     return {GPU: tr("Fits the GPU"), GPU_PYTORCH: tr("GPU, without the kernels (slower)"),
             CPU: tr("CPU")}.get(fit.where, tr("Too large for this GPU"))
+
+
+def duration_text(seconds: float) -> str:
+    """Time left in the UI's language: app/hub/progress.py's format_duration, whose English the CLI keeps."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return tr("{s} s", s=seconds)
+    if seconds < 3600:
+        return tr("{min} min {s:02d} s", min=seconds // 60, s=seconds % 60)
+    return tr("{h} h {min:02d} min", h=seconds // 3600, min=seconds % 3600 // 60)
 
 
 def describe(progress: JobProgress) -> str:
@@ -48,7 +58,7 @@ def describe(progress: JobProgress) -> str:
     if progress.rate and progress.unit == "B":
         text += " · " + tr("{speed}/s", speed=format_bytes(progress.rate))
     if progress.eta_s is not None:
-        text += " · " + tr("{time} left", time=format_duration(progress.eta_s))
+        text += " · " + tr("{time} left", time=duration_text(progress.eta_s))
     return text
 
 
