@@ -415,6 +415,22 @@ def test_in_chinese_hotkey_errors_are_said_in_chinese(qtbot, make_app):
     assert actions.error.text() == "快捷键“S”需要包含 Ctrl、Alt 或 Super，以免抢走正常的输入"
 
 
+def test_a_long_error_wraps_and_keeps_the_settings_dialogs_width(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    dialog = app.settings_dialog
+    qtbot.waitExposed(dialog)
+    width = dialog.width()
+    refused = "解释：快捷键 Ctrl+Shift+C：各程序用它复制、粘贴或撤销（Qwen Tray 也用它复制所选内容），因此不能作为全局快捷键；请换一个"
+    dialog.error.setText((refused * 5)[:300])
+    QApplication.processEvents()
+    assert dialog.width() == width
+    dialog.tabs.setCurrentWidget(dialog.actions_page)
+    dialog.actions_page.error.setText((refused * 5)[:300])
+    QApplication.processEvents()
+    assert dialog.width() == width
+
+
 def test_settings_show_the_command_that_runs_a_user_action(qtbot, make_app):
     """A desktop shortcut runs `qwen-tray action <id>` (Wayland); an action named in Chinese has an id
     the user could not guess."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMenu, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSplitter, QToolButton, QVBoxLayout, QWidget)
+                               QPushButton, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.engine.request import PRIORITY_NORMAL
@@ -120,7 +120,9 @@ class ChatWindow(QWidget):
         self.stop_button = QPushButton(tr("Stop"))
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setEnabled(False)
-        self.status = QLabel()
+        self.status = QLabel(wordWrap=True)
+        # A long error wraps instead of widening the window (its width would be the whole line's).
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         row.addWidget(self.status, 1)
         row.addWidget(self.stop_button)

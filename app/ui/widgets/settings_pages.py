@@ -6,7 +6,8 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+                               QListWidgetItem, QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QVBoxLayout,
+                               QWidget)
 
 from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
@@ -47,8 +48,9 @@ class ActionsPage(QWidget):
         self.command = QLabel(tr("(once the action is saved)"), textInteractionFlags=Qt.TextSelectableByMouse)
         self.command.setToolTip(tr("Bind this command to keys in the desktop's shortcut settings where "
                                    "Qwen Tray's hotkeys do not work (Wayland)"))
-        self.error = QLabel()
+        self.error = QLabel(wordWrap=True)
         self.error.setStyleSheet("color: #b91c1c")
+        self.error.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # wraps, never widens the dialog
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
         add.clicked.connect(self._new)
         save.clicked.connect(self.save_current)
