@@ -234,6 +234,20 @@ def test_a_default_model_whose_folder_is_gone_says_how_to_get_out_of_it(qtbot, m
     assert _menu_texts(app.tray.menu)[0] == f"Error: {failed.args[0]}"
 
 
+def test_without_a_tray_the_chat_says_why_no_model_answers_and_forgets_it_once_one_does(qtbot, make_app):
+    register(LOCAL_B, ModelEntry("Good model", path="/models/good"))
+    app = make_app(opener=FakeOpener(fail={LOCAL_B.name}), tray=False, language="zh_CN")
+    with qtbot.waitSignal(app.host.loadFailed, timeout=5000):
+        app.start()
+    app.open_chat()
+    chat = app.chat_window
+    app.run_action("summarize", "会议改到周五下午。")  # a hotkey pressed while the model is broken
+    assert chat.status.text() == f"出错 — 模型无法加载：{LOCAL_B.name}: config.json not found"  # "出错" once, and why
+    with qtbot.waitSignal(app.host.loaded, timeout=5000):
+        app.switch_to_named("Good model")
+    assert chat.status.text() == "Good model · CPU"  # no stale "model not ready" beside the ready one
+
+
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
     register(LOCAL_B)  # registered like `qwen-tray models add`: the default model
     opener = FakeOpener()
