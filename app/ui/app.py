@@ -33,7 +33,8 @@ from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
-from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
+from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
+                         tr)
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
@@ -99,6 +100,10 @@ class TrayApp(QObject):
             self.tray = TrayIcon(self)
             self.tray.show()
         self.store.on_notice(self.notify)  # what was wrong with the settings file, and where it went
+        font_warning = missing_font_warning()
+        if font_warning is not None:
+            log.warning("%s", font_warning)
+            self.notify(font_warning)
         for notice in renamed:
             self.notify(notice)
         self.apply_hotkeys()

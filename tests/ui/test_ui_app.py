@@ -3,6 +3,7 @@ local-API seam, language, recovery from a corrupt or unwritable settings file.""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -202,6 +203,22 @@ def test_the_first_start_notice_in_chinese_and_none_without_a_tray(qtbot, make_a
     app = make_app(language="zh_CN")
     assert ("Qwen Tray 在系统托盘中。选中文字后按 总结 Ctrl+Alt+S, 翻译 Ctrl+Alt+T, 提取待办 Ctrl+Alt+D, "
             "润色改写 Ctrl+Alt+R；按 Ctrl+Alt+Space 打开对话。") in app.notices
+
+
+def test_a_chinese_ui_without_a_chinese_font_says_in_english_what_to_install(qtbot, make_app, monkeypatch, caplog):
+    from app.ui import i18n
+
+    assert i18n.chinese_font_families()  # (this machine has one: the check is fed an empty list below)
+    monkeypatch.setattr(i18n, "chinese_font_families", lambda: [])
+    with caplog.at_level(logging.WARNING, logger="app.ui.app"):
+        app = make_app(language="zh_CN")
+    assert [n for n in app.notices if "font" in n] == [
+        "The Chinese UI needs a font with Chinese characters and none is installed, so its text shows as boxes: "
+        "install fonts-noto-cjk (Debian/Ubuntu; google-noto-sans-cjk-fonts on Fedora, noto-fonts-cjk on Arch)"]
+    assert [r.getMessage() for r in caplog.records if "fonts-noto-cjk" in r.getMessage()] == [i18n.NO_CHINESE_FONT]
+    assert not any("font" in n for n in make_app(language="en").notices)  # English needs no CJK font
+    monkeypatch.setattr(i18n, "chinese_font_families", lambda: ["Noto Sans CJK SC"])
+    assert not any("font" in n for n in make_app(language="zh_CN").notices)
 
 
 def test_no_first_start_notice_without_a_system_tray(qtbot, make_app):
