@@ -316,6 +316,10 @@ ZH_CN: dict[str, str] = {
     "Could not delete from the history: {error}": "无法从历史记录中删除：{error}",
     "Export to Markdown…": "导出为 Markdown…",
     "Export to Markdown": "导出为 Markdown",
+    "&Look in:": "查找范围(&L)：",  # Qt's own keys, mnemonics included: the dialog's labels in qtbase
+    "File &name:": "文件名(&N)：",
+    "Files of &type:": "文件类型(&T)：",
+    "&Save": "保存(&S)",
     "Exported {n} entries to {file}": "已将 {n} 条记录导出到 {file}",
     "Exported {when}": "导出于 {when}",
     "Could not write {file}: {error}": "无法写入 {file}：{error}",

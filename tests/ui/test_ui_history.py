@@ -8,7 +8,7 @@ import json
 
 import pytest
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.paths import data_dir
@@ -104,9 +104,7 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     assert [p.name for p in exported.parent.iterdir()] == ["history.md"]  # written atomically: no temp file left
     assert window.status.text() == f"Exported 3 entries to {exported}"
     assert exported.stat().st_mode & 0o777 == 0o644  # a document to share, unlike the private history
-    from PySide6.QtWidgets import QFileDialog  # (the modal dialog answered as a user typing a name)
-    monkeypatch.setattr(QFileDialog, "getSaveFileName",
-                        lambda *args, **kwargs: (str(exported.parent / "notes"), "Markdown (*.md)"))
+    _answer_the_export_dialog(monkeypatch, str(exported.parent / "notes"))  # a name typed without .md
     window._choose_export_file()
     assert (exported.parent / "notes.md").read_text(encoding="utf-8") == text
 
@@ -131,6 +129,33 @@ def test_long_chinese_text_is_shortened_in_the_list_as_english_is(qtbot, tray):
     qtbot.addWidget(window)
     assert [window.list.item(i).text() for i in range(window.list.count())] == [
         f"Summarize: {chinese[:40]}…", "Summarize: The meeting decided to push the product launch to July …"]
+
+
+def _answer_the_export_dialog(monkeypatch, typed: str) -> list[QFileDialog]:
+    """The modal dialog answered as a user typing a name and pressing Save; the dialogs shown, returned."""
+    shown = []
+
+    def exec_(dialog):
+        shown.append(dialog)
+        dialog.selectFile(typed)
+        return QFileDialog.Accepted
+
+    monkeypatch.setattr(QFileDialog, "exec", exec_)
+    return shown
+
+
+def test_the_export_dialog_is_all_in_chinese_in_the_chinese_ui(qtbot, tray, tmp_path, monkeypatch):
+    ActionHistory().save(ActionRecord("翻译", "会议改到周五下午。", "The meeting moved.", "m", "translate"))
+    set_language("zh_CN")
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    shown = _answer_the_export_dialog(monkeypatch, str(tmp_path / "历史"))
+    window._choose_export_file()
+    labels = [shown[0].labelText(label) for label in (QFileDialog.LookIn, QFileDialog.FileName,
+                                                       QFileDialog.FileType, QFileDialog.Accept, QFileDialog.Reject)]
+    assert labels == ["查找范围(&L)：", "文件名(&N)：", "文件类型(&T)：", "保存(&S)", "取消"]  # (Qt: "&Look in:")
+    assert shown[0].windowTitle() == "导出为 Markdown" and (tmp_path / "历史.md").is_file()
 
 
 def test_in_chinese_the_answer_is_headed_answer_with_full_width_colons(qtbot, tray, tmp_path):
