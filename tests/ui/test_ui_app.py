@@ -119,7 +119,7 @@ def test_the_status_line_does_not_claim_a_context_a_remote_endpoint_did_not_repo
         app.host.switch_to(remote)  # (nothing is sent to the endpoint before a request)
     assert _menu_texts(app.tray.menu)[0] == "Team server · remote endpoint · ready · 32768 tokens of context as configured"
     set_language("zh_CN")
-    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 token（按配置）"
+    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 词元（按配置）"
 
 
 def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_quits(qtbot, make_app, caplog):
@@ -517,7 +517,7 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} token"
+    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} 词元"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话\tCtrl+Alt+Space" in texts and "退出" in texts
     assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
@@ -714,7 +714,7 @@ def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
     app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712, device="cuda"),
                    language="zh_CN")
     _start(qtbot, app)
-    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 token · 显存 3.20 GiB"
+    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 词元 · 显存 3.20 GiB"
     assert "显存 3.20 GiB" in app.tray.toolTip()
 
 

@@ -58,6 +58,18 @@ def test_every_ui_string_has_a_chinese_translation_with_the_same_placeholders():
     assert unused == []
 
 
+def test_chinese_terms_are_the_same_everywhere():
+    """The product is "Qwen Tray" in Chinese too, an action is 操作 (the Settings tab's word) and a
+    token 词元, in the UI and in README.zh-CN (which introduces 词元 (token) once)."""
+    for english, chinese in ZH_CN.items():
+        words = re.sub(r"\{[^}]*\}", "", chinese).lower()  # ({tokens} is a placeholder)
+        assert "托盘助手" not in words and "动作" not in words and "token" not in words, english
+    readme = (Path(app.ui.__file__).parents[2] / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert "托盘助手" not in readme and "动作" not in readme
+    prose = re.sub(r"```.*?```|`[^`\n]*`|\([^()\s]*\.json\)", "", readme, flags=re.DOTALL)  # not code, not files
+    assert re.findall(r"\btoken", prose) == ["token"] and "词元（token）" in prose
+
+
 def test_tr_translates_and_formats():
     set_language("zh_CN")
     assert tr("Open chat") == "打开对话"
