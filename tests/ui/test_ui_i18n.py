@@ -70,6 +70,13 @@ def test_chinese_terms_are_the_same_everywhere():
     assert re.findall(r"\btoken", prose) == ["token"] and "词元（token）" in prose
 
 
+def test_readme_zh_names_the_settings_as_the_chinese_ui_does():
+    readme = (Path(app.ui.__file__).parents[2] / "README.zh-CN.md").read_text(encoding="utf-8")
+    tabs = {ZH_CN[tab] for tab in ("General", "Hotkeys", "Actions", "Models", "System")}
+    paths = [(tab, part) for tab, part in re.findall(r"设置 → (\S+) → ([^*）”。，；\s]+)", readme) if tab in tabs]
+    assert paths and [p for p in paths if p[1] not in ZH_CN.values()] == []  # e.g. 我的模型, not 你的模型
+
+
 def test_tr_translates_and_formats():
     set_language("zh_CN")
     assert tr("Open chat") == "打开对话"
