@@ -23,6 +23,7 @@ from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
+from app.settings.preferences import LANGUAGES, language_option
 from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
@@ -367,7 +368,8 @@ def idle_unload_seconds(minutes: int) -> float | None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="qwen-tray", description="Qwen Tray desktop assistant (tray app)")
     parser.add_argument("--model", help="load this model folder instead of the configured one")
-    parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    parser.add_argument("--language", choices=LANGUAGES, type=language_option,
+                        help="UI language for this run (zh is zh_CN)")
     parser.add_argument("--replace", action="store_true", help="quit the running Qwen Tray and start this one")
     return parser.parse_args(argv)
 
