@@ -162,6 +162,7 @@ ZH_CN: dict[str, str] = {
     "Quantizing {item}: {amount} layers": "正在量化 {item}：{amount} 层",
     "Registering {item}…": "正在登记 {item}…",
     "{speed}/s": "{speed}/秒",
+    "{model}: {progress}": "{model}：{progress}",
     "{time} left": "剩余 {time}",
     "{s} s": "{s} 秒",
     "{min} min {s:02d} s": "{min} 分 {s:02d} 秒",

@@ -245,7 +245,7 @@ def test_the_job_panel_says_the_time_left_in_the_uis_language(qtbot):
     set_language("zh_CN")
     try:
         panel.show_progress(download)
-        assert panel.status.text() == ("Qwen2.5-3B-Instruct: 正在下载 model.safetensors：1.5 GB / 6.2 GB · "
+        assert panel.status.text() == ("Qwen2.5-3B-Instruct：正在下载 model.safetensors：1.5 GB / 6.2 GB · "
                                        "12.0 MB/秒 · 剩余 1 小时 05 分")
         panel.show_progress(quantize)
         assert panel.status.text().endswith("12 / 36 层 · 剩余 3 分 05 秒")

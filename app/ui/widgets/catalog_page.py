@@ -96,7 +96,7 @@ class JobPanel(QWidget):
             self.bar.setValue(int(1000 * min(progress.done / progress.total, 1.0)))
         else:
             self.bar.setRange(0, 0)  # busy
-        self.status.setText(f"{self.jobs.label}: {describe(progress)}")
+        self.status.setText(tr("{model}: {progress}", model=self.jobs.label, progress=describe(progress)))
 
     def _finished(self, got: GotModel, _activate: bool) -> None:
         self.bar.setRange(0, 1)
