@@ -15,6 +15,7 @@ import sys
 
 from app import __version__
 from app.errors import InvalidParameterError, QwenTrayError
+from app.settings.preferences import LANGUAGES, language_option
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     # (also after the subcommand: every subcommand's parser is a SubcommandParser)
     # The tray's own options work without "tray" too: `qwen-tray --language zh_CN`.
-    parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language of the tray app for this run")
+    parser.add_argument("--language", choices=LANGUAGES, type=language_option,
+                        help="UI language of the tray app for this run (zh is zh_CN)")
     parser.add_argument("--replace", dest="tray_replace", action="store_true",
                         help="quit the running tray app and start this one")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SubcommandParser)

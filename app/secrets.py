@@ -13,6 +13,7 @@ that still has keys in it); the tray reads a key only when it connects to that e
 from __future__ import annotations
 
 import keyring
+import keyring.backends.chainer
 import keyring.backends.fail
 import keyring.backends.null
 import keyring.errors
@@ -22,6 +23,14 @@ from app.errors import QwenTrayError
 SERVICE = "qwen-tray"
 NO_BACKEND = ("no system keyring is available ({reason}): a desktop keyring (GNOME Keyring, KWallet, KeePassXC) "
               "or `pip install keyrings.alt` provides one")
+
+
+# The operating system's own keyrings (keyring's backend modules), named as their users know them.
+SYSTEM_KEYRINGS = {
+    "keyring.backends.Windows": "Windows Credential Manager", "keyring.backends.macOS": "macOS Keychain",
+    "keyring.backends.SecretService": "Secret Service: GNOME Keyring, KeePassXC",
+    "keyring.backends.libsecret": "Secret Service: GNOME Keyring, KeePassXC", "keyring.backends.kwallet": "KWallet",
+}
 
 
 class SecretsError(QwenTrayError):
@@ -35,6 +44,22 @@ def _account(model_name: str) -> str:
 def backend_name() -> str:
     """The keyring in use, in words ("SecretService Keyring", "Windows WinVaultKeyring", ...)."""
     return keyring.get_keyring().name
+
+
+def key_store() -> tuple[str, str]:
+    """Where keys are kept, for the user: ("system", "macOS Keychain"), ("plain-text file", its path),
+    ("encrypted file", its path) (keyrings.alt: a file, not a system keyring) or ("other", the backend's name)."""
+    backend = keyring.get_keyring()
+    if isinstance(backend, keyring.backends.chainer.ChainerBackend) and backend.backends:
+        backend = backend.backends[0]  # the one it stores into first
+    system = SYSTEM_KEYRINGS.get(type(backend).__module__)
+    if system is not None:
+        return "system", system
+    path = getattr(backend, "file_path", None)
+    if path:
+        encrypted = any(cls.__name__ == "Encrypted" for cls in type(backend).__mro__)
+        return ("encrypted file" if encrypted else "plain-text file"), str(path)
+    return "other", backend.name
 
 
 def unavailable_reason() -> str | None:

@@ -180,7 +180,7 @@ cp "$ICONS/qwen-tray.svg" "$ICON_SVG"
 DESKTOP="[Desktop Entry]
 Type=Application
 Name=Qwen Tray
-Name[zh_CN]=Qwen 托盘助手
+Name[zh_CN]=Qwen Tray
 Comment=Local assistant: summarize, translate and rewrite selected text with a hotkey
 Comment[zh_CN]=本地助手：用快捷键总结、翻译、改写所选文字
 Exec=\"$PREFIX/bin/qwen-tray\"

@@ -24,6 +24,16 @@ def python_api_example(page: str, heading: str) -> str:
 
 
 @pytest.mark.parametrize(("page", "heading"), [("README.md", "## Python API"), ("README.zh-CN.md", "## Python 接口")])
+def test_the_example_shows_what_it_prints(page, heading):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    example_end = text.index("```\n", text.index("```python\n", text.index(heading)) + 3)
+    start = text.index("```text\n", example_end) + len("```text\n")
+    assert text.index("```text\n", example_end) < text.index("\n## ", example_end)  # in the same section
+    printed = text[start:text.index("```", start)].rstrip("\n").splitlines()
+    assert len(printed) == 2 and SUMMARY.match(printed[1]), printed
+
+
+@pytest.mark.parametrize(("page", "heading"), [("README.md", "## Python API"), ("README.zh-CN.md", "## Python 接口")])
 def test_the_python_api_example_prints_the_answer_then_a_summary_line(starter_model_dir, page, heading):
     code = python_api_example(page, heading)
     assert code.count('"path/to/model"') == 1

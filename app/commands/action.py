@@ -13,7 +13,7 @@ import argparse
 
 from app.commands import text_input
 from app.errors import QwenTrayError, pip_install_extra
-from app.settings.actions import Action
+from app.settings.actions import Action, find_action
 from app.settings.console import console_store
 from app.ui.actions import load_builtin_actions, with_unique_ids
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
     p = sub.add_parser("action", help="run an action in the running tray (on the selection, or on given text)",
                        description="Run an action in the running tray app, as its hotkey would: on the selection "
                        "of the focused window, or on the given text. The answer shows in the tray's popup.")
-    p.add_argument("name", metavar="NAME", nargs="?", help="the action's id (see --list)")
+    p.add_argument("name", metavar="NAME", nargs="?", help="the action's id or its name (see --list)")
     given = p.add_mutually_exclusive_group()
     given.add_argument("--text", metavar="TEXT", help="work on TEXT instead of the selection")
     given.add_argument("stdin", metavar="-", nargs="?", choices=("-",), help="work on the text read from standard input")
@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return print_actions(actions)
     if not args.name:
         raise QwenTrayError("name an action (`qwen-tray action --list` shows them)")
-    if not any(a.id == args.name for a in actions):
-        raise QwenTrayError(f"there is no action {args.name!r} (`qwen-tray action --list` shows them)")
+    action = find_action(actions, args.name)
     text = text_input.from_stdin() if args.stdin == "-" else (
         None if args.text is None else text_input.from_argument(args.text))
     if text is not None and not text.strip():
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     # A tray still loading its model answers once the load is over (a shortcut pressed right after login).
-    reply = request_running({"command": "action", "id": args.name, "text": text}, InstanceLock(),
+    reply = request_running({"command": "action", "id": action.id, "text": text}, InstanceLock(),
                             reply_timeout_ms=QUEUED_REPLY_TIMEOUT_MS)
     if reply is None:
         raise QwenTrayError(NOT_RUNNING)

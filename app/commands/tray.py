@@ -6,6 +6,7 @@ import argparse
 
 from app.commands.display import display_problem
 from app.errors import QwenTrayError, pip_install_extra
+from app.settings.preferences import LANGUAGES, language_option
 
 
 def register(sub) -> None:
@@ -14,8 +15,8 @@ def register(sub) -> None:
     p.add_argument("--model", metavar="NAME|PATH",
                    help="load this registered model (or model folder) instead of the configured one")
     # SUPPRESS: no default of its own, so `qwen-tray --language zh_CN tray` keeps the top-level choice.
-    p.add_argument("--language", choices=("auto", "en", "zh_CN"), default=argparse.SUPPRESS,
-                   help="UI language for this run")
+    p.add_argument("--language", choices=LANGUAGES, type=language_option, default=argparse.SUPPRESS,
+                   help="UI language for this run (zh is zh_CN)")
     # dest: not "replace", which `models add/get --replace` use for another meaning
     p.add_argument("--replace", dest="tray_replace", action="store_true", default=argparse.SUPPRESS,
                    help="quit the running Qwen Tray and start this one")

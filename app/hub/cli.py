@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from app.errors import Interrupted, QwenTrayError
+from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.errors import HubUnreachableError
 from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
 from app.quant.device import DEVICE_CHOICES
@@ -45,10 +46,11 @@ def register(models_sub) -> None:
 
 def endpoint_url(text: str) -> str:
     """--endpoint: a URL with its scheme (a bare host name would be read as a path)."""
-    url = text.strip()
-    if url.startswith(("https://", "http://")):
+    url = normalize_endpoint(text)
+    problem = endpoint_problem(url)
+    if problem is None:
         return url
-    if "://" in url:  # another scheme: putting https:// in front of it would make no URL
+    if problem == "other scheme":
         raise argparse.ArgumentTypeError(f"{text!r} must be an http(s) URL, such as https://hf-mirror.com")
     raise argparse.ArgumentTypeError(f"{text!r} needs https:// in front (e.g. https://{url or 'hf-mirror.com'})")
 

@@ -117,5 +117,27 @@ def salvage_user_action(data: object, where: str) -> tuple[Action | None, list[s
     return action, problems
 
 
+def _ascii_folded(text: str) -> str:
+    """``text`` with its ASCII letters in lower case: "Summarize" = "summarize"; other scripts as they are."""
+    return "".join(c.lower() if c.isascii() else c for c in text.strip())
+
+
+def find_action(actions: list[Action], wanted: str) -> Action:
+    """The action ``wanted`` names: its id, else its English or Chinese name (exact, ASCII case ignored),
+    since a user action named in Chinese gets an id like user-action-2. Raises ActionError when no
+    action has that name, or several do (their ids tell them apart)."""
+    by_id = next((a for a in actions if a.id == wanted), None)
+    if by_id is not None:
+        return by_id
+    key = _ascii_folded(wanted)
+    named = [a for a in actions if key and key in (_ascii_folded(a.name), _ascii_folded(a.name_zh))]
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise ActionError(f"{wanted!r} is the name of several actions: use its id "
+                          f"({', '.join(a.id for a in named)}; `qwen-tray action --list` shows them)")
+    raise ActionError(f"there is no action {wanted!r} (`qwen-tray action --list` shows them)")
+
+
 def _field_names() -> set[str]:
     return {f.name for f in fields(Action)} - {"builtin"}

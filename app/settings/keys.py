@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
-from app.errors import QwenTrayError
+from app.settings.notices import NoticeError
 
 MODIFIER_ORDER = ("ctrl", "alt", "shift", "super")
 # The keys an application copies and pastes with (app/ui/platform/shortcuts.py says which is which);
@@ -42,11 +42,11 @@ for _n in range(1, 25):
     NAMED_KEYS[f"f{_n}"] = f"F{_n}"
 
 
-class HotkeyError(QwenTrayError):
+class HotkeyError(NoticeError):
     """A hotkey string cannot be parsed or is not allowed."""
 
 
-class HotkeyConflictError(QwenTrayError):
+class HotkeyConflictError(NoticeError):
     """The operating system refused to register a hotkey (another program holds it)."""
 
 
@@ -79,25 +79,26 @@ def parse_hotkey(text: str) -> Hotkey:
     # "Ctrl++" would mean the plus key; we do not support it, so split plainly.
     parts = [p.strip() for p in raw.split("+")]
     if any(not p for p in parts):
-        raise HotkeyError(f"hotkey {raw!r}: empty part (use names like Ctrl+Alt+S)")
+        raise HotkeyError("hotkey {hotkey!r}: empty part (use names like Ctrl+Alt+S)", hotkey=raw)
     *mod_parts, key_part = parts
     modifiers = set()
     for p in mod_parts:
         mod = _MODIFIER_ALIASES.get(p.lower())
         if mod is None:
-            raise HotkeyError(f"hotkey {raw!r}: {p!r} is not a modifier (Ctrl, Alt, Shift, Super)")
+            raise HotkeyError("hotkey {hotkey!r}: {part!r} is not a modifier (Ctrl, Alt, Shift, Super)",
+                              hotkey=raw, part=p)
         modifiers.add(mod)
     if key_part.lower() in _MODIFIER_ALIASES:
-        raise HotkeyError(f"hotkey {raw!r}: ends with a modifier; add a key such as S")
+        raise HotkeyError("hotkey {hotkey!r}: ends with a modifier; add a key such as S", hotkey=raw)
     key = NAMED_KEYS.get(key_part.lower())
     if key is None:
-        raise HotkeyError(f"hotkey {raw!r}: unknown key {key_part!r}")
+        raise HotkeyError("hotkey {hotkey!r}: unknown key {key!r}", hotkey=raw, key=key_part)
     if not modifiers & {"ctrl", "alt", "super"}:
-        raise HotkeyError(f"hotkey {raw!r}: needs Ctrl, Alt or Super so it does not steal typing")
+        raise HotkeyError("hotkey {hotkey!r}: needs Ctrl, Alt or Super so it does not steal typing", hotkey=raw)
     hotkey = Hotkey(frozenset(modifiers), key)
     if hotkey in _EDITING_KEYS:
-        raise HotkeyError(f"hotkey {hotkey}: applications copy, paste or undo with it (and Qwen Tray copies "
-                          "the selection with it), so it cannot be a global hotkey; choose another")
+        raise HotkeyError("hotkey {hotkey}: applications copy, paste or undo with it (and Qwen Tray copies "
+                          "the selection with it), so it cannot be a global hotkey; choose another", hotkey=hotkey)
     return hotkey
 
 

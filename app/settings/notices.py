@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.errors import QwenTrayError
+
 
 @dataclass(frozen=True)
 class Notice:
@@ -16,3 +18,11 @@ class Notice:
 
     def __str__(self) -> str:
         return self.template.format(**self.args)
+
+
+class NoticeError(QwenTrayError):
+    """An error the tray shows translated: its message is a :class:`Notice` (the CLI prints it in English)."""
+
+    def __init__(self, template: str, **args: object):
+        self.notice = Notice(template, {name: str(value) for name, value in args.items()})
+        super().__init__(str(self.notice))

@@ -22,6 +22,7 @@ from app.settings.actions import MODES
 from app.settings.keys import COPY_STYLES, HotkeyError, normalize_hotkey
 
 LANGUAGES = ("auto", "en", "zh_CN")
+LANGUAGE_ALIASES = {"zh": "zh_CN", "zh-cn": "zh_CN", "zh_cn": "zh_CN"}  # as people type Simplified Chinese
 DEVICES = ("auto", "cpu")  # where local models run: the GPU when there is one, or the CPU only
 CHAT_SEND_KEYS = ("enter", "ctrl_enter")  # what sends a chat message; the other key makes a new line
 MODEL_SOURCES = ("hf", "modelscope")  # where Settings -> Models downloads from (app/hub/sources.py)
@@ -33,6 +34,12 @@ Check = Callable[[Any], tuple[Any, list[str]]]
 
 class PreferencesError(QwenTrayError):
     """A preference has a wrong value (names the field)."""
+
+
+def language_option(text: str) -> str:
+    """--language's value: one of LANGUAGES, or an alias of one (zh, zh-CN: zh_CN); as argparse's
+    ``type``, so its ``choices=LANGUAGES`` refuses anything else and its help lists only those."""
+    return LANGUAGE_ALIASES.get(text.lower(), text)
 
 
 def one_of(choices: tuple[str, ...]) -> Check:

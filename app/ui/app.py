@@ -23,6 +23,7 @@ from app.paths import log_file
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
+from app.settings.preferences import LANGUAGES, language_option
 from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_unique_ids
 from app.ui.controllers.action_controller import ActionController
@@ -33,7 +34,8 @@ from app.ui.controllers.instance_requests import InstanceRequests
 from app.ui.controllers.local_api import LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
-from app.ui.i18n import current_language, install_qt_translation, notice_text, set_language, tr
+from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
+                         tr)
 from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
@@ -99,6 +101,10 @@ class TrayApp(QObject):
             self.tray = TrayIcon(self)
             self.tray.show()
         self.store.on_notice(self.notify)  # what was wrong with the settings file, and where it went
+        font_warning = missing_font_warning()
+        if font_warning is not None:
+            log.warning("%s", font_warning)
+            self.notify(font_warning)
         for notice in renamed:
             self.notify(notice)
         self.apply_hotkeys()
@@ -362,7 +368,8 @@ def idle_unload_seconds(minutes: int) -> float | None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="qwen-tray", description="Qwen Tray desktop assistant (tray app)")
     parser.add_argument("--model", help="load this model folder instead of the configured one")
-    parser.add_argument("--language", choices=("auto", "en", "zh_CN"), help="UI language for this run")
+    parser.add_argument("--language", choices=LANGUAGES, type=language_option,
+                        help="UI language for this run (zh is zh_CN)")
     parser.add_argument("--replace", action="store_true", help="quit the running Qwen Tray and start this one")
     return parser.parse_args(argv)
 

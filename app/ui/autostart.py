@@ -53,7 +53,7 @@ def _desktop_quote(arg: str) -> str:
 def desktop_entry(command: list[str], icon: str) -> str:
     """The autostart entry, line for line as installer/install.sh writes it."""
     return "\n".join([
-        "[Desktop Entry]", "Type=Application", "Name=Qwen Tray", "Name[zh_CN]=Qwen 托盘助手",
+        "[Desktop Entry]", "Type=Application", "Name=Qwen Tray", "Name[zh_CN]=Qwen Tray",
         "Comment=Local assistant: summarize, translate and rewrite selected text with a hotkey",
         "Comment[zh_CN]=本地助手：用快捷键总结、翻译、改写所选文字",
         "Exec=" + " ".join(_desktop_quote(a) for a in command), f"Icon={icon}", "Terminal=false",

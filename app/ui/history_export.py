@@ -11,6 +11,7 @@ from app.paths import atomic_write_text
 from app.ui.action_history import ActionRecord
 from app.ui.history import Conversation
 from app.ui.i18n import tr
+from app.ui.text_preview import text_preview
 
 PREVIEW_WORDS = 10
 
@@ -36,9 +37,7 @@ class HistoryEntry:
     def title(self) -> str:
         if isinstance(self.item, Conversation):
             return tr("Chat: {title}", title=self.item.title or tr("(untitled)"))
-        words = self.item.source.split()
-        preview = " ".join(words[:PREVIEW_WORDS]) + (" …" if len(words) > PREVIEW_WORDS else "")
-        return f"{self.item.action}: {preview}"
+        return tr("{action}: {preview}", action=self.item.action, preview=text_preview(self.item.source, PREVIEW_WORDS))
 
     def matches(self, query: str) -> bool:
         """Every word of ``query`` somewhere in the entry (case-insensitive)."""
@@ -64,13 +63,14 @@ def entry_markdown(entry: HistoryEntry) -> str:
     item = entry.item
     if isinstance(item, Conversation):
         lines = [f"## {entry.title()}", "", f"*{_time(item.updated)}*", ""]
-        speakers = {"user": tr("You"), "assistant": tr("Assistant"), "system": tr("Instructions")}
+        # Headings are keyed with their colon: Chinese writes "：", and "Answer:" is not the mode "Answer".
+        speakers = {"user": tr("You:"), "assistant": tr("Assistant:"), "system": tr("Instructions:")}
         for message in item.messages:
-            lines += [f"**{speakers[message.role]}:**", "", message.content.strip(), ""]
+            lines += [f"**{speakers[message.role]}**", "", message.content.strip(), ""]
         return "\n".join(lines)
     return "\n".join([
-        f"## {item.action}", "", f"*{_time(item.created)} · {tr('Model')}: {item.model}*", "",
-        f"**{tr('Text')}:**", "", _quoted(item.source), "", f"**{tr('Answer')}:**", "", item.answer.strip(), ""])
+        f"## {item.action}", "", f"*{_time(item.created)} · {tr('Model: {model}', model=item.model)}*", "",
+        f"**{tr('Text:')}**", "", _quoted(item.source), "", f"**{tr('Answer:')}**", "", item.answer.strip(), ""])
 
 
 def history_markdown(shown: list[HistoryEntry]) -> str:

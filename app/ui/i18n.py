@@ -14,6 +14,11 @@ from pathlib import Path
 from app.settings.notices import Notice
 from app.ui.i18n_zh import ZH_CN
 
+# In English: without the font, Chinese would show as boxes. (README: the apt line has the package.)
+NO_CHINESE_FONT = ("The Chinese UI needs a font with Chinese characters and none is installed, so its text shows "
+                   "as boxes: install fonts-noto-cjk (Debian/Ubuntu; google-noto-sans-cjk-fonts on Fedora, "
+                   "noto-fonts-cjk on Arch)")
+
 _language = "en"
 _qt_translator = None  # the installed QTranslator (kept alive: Qt does not own it)
 
@@ -65,6 +70,20 @@ def install_qt_translation(app) -> bool:
     app.installTranslator(translator)
     _qt_translator = translator
     return True
+
+
+def chinese_font_families() -> list[str]:
+    """The installed font families that have Simplified Chinese glyphs (needs a QGuiApplication)."""
+    from PySide6.QtGui import QFontDatabase
+
+    return QFontDatabase.families(QFontDatabase.WritingSystem.SimplifiedChinese)
+
+
+def missing_font_warning() -> str | None:
+    """What to install when the UI is in Chinese and no font can show it; None when nothing is missing."""
+    if _language == "zh_CN" and not chinese_font_families():
+        return NO_CHINESE_FONT
+    return None
 
 
 def tr(text: str, **kwargs: object) -> str:

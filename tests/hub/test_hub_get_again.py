@@ -151,3 +151,11 @@ def test_an_endpoint_of_another_scheme_is_not_offered_a_broken_url(home, capsys)
     with pytest.raises(argparse.ArgumentTypeError, match=r"needs https:// in front \(e.g. https://hf-mirror.com\)"):
         endpoint_url("hf-mirror.com")  # a bare host keeps its suggestion
     assert endpoint_url(" http://127.0.0.1:8000 ") == "http://127.0.0.1:8000"
+
+
+def test_an_endpoint_typed_with_full_width_punctuation_is_read_as_ascii():
+    """A Chinese input method types "：" and "／"; they are not a reason to refuse the URL."""
+    assert endpoint_url("https：//hf-mirror.com") == "https://hf-mirror.com"
+    assert endpoint_url("https：／／hf-mirror.com／") == "https://hf-mirror.com/"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'ftp：//x' must be an http\(s\) URL"):
+        endpoint_url("ftp：//x")

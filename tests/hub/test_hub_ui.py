@@ -18,13 +18,14 @@ from app.engine.cuda.fit import Machine
 from app.engine.cuda.memory import RTX_3050_LAPTOP, GpuInfo
 from app.engine.request import PRIORITY_NORMAL
 from app.hub.job import fit_of
+from app.hub.progress import DOWNLOADING, QUANTIZING, JobProgress
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import set_language
 from app.ui.models import open_backend
 from app.ui.preferences import PreferencesStore
-from app.ui.widgets.catalog_page import CatalogPage, fit_label
+from app.ui.widgets.catalog_page import CatalogPage, JobPanel, fit_label
 from tests.ui.ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 WEIGHTS = "model.safetensors"
@@ -136,7 +137,28 @@ def test_a_mirror_that_is_not_a_url_is_refused(qtbot, make_app, tiny_catalog):
     page.mirror.setText("hf-mirror.com")
     assert not page.start_selected()
     assert page.error.text() == "“Hugging Face mirror” needs https:// in front, e.g. https://hf-mirror.com"
+    page.mirror.setText("ftp：//hf-mirror.com")  # (a full-width colon, as a Chinese input method types it)
+    assert not page.start_selected()
+    assert page.error.text() == "“Hugging Face mirror” must be an http(s) URL, such as https://hf-mirror.com"
     assert not app.model_jobs.running
+
+
+def test_a_mirror_typed_with_a_full_width_colon_is_taken_as_its_url(qtbot, make_app, tiny_catalog):
+    import socket
+
+    with socket.socket() as s:  # a mirror nobody listens on: the job fails at once
+        s.bind(("127.0.0.1", 0))
+        mirror = f"http://127.0.0.1:{s.getsockname()[1]}"
+    app = make_app()
+    app.open_settings()
+    page = app.settings_dialog.catalog_page
+    page.select(TINY_NAME)
+    page.mirror.setText(mirror.replace("://", "：／／"))  # as a Chinese input method types it
+    with qtbot.waitSignal(app.model_jobs.failed, timeout=60_000):
+        assert page.start_selected()
+    assert page.mirror.text() == mirror and app.store.prefs.hf_mirror == mirror
+    qtbot.waitUntil(lambda: page.get.isEnabled(), timeout=10_000)
+    assert page.panel.status.text().startswith(f"Failed: cannot reach {mirror} (ConnectError")
 
 
 def test_a_gguf_from_settings_is_quantized_into_a_checkpoint(qtbot, make_app, tmp_path):
@@ -211,6 +233,28 @@ def test_a_gguf_entry_saved_before_is_still_converted_on_first_load(home, tmp_pa
         assert registered_models()["Old GGUF"] == str(models_dir() / "Old GGUF")
     finally:
         backend.close()
+
+
+def test_the_job_panel_says_the_time_left_in_the_uis_language(qtbot):
+    jobs = ModelJobs(machine=lambda: None)
+    jobs.label = "Qwen2.5-3B-Instruct"  # (as a started job sets it)
+    panel = JobPanel(jobs)
+    qtbot.addWidget(panel)
+    download = JobProgress(DOWNLOADING, 1_500_000_000, 6_200_000_000, "B", 12_000_000, 3905, "model.safetensors")
+    quantize = JobProgress(QUANTIZING, 12, 36, "layer", None, 185, "Qwen2.5-3B-Instruct")
+    set_language("zh_CN")
+    try:
+        panel.show_progress(download)
+        assert panel.status.text() == ("Qwen2.5-3B-Instruct：正在下载 model.safetensors：1.5 GB / 6.2 GB · "
+                                       "12.0 MB/秒 · 剩余 1 小时 05 分")
+        panel.show_progress(quantize)
+        assert panel.status.text().endswith("12 / 36 层 · 剩余 3 分 05 秒")
+        panel.show_progress(JobProgress(QUANTIZING, 35, 36, "layer", None, 9, "Qwen2.5-3B-Instruct"))
+        assert panel.status.text().endswith("35 / 36 层 · 剩余 9 秒")
+    finally:
+        set_language("en")
+    panel.show_progress(download)
+    assert panel.status.text().endswith("12.0 MB/s · 1 h 05 min left")  # as the CLI says it
 
 
 def test_a_failed_download_leaves_an_empty_bar_and_advice_in_settings_words(qtbot, make_app, tiny_catalog):

@@ -228,6 +228,15 @@ def test_run_action_on_given_text_and_unknown_actions(qtbot, host, clipboard):
     assert notice.args[0] == "There is no action no-such-action"
 
 
+def test_the_source_line_shortens_chinese_text_as_it_does_english(qtbot, host, clipboard):
+    chinese = "会议决定把产品发布推迟到七月，并要求各部门在月底前提交新的计划。" * 25  # no spaces at all
+    controller, _ = _controller(host, clipboard, "ignored")
+    _answer(qtbot, controller, "summarize", text=chinese)
+    assert controller.popup.source.text() == f"Given text: {chinese[:40]}…"
+    _answer(qtbot, controller, "summarize", text="one two three four five six seven eight nine ten")
+    assert controller.popup.source.text() == "Given text: one two three four five six seven eight …"
+
+
 def test_the_instruction_box_runs_a_free_form_instruction_on_the_same_text(qtbot, host, clipboard):
     controller, _injector = _controller(host, clipboard, "Paris is the capital of France.")
     _answer(qtbot, controller, "summarize")

@@ -3,6 +3,7 @@ local-API seam, language, recovery from a corrupt or unwritable settings file.""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_the_status_line_does_not_claim_a_context_a_remote_endpoint_did_not_repo
         app.host.switch_to(remote)  # (nothing is sent to the endpoint before a request)
     assert _menu_texts(app.tray.menu)[0] == "Team server · remote endpoint · ready · 32768 tokens of context as configured"
     set_language("zh_CN")
-    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 token（按配置）"
+    assert _menu_texts(app.tray.menu)[0] == "Team server · 远程接口 · 就绪 · 上下文 32768 词元（按配置）"
 
 
 def test_without_a_system_tray_the_chat_window_carries_the_menu_and_closing_it_quits(qtbot, make_app, caplog):
@@ -204,6 +205,22 @@ def test_the_first_start_notice_in_chinese_and_none_without_a_tray(qtbot, make_a
             "润色改写 Ctrl+Alt+R；按 Ctrl+Alt+Space 打开对话。") in app.notices
 
 
+def test_a_chinese_ui_without_a_chinese_font_says_in_english_what_to_install(qtbot, make_app, monkeypatch, caplog):
+    from app.ui import i18n
+
+    assert i18n.chinese_font_families()  # (this machine has one: the check is fed an empty list below)
+    monkeypatch.setattr(i18n, "chinese_font_families", lambda: [])
+    with caplog.at_level(logging.WARNING, logger="app.ui.app"):
+        app = make_app(language="zh_CN")
+    assert [n for n in app.notices if "font" in n] == [
+        "The Chinese UI needs a font with Chinese characters and none is installed, so its text shows as boxes: "
+        "install fonts-noto-cjk (Debian/Ubuntu; google-noto-sans-cjk-fonts on Fedora, noto-fonts-cjk on Arch)"]
+    assert [r.getMessage() for r in caplog.records if "fonts-noto-cjk" in r.getMessage()] == [i18n.NO_CHINESE_FONT]
+    assert not any("font" in n for n in make_app(language="en").notices)  # English needs no CJK font
+    monkeypatch.setattr(i18n, "chinese_font_families", lambda: ["Noto Sans CJK SC"])
+    assert not any("font" in n for n in make_app(language="zh_CN").notices)
+
+
 def test_no_first_start_notice_without_a_system_tray(qtbot, make_app):
     app = make_app(tray=False)  # the chat window opens instead
     assert not any(n.startswith("Qwen Tray is in the system tray") for n in app.notices)
@@ -232,6 +249,20 @@ def test_a_default_model_whose_folder_is_gone_says_how_to_get_out_of_it(qtbot, m
                               "choose another model in the menu's Model list, or remove it in Settings → Models "
                               "(or put the folder back)")
     assert _menu_texts(app.tray.menu)[0] == f"Error: {failed.args[0]}"
+
+
+def test_without_a_tray_the_chat_says_why_no_model_answers_and_forgets_it_once_one_does(qtbot, make_app):
+    register(LOCAL_B, ModelEntry("Good model", path="/models/good"))
+    app = make_app(opener=FakeOpener(fail={LOCAL_B.name}), tray=False, language="zh_CN")
+    with qtbot.waitSignal(app.host.loadFailed, timeout=5000):
+        app.start()
+    app.open_chat()
+    chat = app.chat_window
+    app.run_action("summarize", "会议改到周五下午。")  # a hotkey pressed while the model is broken
+    assert chat.status.text() == f"出错 — 模型无法加载：{LOCAL_B.name}: config.json not found"  # "出错" once, and why
+    with qtbot.waitSignal(app.host.loaded, timeout=5000):
+        app.switch_to_named("Good model")
+    assert chat.status.text() == "Good model · CPU"  # no stale "model not ready" beside the ready one
 
 
 def test_switching_model_from_the_menu_frees_the_old_one_first(qtbot, make_app):
@@ -394,6 +425,56 @@ def test_settings_report_a_hotkey_the_os_refuses(qtbot, make_app):
     assert "rewrite" not in FakeHotkeys.instances[-1].registered
 
 
+def test_in_chinese_hotkey_errors_are_said_in_chinese(qtbot, make_app):
+    app = make_app(language="zh_CN", taken={"Ctrl+Alt+Q"})
+    app.open_settings()
+    dialog = app.settings_dialog
+    page = dialog.hotkeys_page
+    _press(qtbot, page.fields["rewrite"], Qt.Key_Q, Qt.ControlModifier | Qt.AltModifier)
+    assert dialog.apply()
+    assert page.statuses["rewrite"].text() == "未注册：快捷键 Ctrl+Alt+Q 已被其他程序占用"
+    _press(qtbot, page.fields["explain"], Qt.Key_C, Qt.ControlModifier | Qt.ShiftModifier)
+    refused = "快捷键 Ctrl+Shift+C：各程序用它复制、粘贴或撤销（Qwen Tray 也用它复制所选内容），因此不能作为全局快捷键；请换一个"
+    assert page.statuses["explain"].text() == refused
+    assert not dialog.apply()
+    assert dialog.error.text() == f"解释：{refused}"
+    actions = dialog.actions_page
+    actions.name.setText("总结要点")
+    actions.prompt.setPlainText("总结要点：\n\n{text}")
+    _press(qtbot, actions.hotkey, Qt.Key_S)
+    assert not actions.save_current()
+    assert actions.error.text() == "快捷键“S”需要包含 Ctrl、Alt 或 Super，以免抢走正常的输入"
+
+
+def test_a_long_error_wraps_and_keeps_the_settings_dialogs_width(qtbot, make_app):
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    dialog = app.settings_dialog
+    qtbot.waitExposed(dialog)
+    width = dialog.width()
+    refused = "解释：快捷键 Ctrl+Shift+C：各程序用它复制、粘贴或撤销（Qwen Tray 也用它复制所选内容），因此不能作为全局快捷键；请换一个"
+    dialog.error.setText((refused * 5)[:300])
+    QApplication.processEvents()
+    assert dialog.width() == width
+    dialog.tabs.setCurrentWidget(dialog.actions_page)
+    dialog.actions_page.error.setText((refused * 5)[:300])
+    QApplication.processEvents()
+    assert dialog.width() == width
+
+
+def test_settings_show_the_command_that_runs_a_user_action(qtbot, make_app):
+    """A desktop shortcut runs `qwen-tray action <id>` (Wayland); an action named in Chinese has an id
+    the user could not guess."""
+    app = make_app(language="zh_CN")
+    app.open_settings()
+    actions = app.settings_dialog.actions_page
+    assert actions.command.text() == "（保存操作后显示）"
+    actions.name.setText("总结要点")
+    actions.prompt.setPlainText("要点：\n\n{text}")
+    assert actions.save_current()
+    assert actions.command.text() == "qwen-tray action user-action"
+
+
 def test_settings_copy_keys_per_application_chat_send_key_and_translated_lists(qtbot, make_app):
     app = make_app(language="zh_CN")
     app.open_settings()
@@ -436,7 +517,7 @@ def test_chinese_ui(qtbot, make_app):
     app = make_app(language="zh_CN")
     _start(qtbot, app)
     texts = _menu_texts(app.tray.menu)
-    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} token"
+    assert texts[0] == f"{STARTER_NAME} · CPU · 就绪 · 上下文 {app.host.backend.max_context} 词元"
     assert "总结\tCtrl+Alt+S" in texts and "打开对话\tCtrl+Alt+Space" in texts and "退出" in texts
     assert QCoreApplication.translate("QPlatformTheme", "Cancel") == "取消"  # Qt's own buttons too
 
@@ -633,7 +714,7 @@ def test_status_line_shows_the_vram_a_gpu_model_holds(qtbot, make_app):
     app = make_app(opener=FakeOpener(vram=int(3.2 * 2**30), max_context=3712, device="cuda"),
                    language="zh_CN")
     _start(qtbot, app)
-    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 token · 显存 3.20 GiB"
+    assert _menu_texts(app.tray.menu)[0] == f"{STARTER_NAME} · GPU · 就绪 · 上下文 3712 词元 · 显存 3.20 GiB"
     assert "显存 3.20 GiB" in app.tray.toolTip()
 
 

@@ -7,6 +7,7 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QSplitter
 from ui_fakes import FakeBackend, FakeOpener, TokenGate
 
 from app.engine.request import PRIORITY_NORMAL
@@ -172,6 +173,22 @@ def test_oldest_turns_are_left_out_to_fit_the_context():
     assert fitted[1:] == messages[1 + dropped:]
     assert dropped > 0 and backend.count_chat_tokens(fitted) + 20 <= 60
     assert backend.count_chat_tokens([fitted[0]] + messages[dropped:]) + 20 > 60  # dropped no more than needed
+
+
+@pytest.mark.parametrize("long_line", [
+    "出错 — 无法加载模型：坏模型 的文件夹已不存在（/tmp/模型/不存在）：请在菜单的“模型”列表中选择其他模型，或在“设置 → 模型”中移除它"
+    * 5, "Error: " + "/very/long/path" * 20], ids=["chinese", "no-spaces"])
+def test_a_long_status_line_wraps_and_keeps_the_windows_width(qtbot, host, long_line):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    splitter = window.findChild(QSplitter)
+    width, sizes = window.width(), splitter.sizes()
+    window.status.setText(long_line[:300])
+    QApplication.processEvents()  # (the layout catches up)
+    assert len(window.status.text()) == 300
+    assert window.width() == width and splitter.sizes() == sizes  # the chat list keeps its width too
 
 
 def test_window_geometry_is_remembered(qtbot, host):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.paths import data_dir
-from app.settings.actions import Action, ActionError
+from app.settings.actions import Action, ActionError, find_action
 from app.settings.keys import HotkeyError, normalize_hotkey, parse_hotkey
 from app.settings.models import ModelEntry, ModelEntryError
 from app.settings.preferences import Preferences, PreferencesError
@@ -114,6 +114,23 @@ def test_user_actions_round_trip_and_a_clashing_id_is_renamed():
     assert [n.args["new_id"] for n in notices] == ["user-mine", "user-mine-2"]
     assert notice_text(notices[0]) == "Your action Mine had the id summarize, which another action already uses; " \
                                       "it is now user-mine"
+
+
+def test_an_action_is_found_by_its_id_or_its_english_or_chinese_name():
+    builtin = load_builtin_actions()
+    mine = [Action(id="user-action", name="总结要点", prompt="{text}"),
+            Action(id="user-action-2", name="Twice", prompt="{text}"),
+            Action(id="user-twice", name="twice", prompt="{text}")]
+    actions = [*builtin, *mine]
+    assert find_action(actions, "summarize").id == "summarize"
+    assert find_action(actions, "Summarize").id == find_action(actions, " 总结 ").id == "summarize"
+    assert find_action(actions, "总结要点").id == "user-action"
+    with pytest.raises(ActionError, match=r"there is no action '总结要' \(`qwen-tray action --list` shows them\)"):
+        find_action(actions, "总结要")  # a name is matched whole
+    with pytest.raises(ActionError, match=r"'TWICE' is the name of several actions: use its id \(user-action-2, "):
+        find_action(actions, "TWICE")
+    with pytest.raises(ActionError, match="there is no action ''"):
+        find_action(actions, "")  # not the built-ins without a Chinese name
 
 
 def test_a_bad_user_action_value_costs_that_value_or_that_action():

@@ -8,14 +8,15 @@ import json
 
 import pytest
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.paths import data_dir
 from app.ui.action_history import ActionHistory, ActionRecord
 from app.ui.app import TrayApp
 from app.ui.history import ChatHistory, Conversation
-from app.ui.history_export import entries
+from app.ui.history_export import entries, entry_markdown
+from app.ui.i18n import set_language
 
 
 @pytest.fixture
@@ -103,9 +104,7 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     assert [p.name for p in exported.parent.iterdir()] == ["history.md"]  # written atomically: no temp file left
     assert window.status.text() == f"Exported 3 entries to {exported}"
     assert exported.stat().st_mode & 0o777 == 0o644  # a document to share, unlike the private history
-    from PySide6.QtWidgets import QFileDialog  # (the modal dialog answered as a user typing a name)
-    monkeypatch.setattr(QFileDialog, "getSaveFileName",
-                        lambda *args, **kwargs: (str(exported.parent / "notes"), "Markdown (*.md)"))
+    _answer_the_export_dialog(monkeypatch, str(exported.parent / "notes"))  # a name typed without .md
     window._choose_export_file()
     assert (exported.parent / "notes.md").read_text(encoding="utf-8") == text
 
@@ -118,6 +117,62 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     assert ActionHistory().load_all()[0] == [] and ChatHistory().load_all()[0] == []
     assert window.list.count() == 0
     assert tray.chat_window.conversation.messages == [] and tray.chat_window.list.count() == 0  # gone there too
+
+
+def test_long_chinese_text_is_shortened_in_the_list_as_english_is(qtbot, tray):
+    chinese = "会议决定把产品发布推迟到七月，并要求各部门在月底前提交新的计划。" * 25  # no spaces at all
+    english = "The meeting decided to push the product launch to July and asked every team for a plan."
+    ActionHistory().save(ActionRecord("Summarize", chinese, "a", "m", "summarize", created=2000.0))
+    ActionHistory().save(ActionRecord("Summarize", english, "a", "m", "summarize", created=1000.0))
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    assert [window.list.item(i).text() for i in range(window.list.count())] == [
+        f"Summarize: {chinese[:40]}…", "Summarize: The meeting decided to push the product launch to July …"]
+
+
+def _answer_the_export_dialog(monkeypatch, typed: str) -> list[QFileDialog]:
+    """The modal dialog answered as a user typing a name and pressing Save; the dialogs shown, returned."""
+    shown = []
+
+    def exec_(dialog):
+        shown.append(dialog)
+        dialog.selectFile(typed)
+        return QFileDialog.Accepted
+
+    monkeypatch.setattr(QFileDialog, "exec", exec_)
+    return shown
+
+
+def test_the_export_dialog_is_all_in_chinese_in_the_chinese_ui(qtbot, tray, tmp_path, monkeypatch):
+    ActionHistory().save(ActionRecord("翻译", "会议改到周五下午。", "The meeting moved.", "m", "translate"))
+    set_language("zh_CN")
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    shown = _answer_the_export_dialog(monkeypatch, str(tmp_path / "历史"))
+    window._choose_export_file()
+    labels = [shown[0].labelText(label) for label in (QFileDialog.LookIn, QFileDialog.FileName,
+                                                       QFileDialog.FileType, QFileDialog.Accept, QFileDialog.Reject)]
+    assert labels == ["查找范围(&L)：", "文件名(&N)：", "文件类型(&T)：", "保存(&S)", "取消"]  # (Qt: "&Look in:")
+    assert shown[0].windowTitle() == "导出为 Markdown" and (tmp_path / "历史.md").is_file()
+
+
+def test_in_chinese_the_answer_is_headed_answer_with_full_width_colons(qtbot, tray, tmp_path):
+    ActionHistory().save(ActionRecord("润色改写", "会议改到周五下午。", "会议改至周五下午。", "Qwen2.5-3B", "rewrite"))
+    set_language("zh_CN")
+    tray.open_history()
+    window = tray.history.window
+    qtbot.addWidget(window)
+    assert window.list.item(0).text() == "润色改写：会议改到周五下午。"
+    shown = window.view.markdown_text()
+    assert "**文本：**" in shown and "**回答：**" in shown and "· 模型：Qwen2.5-3B*" in shown
+    assert "回答方式" not in shown and ":**" not in shown  # the mode's label is not the answer's heading
+    window.export_to(tmp_path / "历史.md")
+    assert "**回答：**\n\n会议改至周五下午。" in (tmp_path / "历史.md").read_text(encoding="utf-8")
+    set_language("en")
+    english = entry_markdown(window.shown[0])
+    assert "**Text:**" in english and "**Answer:**" in english and "· Model: Qwen2.5-3B*" in english
 
 
 def test_a_broken_result_file_is_set_aside_and_the_user_told(qtbot, tray):

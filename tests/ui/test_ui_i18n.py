@@ -17,9 +17,11 @@ from app.ui.i18n_zh import ZH_CN
 
 # The tray's text, and the settings' notices it shows (made without Qt, translated when shown).
 TEXT_DIRS = (Path(app.ui.__file__).parent, Path(app.settings.__file__).parent)
-# tr("...") / Notice("...") with a literal first argument, in single or double quotes; and the
-# notice templates kept in constants: NAME = "..." (one or more adjacent literals, in parentheses).
-LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice)\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')""")
+# tr("...") / Notice("...") / HotkeyError("...") (a NoticeError) with a literal first argument, in single or
+# double quotes (adjacent literals joined); and the notice templates kept in constants: NAME = "..." (one or
+# more adjacent literals, in parentheses).
+LITERAL = re.compile(r"""(?<![A-Za-z_])(?:tr|Notice|HotkeyError|HotkeyConflictError)\(\s*"""
+                     r"""((?:"(?:[^"\\]|\\.)*"\s*)+|'(?:[^'\\]|\\.)*')""")
 TEMPLATE_CONSTANT = re.compile(r"""^([A-Z_]+) = \(?((?:\s*"(?:[^"\\]|\\.)*")+)\)?$""", re.MULTILINE)
 DYNAMIC_KEYS = {"empty", "loading", "ready", "error", "unloaded"}  # tr(state)
 
@@ -29,11 +31,16 @@ def _ui_strings() -> set[str]:
     for path in (p for folder in TEXT_DIRS for p in folder.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
         for m in LITERAL.finditer(source):
-            found.add(m.group(1) if m.group(1) is not None else m.group(2))
+            found.add(_joined(m.group(1)))
         for m in TEMPLATE_CONSTANT.finditer(source):
             if f"Notice({m.group(1)}" in source or f"tr({m.group(1)}" in source:
                 found.add("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))))
     return found
+
+
+def _joined(literals: str) -> str:
+    """The text of adjacent string literals ("a " "b" -> "a b"), quotes and the space between them gone."""
+    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', literals)) if literals.startswith('"') else literals[1:-1]
 
 
 def _fields(text: str) -> set[str]:
@@ -49,6 +56,25 @@ def test_every_ui_string_has_a_chinese_translation_with_the_same_placeholders():
         assert _fields(ZH_CN[english]) == _fields(english), english
     unused = sorted(set(ZH_CN) - strings)
     assert unused == []
+
+
+def test_chinese_terms_are_the_same_everywhere():
+    """The product is "Qwen Tray" in Chinese too, an action is 操作 (the Settings tab's word) and a
+    token 词元, in the UI and in README.zh-CN (which introduces 词元 (token) once)."""
+    for english, chinese in ZH_CN.items():
+        words = re.sub(r"\{[^}]*\}", "", chinese).lower()  # ({tokens} is a placeholder)
+        assert "托盘助手" not in words and "动作" not in words and "token" not in words, english
+    readme = (Path(app.ui.__file__).parents[2] / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert "托盘助手" not in readme and "动作" not in readme
+    prose = re.sub(r"```.*?```|`[^`\n]*`|\([^()\s]*\.json\)", "", readme, flags=re.DOTALL)  # not code, not files
+    assert re.findall(r"\btoken", prose) == ["token"] and "词元（token）" in prose
+
+
+def test_readme_zh_names_the_settings_as_the_chinese_ui_does():
+    readme = (Path(app.ui.__file__).parents[2] / "README.zh-CN.md").read_text(encoding="utf-8")
+    tabs = {ZH_CN[tab] for tab in ("General", "Hotkeys", "Actions", "Models", "System")}
+    paths = [(tab, part) for tab, part in re.findall(r"设置 → (\S+) → ([^*）”。，；\s]+)", readme) if tab in tabs]
+    assert paths and [p for p in paths if p[1] not in ZH_CN.values()] == []  # e.g. 我的模型, not 你的模型
 
 
 def test_tr_translates_and_formats():
@@ -93,7 +119,8 @@ def test_qt_own_buttons_and_menus_are_in_chinese(qapp):
 
 
 @pytest.mark.parametrize("argv", [["--language", "zh_CN"], ["tray", "--language", "zh_CN"],
-                                  ["--language", "zh_CN", "tray"]])
+                                  ["--language", "zh_CN", "tray"], ["--language", "zh"], ["tray", "--language", "zh-CN"],
+                                  ["--language", "zh_cn", "tray"]])
 def test_language_option_works_with_and_without_the_tray_command(monkeypatch, argv):
     from app import cli
     from app.ui import app as app_module
@@ -102,3 +129,13 @@ def test_language_option_works_with_and_without_the_tray_command(monkeypatch, ar
     monkeypatch.setattr(app_module, "run_tray", lambda tray_argv, instance=None: seen.append(tray_argv) or 0)
     assert cli.main(argv) == 0
     assert seen == [["--language", "zh_CN"]]
+
+
+def test_the_tray_takes_zh_for_zh_cn_and_refuses_what_it_does_not_know(capsys):
+    from app.ui.app import parse_args
+
+    assert [parse_args(["--language", value]).language for value in ("zh", "ZH-cn", "zh_CN", "en")] == [
+        "zh_CN", "zh_CN", "zh_CN", "en"]
+    with pytest.raises(SystemExit):
+        parse_args(["--language", "fr"])
+    assert "invalid choice: 'fr' (choose from 'auto', 'en', 'zh_CN')" in capsys.readouterr().err

@@ -186,6 +186,28 @@ def test_qwen_tray_action_sent_while_a_load_fails_gets_the_loads_error(env, tmp_
         tray.stop()
 
 
+def test_qwen_tray_action_takes_an_actions_name_as_well_as_its_id(env):
+    """A user action named in Chinese has an id like user-action; its name runs it too."""
+    from app.settings.actions import Action
+
+    with SettingsStore().edit() as settings:
+        settings.actions = [Action(id="user-action", name="总结要点", prompt="要点：{text}")]
+    tray = Child(["ui_x11_driver.py", "--fake"], env)
+    try:
+        tray.wait_for("ready")
+        done = qwen_tray(env, "action", "总结要点", "--text", "会议改到周五下午。")
+        assert (done.returncode, done.stderr) == (0, "")
+        assert done.stdout == "总结要点 runs on the given text; the answer shows in its popup\n"
+        assert tray.wait_for("captured")["text"] == "会议改到周五下午。"
+        tray.wait_for("answer")
+        for name in ("总结", "SUMMARIZE"):  # a built-in's Chinese name, its English one in any case
+            done = qwen_tray(env, "action", name, "--text", "Invoices are due on the 30th.")
+            assert done.stdout == "Summarize runs on the given text; the answer shows in its popup\n", done.stderr
+            tray.wait_for("answer")
+    finally:
+        tray.stop()
+
+
 def test_qwen_tray_action_errors_are_one_line(env, running_tray):
     unknown = qwen_tray(env, "action", "summarise", "--text", "x")
     assert unknown.returncode == 1

@@ -9,15 +9,20 @@ import plistlib
 import sys
 from pathlib import Path
 
+import keyring
+import keyring.backend
 import pytest
 from PySide6.QtCore import QObject, QUrl, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.paths import log_file
+from app.settings.preferences import Preferences
 from app.settings.store import SettingsStore
 from app.ui.app import TrayApp
 from app.ui.autostart import LaunchAgentAutostart, XdgAutostart, desktop_entry, launch_command
+from app.ui.i18n import set_language
+from app.ui.widgets.system_page import SystemPage
 
 
 @pytest.fixture
@@ -96,12 +101,34 @@ def test_a_macos_launch_agent(tmp_path):
     assert not agent.path.exists() and not agent.enabled()
 
 
-def test_history_and_proxy_are_saved_and_a_bad_proxy_named(qtbot, tray):
+class FakeKeychain(keyring.backend.KeyringBackend):
+    """What keyring uses on macOS, as far as naming it goes."""
+
+    priority = 1
+    get_password = set_password = delete_password = None
+
+
+FakeKeychain.__module__ = "keyring.backends.macOS"
+
+
+def test_the_system_page_says_where_keys_are_kept_in_words(qtbot, tray, test_keyring, monkeypatch):
+    set_language("zh_CN")
+    tray.open_settings()
+    page = tray.settings_dialog.system_page
+    assert page.keys.text() == f"API 密钥以明文保存在文件 {test_keyring.file_path} 中（keyrings.alt；并非系统密钥环）"
+    keyring.set_keyring(FakeKeychain())  # (the test_keyring fixture puts its own back)
+    page = SystemPage(Preferences())
+    qtbot.addWidget(page)
+    assert page.keys.text() == "API 密钥保存在系统密钥环中（macOS Keychain）"
+
+
+def test_history_and_proxy_are_saved_and_a_bad_proxy_named(qtbot, tray, test_keyring):
     tray.open_settings()
     dialog = tray.settings_dialog
     page = dialog.system_page
     assert page.keep_history.isChecked() and page.proxy.text() == ""
-    assert page.keys.text() == "API keys are kept in the system keyring (file PlaintextKeyring)"
+    assert page.keys.text() == (f"API keys are kept as plain text in the file {test_keyring.file_path} "
+                                "(keyrings.alt; not a system keyring)")
     assert page.log.text() == str(log_file())
     page.proxy.setText("proxy.example:3128")
     assert not dialog.apply()

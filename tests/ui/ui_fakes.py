@@ -163,7 +163,7 @@ class FakeHotkeys:
         from app.settings.keys import HotkeyConflictError
 
         if str(hotkey) in self.taken:
-            raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")
+            raise HotkeyConflictError("hotkey {hotkey} is already taken by another program", hotkey=hotkey)
         self.registered[binding_id] = str(hotkey)
 
     def unregister_all(self) -> None:

@@ -34,7 +34,7 @@ from app.ui.platform.selection_capture import CapturedText, SelectionCapture
 from app.ui.platform.shortcuts import is_terminal_style
 from app.settings.preferences import Preferences
 from app.ui.widgets.popup import ResultPopup
-from app.ui.widgets.tray import loading_text
+from app.ui.widgets.tray import loading_text, not_ready_text
 
 INSTRUCTION_ID = "instruction"  # the ad-hoc action of the popup's instruction box
 
@@ -145,7 +145,7 @@ class ActionController(QObject):
     def _ready(self) -> bool:
         """A model answers now or once the load in progress ends; else the user is told why not."""
         if self._host.backend is None and not self._model_loading():
-            self.notify.emit(tr("No model is ready yet ({state})", state=tr(self._host.state)))
+            self.notify.emit(not_ready_text(self._host))
             return False
         self.stop()
         self._paster.flush()  # our answer must not be mistaken for the user's clipboard
@@ -182,7 +182,7 @@ class ActionController(QObject):
             self._wait_for_model(action, captured)
             return
         if backend is None or action is None or captured is None:
-            self.notify.emit(tr("No model is ready yet ({state})", state=tr(self._host.state)))
+            self.notify.emit(not_ready_text(self._host))
             return
         params = SamplingParams(max_tokens=prefs.max_tokens, temperature=prefs.temperature)
         pipeline = ActionPipeline(backend, action, params, PRIORITY_INTERACTIVE, prefs.translate_target)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QTimer
 
+from app.settings.actions import ActionError, find_action
 from app.ui.i18n import current_language, resolve_language, tr
 from app.ui.single_instance import QUEUED_ACTION_LIMIT_S, PendingReply
 
@@ -81,17 +82,18 @@ class InstanceRequests:
 
     def _action(self, action_id: object, text: object) -> dict:
         if not isinstance(action_id, str) or (text is not None and not isinstance(text, str)):
-            return refused("an action request needs an action id and optionally a text")
-        action = next((a for a in self.app.actions if a.id == action_id), None)
-        if action is None:
-            return refused(f"there is no action {action_id!r} (`qwen-tray action --list` shows them)")
+            return refused("an action request needs an action id (or name) and optionally a text")
+        try:
+            action = find_action(self.app.actions, action_id)  # an id, or a name another client sent
+        except ActionError as e:
+            return refused(str(e))
         if text is not None and not text.strip():
             return refused("the text to work on is empty")
         if self.app.host.backend is None and self.app.host.state == "loading":
-            return self._after_the_load(action_id, action.name, text)
+            return self._after_the_load(action.id, action.name, text)
         if self.app.host.backend is None:
             return refused(f"no model is ready yet ({self._model_state()})")
-        return self._run(action_id, action.name, text)
+        return self._run(action.id, action.name, text)
 
     def _run(self, action_id: str, name: str, text: str | None) -> dict:
         self.app.run_action(action_id, text)

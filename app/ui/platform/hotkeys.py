@@ -19,6 +19,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QObject, Signal
 
 from app.settings.keys import Hotkey, HotkeyConflictError, HotkeyError, parse_hotkey
+from app.ui.i18n import notice_text
 from app.ui.platform.hotkeys_base import HotkeyBackend, UnavailableHotkeys
 
 
@@ -80,10 +81,11 @@ class HotkeyManager(QObject):
             try:
                 hotkey = parse_hotkey(text)
                 if hotkey in taken:
-                    raise HotkeyConflictError(f"{hotkey} is already used by {taken[hotkey]!r}")
+                    raise HotkeyConflictError("{hotkey} is already used by {binding!r}", hotkey=hotkey,
+                                              binding=taken[hotkey])
                 self._backend.register(binding_id, hotkey)
             except (HotkeyError, HotkeyConflictError) as e:
-                self.failures[binding_id] = str(e)
+                self.failures[binding_id] = notice_text(e.notice)  # shown in Settings and a notice
                 continue
             taken[hotkey] = binding_id
             self.active[binding_id] = str(hotkey)

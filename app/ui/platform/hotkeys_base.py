@@ -36,7 +36,7 @@ class UnavailableHotkeys(HotkeyBackend):
         self.reason = reason
 
     def register(self, binding_id: str, hotkey: Hotkey) -> None:
-        raise HotkeyConflictError(f"global hotkeys are unavailable: {self.reason}")
+        raise HotkeyConflictError("global hotkeys are unavailable: {reason}", reason=self.reason)
 
     def unregister_all(self) -> None:
         pass

@@ -44,7 +44,7 @@ def virtual_key_for(key: str) -> int:
         return ord(key)  # VK_0..VK_9 and VK_A..VK_Z equal their ASCII codes
     if key.startswith("F") and key[1:].isdigit() and 1 <= int(key[1:]) <= 24:
         return 0x70 + int(key[1:]) - 1  # VK_F1 = 0x70
-    raise HotkeyError(f"key {key!r} has no Windows virtual-key code")
+    raise HotkeyError("key {key!r} has no Windows virtual-key code", key=key)
 
 
 def modifier_flags(hotkey: Hotkey) -> int:
@@ -94,8 +94,8 @@ class WindowsHotkeys(HotkeyBackend):
         if not self._user32.RegisterHotKey(None, hotkey_id, modifier_flags(hotkey), virtual_key_for(hotkey.key)):
             code = ctypes.get_last_error()  # type: ignore[attr-defined]
             if code == ERROR_HOTKEY_ALREADY_REGISTERED:
-                raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")
-            raise HotkeyConflictError(f"hotkey {hotkey}: Windows refused it (error {code})")
+                raise HotkeyConflictError("hotkey {hotkey} is already taken by another program", hotkey=hotkey)
+            raise HotkeyConflictError("hotkey {hotkey}: Windows refused it (error {code})", hotkey=hotkey, code=code)
         self._next_id += 1
         self._ids[hotkey_id] = binding_id
 

@@ -38,7 +38,7 @@ def keysym_for(key: str) -> int:
     name = _KEYSYM_NAMES.get(key, key.lower() if len(key) == 1 else key)
     sym = XK.string_to_keysym(name)
     if not sym:
-        raise HotkeyError(f"key {key!r} has no X11 keysym")
+        raise HotkeyError("key {key!r} has no X11 keysym", key=key)
     return sym
 
 
@@ -118,7 +118,8 @@ class X11Hotkeys(HotkeyBackend):
     def _grab(self, binding_id: str, hotkey: Hotkey) -> None:
         keycode = self._display.keysym_to_keycode(keysym_for(hotkey.key))
         if not keycode:
-            raise HotkeyError(f"hotkey {hotkey}: key {hotkey.key!r} is not on this keyboard layout")
+            raise HotkeyError("hotkey {hotkey}: key {key!r} is not on this keyboard layout", hotkey=hotkey,
+                              key=hotkey.key)
         mask = 0
         for m in hotkey.modifiers:
             mask |= _MASKS[m]
@@ -130,7 +131,7 @@ class X11Hotkeys(HotkeyBackend):
             for extra in _IGNORED:
                 self._root.ungrab_key(keycode, mask | extra)
             self._display.sync()
-            raise HotkeyConflictError(f"hotkey {hotkey} is already taken by another program")
+            raise HotkeyConflictError("hotkey {hotkey} is already taken by another program", hotkey=hotkey)
         self._grabs[(keycode, mask)] = binding_id
 
     def _ungrab_all(self) -> None:

@@ -24,6 +24,7 @@ from PySide6.QtGui import QClipboard
 from app.ui.platform.clipboard import ClipboardSnapshot
 from app.ui.platform.keyinput import KeyInjector
 from app.ui.platform.shortcuts import chord_for, is_terminal_style, style_for
+from app.ui.text_preview import text_preview
 
 KEYS_UP_TIMEOUT_MS = 1000  # the user may keep holding the hotkey; after this the copy goes out anyway
 COPY_TIMEOUT_MS = 600  # how long one copy may take before it is sent again (once)
@@ -60,9 +61,8 @@ class CapturedText:
         return self.origin == "selection" and not is_terminal_style(self.style)
 
     def preview(self, words: int = 8) -> str:
-        """The first words, for "from the clipboard: …"."""
-        parts = self.text.split()
-        return " ".join(parts[:words]) + (" …" if len(parts) > words else "")
+        """The first words (or characters, for Chinese), for "from the clipboard: …"."""
+        return text_preview(self.text, words)
 
 
 class SelectionCapture(QObject):

@@ -14,10 +14,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QFormLay
 from app.engine.cuda.fit import CPU, GPU, GPU_PYTORCH, Fit
 from app.errors import QwenTrayError
 from app.hub.catalog import CatalogEntry, read_catalog
+from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes, format_duration, format_size_gb)
+                              format_bytes, format_size_gb)
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore
@@ -30,6 +31,16 @@ def fit_label(fit: Fit | None) -> str:
         return ""
     return {GPU: tr("Fits the GPU"), GPU_PYTORCH: tr("GPU, without the kernels (slower)"),
             CPU: tr("CPU")}.get(fit.where, tr("Too large for this GPU"))
+
+
+def duration_text(seconds: float) -> str:
+    """Time left in the UI's language: app/hub/progress.py's format_duration, whose English the CLI keeps."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return tr("{s} s", s=seconds)
+    if seconds < 3600:
+        return tr("{min} min {s:02d} s", min=seconds // 60, s=seconds % 60)
+    return tr("{h} h {min:02d} min", h=seconds // 3600, min=seconds % 3600 // 60)
 
 
 def describe(progress: JobProgress) -> str:
@@ -47,7 +58,7 @@ def describe(progress: JobProgress) -> str:
     if progress.rate and progress.unit == "B":
         text += " · " + tr("{speed}/s", speed=format_bytes(progress.rate))
     if progress.eta_s is not None:
-        text += " · " + tr("{time} left", time=format_duration(progress.eta_s))
+        text += " · " + tr("{time} left", time=duration_text(progress.eta_s))
     return text
 
 
@@ -85,7 +96,7 @@ class JobPanel(QWidget):
             self.bar.setValue(int(1000 * min(progress.done / progress.total, 1.0)))
         else:
             self.bar.setRange(0, 0)  # busy
-        self.status.setText(f"{self.jobs.label}: {describe(progress)}")
+        self.status.setText(tr("{model}: {progress}", model=self.jobs.label, progress=describe(progress)))
 
     def _finished(self, got: GotModel, _activate: bool) -> None:
         self.bar.setRange(0, 1)
@@ -204,11 +215,17 @@ class CatalogPage(QWidget):
             self.error.setText(tr("Choose a model first"))
             return False
         entry, source = self.entries[row], self.source.currentData()
-        mirror_url = self.mirror.text().strip()
-        if mirror_url and not mirror_url.startswith(("https://", "http://")):
+        mirror_url = normalize_endpoint(self.mirror.text())
+        problem = endpoint_problem(mirror_url) if mirror_url else None
+        if problem == "no scheme":
             self.error.setText(tr("“{field}” needs https:// in front, e.g. https://{url}",
                                   field=tr("Hugging Face mirror"), url=mirror_url))
             return False
+        if problem == "other scheme":
+            self.error.setText(tr("“{field}” must be an http(s) URL, such as https://hf-mirror.com",
+                                  field=tr("Hugging Face mirror")))
+            return False
+        self.mirror.setText(mirror_url)
         try:
             self.store.update(model_source=source, hf_mirror=mirror_url)
         except QwenTrayError as e:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMenu, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSplitter, QToolButton, QVBoxLayout, QWidget)
+                               QPushButton, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.engine.request import PRIORITY_NORMAL
@@ -27,7 +27,7 @@ from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
-from app.ui.widgets.tray import device_label, loading_text
+from app.ui.widgets.tray import device_label, loading_text, not_ready_text
 
 
 NOT_KEPT = "This conversation is not kept in the history: {error}"
@@ -70,6 +70,7 @@ class ChatWindow(QWidget):
         self._left: dict[StreamTask, tuple[Conversation, ChatMessage]] = {}
         self._answer_widget: MessageWidget | None = None
         self._last_outcome = ""  # "12.3 tokens/s" of the last answer, shown beside the model name
+        self._not_ready_notice = ""  # a notice given while no model was ready: stale once one is
         self._waiting = False  # the last message waits for the model being loaded
         self._build()
         self._refresh_list()
@@ -120,7 +121,9 @@ class ChatWindow(QWidget):
         self.stop_button = QPushButton(tr("Stop"))
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setEnabled(False)
-        self.status = QLabel()
+        self.status = QLabel(wordWrap=True)
+        # A long error wraps instead of widening the window (its width would be the whole line's).
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         row.addWidget(self.status, 1)
         row.addWidget(self.stop_button)
@@ -247,7 +250,7 @@ class ChatWindow(QWidget):
             return
         loading = self.host.backend is None and self.host.state == "loading"
         if self.host.backend is None and not loading:
-            self.status.setText(tr("No model is ready yet ({state})", state=tr(self.host.state)))
+            self.status.setText(not_ready_text(self.host))
             return
         self.input.clear()
         self.conversation.add("user", text)
@@ -264,10 +267,10 @@ class ChatWindow(QWidget):
             self._waiting = False
             self._answer()
         elif self._waiting and self.host.state != "loading":  # the load failed, or no model any more
-            self._give_back_waiting(tr("The model could not be loaded: {message}", message=self.host.error)
-                                    if self.host.state == "error" else tr("No model is ready yet ({state})",
-                                                                          state=tr(self.host.state)))
+            self._give_back_waiting(not_ready_text(self.host))
         elif not self._waiting:
+            if self.host.state == "ready" and self._last_outcome == self._not_ready_notice:
+                self._last_outcome = ""  # said while no model was ready (its error): over now
             self._update_status()
 
     def _give_back_waiting(self, status: str) -> None:
@@ -382,6 +385,7 @@ class ChatWindow(QWidget):
     def show_notice(self, text: str) -> None:
         """What the tray would have said in a balloon (only without a system tray)."""
         self._last_outcome = text
+        self._not_ready_notice = text if self.host.state != "ready" else ""
         self._update_status()
 
     def _update_status(self) -> None:

@@ -14,7 +14,7 @@ from app.settings.notices import Notice
 from app.ui.action_history import ActionHistory
 from app.ui.history import ChatHistory
 from app.ui.history_export import HistoryEntry, entries, entry_markdown, export_markdown
-from app.ui.i18n import notice_text, tr
+from app.ui.i18n import current_language, notice_text, tr
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.markdown_view import MarkdownView
 
@@ -143,9 +143,9 @@ class HistoryWindow(QWidget):
         self.reload()
 
     def _choose_export_file(self) -> None:
-        suggested = str(Path.home() / "qwen-tray-history.md")
-        path, _filter = QFileDialog.getSaveFileName(self, tr("Export to Markdown"), suggested, "Markdown (*.md)")
-        if path:  # a name typed without an extension gets the Markdown one the filter promises
+        dialog = export_dialog(self)
+        if dialog.exec() and dialog.selectedFiles():
+            path = dialog.selectedFiles()[0]  # a name typed without an extension gets the Markdown one
             self.export_to(Path(path) if Path(path).suffix else Path(path).with_suffix(".md"))
 
     def export_to(self, path: Path) -> None:
@@ -156,3 +156,17 @@ class HistoryWindow(QWidget):
             self.status.setText(tr("Could not write {file}: {error}", file=str(path), error=e.strerror or str(e)))
             return
         self.status.setText(tr("Exported {n} entries to {file}", n=len(self.shown), file=str(path)))
+
+
+def export_dialog(parent: QWidget) -> QFileDialog:
+    """Where to export to. Qt's own dialog (where the desktop has no native one) gets its labels in
+    Chinese from us: the qtbase_zh_CN.qm PySide6 ships leaves "Look in:" and "Files of type:" in English."""
+    dialog = QFileDialog(parent, tr("Export to Markdown"), str(Path.home() / "qwen-tray-history.md"),
+                         "Markdown (*.md)")
+    dialog.setAcceptMode(QFileDialog.AcceptSave)
+    if current_language() == "zh_CN":  # (a native dialog ignores these, or takes Save / Cancel)
+        for label, text in ((QFileDialog.LookIn, tr("&Look in:")), (QFileDialog.FileName, tr("File &name:")),
+                            (QFileDialog.FileType, tr("Files of &type:")), (QFileDialog.Accept, tr("&Save")),
+                            (QFileDialog.Reject, tr("Cancel"))):
+            dialog.setLabelText(label, text)
+    return dialog

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QFormLayout, QGroupBox, QHBoxLayout, Q
 
 from app.errors import QwenTrayError
 from app.settings.actions import MODES
-from app.ui.i18n import tr
+from app.ui.i18n import notice_text, tr
 from app.settings.keys import HotkeyError, normalize_hotkey
 from app.settings.keys import COPY_STYLES as STYLES
 
@@ -162,7 +162,7 @@ class HotkeysPage(QWidget):
         try:
             normalize_hotkey(self.fields[binding_id].text())
         except HotkeyError as e:
-            self.statuses[binding_id].setText(str(e))
+            self.statuses[binding_id].setText(notice_text(e.notice))
             return
         self.statuses[binding_id].setText(tr("Changed: applied with OK or Apply"))
 
@@ -178,7 +178,7 @@ class HotkeysPage(QWidget):
             try:
                 text = normalize_hotkey(text)
             except HotkeyError as e:
-                raise QwenTrayError(f"{label}: {e}") from e
+                raise QwenTrayError(tr("{label}: {error}", label=label, error=notice_text(e.notice))) from e
             if text != normalize_hotkey(default_hotkey):
                 hotkeys[binding_id] = text  # only overrides are stored; "" switches a default off
             if mode is not None and mode != default_mode:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
-                               QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+                               QSizePolicy, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.errors import QwenTrayError
 from app.settings.actions import OPEN_CHAT_ID, Action
@@ -74,8 +74,10 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
         self.system_page = SystemPage(store.prefs)
         self.tabs.addTab(self.system_page, tr("System"))
-        self.error = QLabel()
+        self.error = QLabel(wordWrap=True)
         self.error.setStyleSheet("color: #b91c1c")
+        # A long error wraps instead of widening the dialog (its width would be the whole line's).
+        self.error.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Apply | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self._ok)
         buttons.rejected.connect(self.reject)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+                               QListWidgetItem, QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QVBoxLayout,
+                               QWidget)
 
 from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
@@ -14,12 +15,12 @@ from app.hub.gguf import ImportGgufJob
 from app.hub.job import GotModel
 from app.model_removal import Removal
 from app.settings.actions import MODES, Action
-from app.settings.keys import normalize_hotkey
+from app.settings.keys import HotkeyError, normalize_hotkey
 from app.settings.models import ModelEntry, check_model_name
 from app.ui.actions import new_action_id
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
-from app.ui.i18n import tr
+from app.ui.i18n import notice_text, tr
 from app.ui.widgets.hotkeys_page import HotkeyField, mode_label
 from app.ui.widgets.remove_model_dialog import RemoveModelDialog
 from app.ui.widgets.system_page import key_storage_text
@@ -43,8 +44,13 @@ class ActionsPage(QWidget):
         self.mode = QComboBox()
         for mode in MODES:
             self.mode.addItem(mode_label(mode), mode)
-        self.error = QLabel()
+        # Where global hotkeys cannot be grabbed (Wayland) the desktop's own shortcut runs this command.
+        self.command = QLabel(tr("(once the action is saved)"), textInteractionFlags=Qt.TextSelectableByMouse)
+        self.command.setToolTip(tr("Bind this command to keys in the desktop's shortcut settings where "
+                                   "Qwen Tray's hotkeys do not work (Wayland)"))
+        self.error = QLabel(wordWrap=True)
         self.error.setStyleSheet("color: #b91c1c")
+        self.error.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # wraps, never widens the dialog
         add, save, remove = QPushButton(tr("New action")), QPushButton(tr("Save action")), QPushButton(tr("Remove"))
         add.clicked.connect(self._new)
         save.clicked.connect(self.save_current)
@@ -54,6 +60,7 @@ class ActionsPage(QWidget):
         form.addRow(tr("Prompt"), self.prompt)
         form.addRow(tr("Hotkey"), self.hotkey)
         form.addRow(tr("Answer"), self.mode)
+        form.addRow(tr("Command"), self.command)
         buttons = QHBoxLayout()
         for b in (add, save, remove):
             buttons.addWidget(b)
@@ -104,6 +111,7 @@ class ActionsPage(QWidget):
             self.prompt.setPlainText(a.prompt)
             self.hotkey.set_text(a.hotkey)
             self.mode.setCurrentIndex(MODES.index(a.mode))
+            self.command.setText(f"qwen-tray action {a.id}")
             self.error.clear()
             self._mark_unchanged()
 
@@ -113,6 +121,7 @@ class ActionsPage(QWidget):
         self.name.clear()
         self.prompt.setPlainText("{text}")
         self.hotkey.set_text("")
+        self.command.setText(tr("(once the action is saved)"))
         self.error.clear()
         self._mark_unchanged()  # a blank new action is no edit until something is typed
 
@@ -129,6 +138,9 @@ class ActionsPage(QWidget):
                 id=self.actions[row].id if 0 <= row < len(self.actions) else new_action_id(self.name.text(), taken),
                 name=self.name.text().strip(), prompt=self.prompt.toPlainText(),
                 hotkey=normalize_hotkey(self.hotkey.text()), mode=self.mode.currentData())
+        except HotkeyError as e:
+            self.error.setText(notice_text(e.notice))
+            return False
         except QwenTrayError as e:
             self.error.setText(str(e))
             return False

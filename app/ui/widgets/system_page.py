@@ -26,7 +26,14 @@ def key_storage_text() -> str:
     reason = secrets.unavailable_reason()
     if reason is not None:
         return tr("API keys stay in settings.json as plain text: {reason}", reason=reason)
-    return tr("API keys are kept in the system keyring ({keyring})", keyring=secrets.backend_name())
+    kind, where = secrets.key_store()
+    if kind == "system":
+        return tr("API keys are kept in the system keyring ({keyring})", keyring=where)
+    if kind == "plain-text file":
+        return tr("API keys are kept as plain text in the file {file} (keyrings.alt; not a system keyring)", file=where)
+    if kind == "encrypted file":
+        return tr("API keys are kept encrypted in the file {file} (keyrings.alt; not a system keyring)", file=where)
+    return tr("API keys are kept by the keyring backend {keyring}", keyring=where)
 
 
 class SystemPage(QWidget):

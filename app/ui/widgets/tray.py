@@ -37,6 +37,13 @@ def loading_text(host: EngineHost) -> str:
     return tr("Loading {model}…", model=model) + percent
 
 
+def not_ready_text(host: EngineHost) -> str:
+    """Why no model answers: the load's error when it failed (not "error" said twice), else the state."""
+    if host.state == "error" and host.error:
+        return tr("The model could not be loaded: {message}", message=host.error)
+    return tr("No model is ready yet ({state})", state=tr(host.state))
+
+
 def state_text(app: TrayApp) -> str:
     host = app.host
     if host.state == "loading":
