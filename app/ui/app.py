@@ -37,6 +37,7 @@ from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
                          tr)
 from app.ui.models import ModelEntry, configured_models, open_backend
+from app.ui.platform.clipboard_keeper import keep_clipboard_after_quit
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
 from app.ui.preferences import NOT_SAVED, PreferencesStore
@@ -345,7 +346,9 @@ class TrayApp(QObject):
         if self._shut_down:
             return
         self._shut_down = True
-        self.action_controller.stop()
+        self.action_controller.shutdown()
+        # X11: the clipboard the tray owns (the user's, put back after an action) outlives it.
+        keep_clipboard_after_quit(QApplication.clipboard())
         self.model_jobs.shutdown()  # what it did is kept: the next start of the job resumes
         self.model_removal.wait(30)  # a deletion cut short is finished by the next work on the name
         self.local_api.stop()

@@ -4,15 +4,16 @@
 ``--hold-load``: the load starts (event "loading") and goes on when stdin says "release-load".
 Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
 came from), answer (with the Replace button's screen position and the popup's state),
-pasted, notice. stdin: "quit". Like the real tray it answers other ``qwen-tray`` processes
-(``qwen-tray action``) through the single-instance server. Offscreen (no DISPLAY) with
-``--fake`` it needs no X server.
+pasted, notice, log (what the clipboard keeper logs at quit). stdin: "quit". Like the real
+tray it answers other ``qwen-tray`` processes (``qwen-tray action``) through the
+single-instance server. Offscreen (no DISPLAY) with ``--fake`` it needs no X server.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 
@@ -26,6 +27,13 @@ def emit(**event) -> None:
 
 class Commands(QObject):
     received = Signal(str)
+
+
+class LogEvents(logging.Handler):
+    """Log records as "log" events (the tray writes them to its log file)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        emit(event="log", level=record.levelname, text=record.getMessage())
 
 
 def main() -> int:
@@ -98,6 +106,9 @@ def main() -> int:
 
     threading.Thread(target=read_stdin, daemon=True).start()
     qapp.aboutToQuit.connect(tray.shutdown)
+    keeper_log = logging.getLogger("app.ui.platform.clipboard_keeper")
+    keeper_log.addHandler(LogEvents())
+    keeper_log.setLevel(logging.INFO)
     try:
         return qapp.exec()
     finally:
