@@ -40,6 +40,7 @@ from app.ui.models import ModelEntry, configured_models, open_backend
 from app.ui.platform.clipboard_keeper import keep_clipboard_after_quit
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
+from app.ui.platform.quit_signal import quit_on_sigterm
 from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
@@ -419,6 +420,7 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
         log.warning("no system tray found: the chat window carries the menu, and closing it quits")
         tray_app.open_chat()  # something to see: started from a menu, it would run invisibly
     qapp.aboutToQuit.connect(tray_app.shutdown)
+    quit_on_sigterm(qapp)  # `kill` quits like the menu's Quit (the default would skip the shutdown)
     # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.
     server = InstanceServer(instance, InstanceRequests(tray_app, parse_args).handle, parent=tray_app)
     try:

@@ -6,7 +6,8 @@ After an action the tray owns the clipboard (it put the user's clipboard back). 
 clipboard manager, quitting hands it to a keeper process: a third process (xclip) still reads
 the user's text and HTML, and the keeper ends once another program takes the clipboard. With a
 clipboard manager (ui_x11_clipboard_manager.py) no keeper starts: Qt hands the clipboard to the
-manager at exit, as before. Skipped where Xvfb/xdotool/xclip are missing.
+manager at exit, as before. SIGTERM quits the real tray the way its menu does (so this happens
+on `kill` too). Skipped where Xvfb/xdotool/xclip are missing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ui_x11_target import CLIPBOARD_HTML, CLIPBOARD_TEXT
 
 from app.ui.platform.clipboard import ClipboardSnapshot
 from app.ui.platform.clipboard_keeper import MODULE, keeper_payload
+from app.ui.single_instance import send_request
 
 pytestmark = [pytest.mark.x11, pytest.mark.slow]
 
@@ -83,7 +85,7 @@ def test_the_users_clipboard_outlives_the_tray_until_another_program_takes_it(xd
                                                                               tray_that_put_the_clipboard_back):
     tray, env = tray_that_put_the_clipboard_back
     assert keepers_on(xdisplay) == []
-    tray.send("quit")
+    tray.proc.send_signal(signal.SIGTERM)  # `kill`: it quits as from its menu
     assert tray.proc.wait(TIMEOUT) == 0
     keepers = keepers_on(xdisplay)
     try:
@@ -141,3 +143,16 @@ def test_a_keeper_late_to_start_leaves_a_clipboard_taken_meanwhile_alone(xdispla
     finally:
         editor.stop()
 
+
+def test_sigterm_quits_the_real_tray_like_its_menu(xdisplay, ui_home, tmp_path):
+    """`kill` (a session or service manager) ends `qwen-tray` through its shutdown, exit status 0."""
+    (tmp_path / "no-model-here").mkdir()  # the tray runs without a model (and says why)
+    env = tray_env(xdisplay, ui_home)
+    tray = subprocess.Popen([sys.executable, "-m", "app.cli", "tray", "--model", str(tmp_path / "no-model-here")],
+                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while (reply := send_request({"command": "ping"})) is None or reply["pid"] != tray.pid:
+        assert tray.poll() is None and time.monotonic() < deadline, tray.stderr.read()[-3000:]
+        time.sleep(0.2)
+    tray.send_signal(signal.SIGTERM)
+    assert tray.wait(TIMEOUT) == 0, tray.stderr.read()[-3000:]

@@ -4,9 +4,10 @@
 ``--hold-load``: the load starts (event "loading") and goes on when stdin says "release-load".
 Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
 came from), answer (with the Replace button's screen position and the popup's state),
-pasted, notice, log (what the clipboard keeper logs at quit). stdin: "quit". Like the real
-tray it answers other ``qwen-tray`` processes (``qwen-tray action``) through the
-single-instance server. Offscreen (no DISPLAY) with ``--fake`` it needs no X server.
+pasted, notice, log (what the clipboard keeper logs at quit). stdin: "quit"; SIGTERM quits
+too, as it does the real tray. Like the real tray it answers other ``qwen-tray`` processes
+(``qwen-tray action``) through the single-instance server. Offscreen (no DISPLAY) with
+``--fake`` it needs no X server.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> int:
     from app.ui.app import TrayApp, parse_args
     from app.ui.controllers.instance_requests import InstanceRequests
     from app.ui.models import ModelEntry, open_backend
+    from app.ui.platform.quit_signal import quit_on_sigterm
     from app.ui.single_instance import InstanceServer, claim_instance
 
     release_load = threading.Event()
@@ -106,6 +108,7 @@ def main() -> int:
 
     threading.Thread(target=read_stdin, daemon=True).start()
     qapp.aboutToQuit.connect(tray.shutdown)
+    quit_on_sigterm(qapp)
     keeper_log = logging.getLogger("app.ui.platform.clipboard_keeper")
     keeper_log.addHandler(LogEvents())
     keeper_log.setLevel(logging.INFO)
