@@ -37,8 +37,10 @@ from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
                          tr)
 from app.ui.models import ModelEntry, configured_models, open_backend
+from app.ui.platform.clipboard_keeper import keep_clipboard_after_quit
 from app.ui.platform.hotkeys import HotkeyManager, create_hotkey_backend
 from app.ui.platform.keyinput import KeyInjector, create_key_injector
+from app.ui.platform.quit_signal import quit_on_sigterm
 from app.ui.preferences import NOT_SAVED, PreferencesStore
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
@@ -345,7 +347,9 @@ class TrayApp(QObject):
         if self._shut_down:
             return
         self._shut_down = True
-        self.action_controller.stop()
+        self.action_controller.shutdown()
+        # X11: the clipboard the tray owns (the user's, put back after an action) outlives it.
+        keep_clipboard_after_quit(QApplication.clipboard())
         self.model_jobs.shutdown()  # what it did is kept: the next start of the job resumes
         self.model_removal.wait(30)  # a deletion cut short is finished by the next work on the name
         self.local_api.stop()
@@ -416,6 +420,7 @@ def _run_tray(args: argparse.Namespace, instance: InstanceLock) -> int:
         log.warning("no system tray found: the chat window carries the menu, and closing it quits")
         tray_app.open_chat()  # something to see: started from a menu, it would run invisibly
     qapp.aboutToQuit.connect(tray_app.shutdown)
+    quit_on_sigterm(qapp)  # `kill` quits like the menu's Quit (the default would skip the shutdown)
     # Other qwen-tray commands (a second start, `qwen-tray action`) are answered from here on.
     server = InstanceServer(instance, InstanceRequests(tray_app, parse_args).handle, parent=tray_app)
     try:

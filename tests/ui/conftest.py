@@ -23,6 +23,15 @@ def ui_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def xdisplay():
+    """A private X server (Xvfb) for the tests of one module; skips them where the tools are missing."""
+    from ui_x11_display import private_display
+
+    with private_display() as display:
+        yield display
+
+
 @pytest.fixture(autouse=True)
 def english_ui():
     """UI text (ours and Qt's own) in English unless a test switches it."""

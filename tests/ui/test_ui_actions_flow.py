@@ -331,3 +331,15 @@ def test_a_second_hotkey_while_the_popup_has_the_keyboard_works_on_the_same_text
     assert injector.sent == ["Ctrl+C"]  # nothing was copied out of the popup
     assert _sent_text(host).endswith("Le rapport est prêt.")
     assert controller.popup.replace_button.isEnabled()  # the selection is still the user's
+
+
+def test_quitting_while_a_paste_settles_puts_the_users_clipboard_back_at_once(qtbot, host, clipboard):
+    """What the tray owns at its end is handed on as the user's clipboard (clipboard_keeper.py):
+    never the answer that was pasted just before the quit."""
+    controller, _injector = _controller(host, clipboard, "Quit right after Replace.")
+    answer = _answer(qtbot, controller, "summarize")
+    controller.popup.replace_button.click()
+    assert controller._paster.pending and clipboard.text() == answer
+    controller.shutdown()
+    assert not controller._paster.pending
+    assert {f: _clipboard_formats(clipboard)[f] for f in ORIGINAL} == ORIGINAL

@@ -1,14 +1,19 @@
 """Per-platform key tables and structures that can be checked on any OS, the hotkey manager,
-and the state icons. (Real X11 grabs and XTest are in test_ui_x11_e2e.py.)"""
+the state icons, and the clipboard keeper's payload. (Real X11 grabs and XTest are in
+test_ui_x11_e2e.py, the clipboard keeper on a real X server in test_ui_x11_clipboard_keeper.py.)"""
 
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 
 import pytest
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QGuiApplication
 
 from app.ui.platform import hotkeys_mac, hotkeys_win, hotkeys_x11, keyinput_win, shortcuts
+from app.ui.platform.clipboard import ClipboardSnapshot
+from app.ui.platform.clipboard_keeper import MODULE, keep_clipboard_after_quit, keeper_payload, mime_from_payload
 from app.ui.platform.hotkeys import HotkeyManager, UnavailableHotkeys, create_hotkey_backend
 from app.settings.keys import NAMED_KEYS, parse_hotkey
 
@@ -185,3 +190,27 @@ def test_pressed_combinations_become_hotkeys_and_back(qapp, platform, qt, ours):
     assert key_sequence(ours, platform).toString(QKeySequence.PortableText) == \
         QKeySequence(qt, QKeySequence.PortableText).toString(QKeySequence.PortableText)
     assert hotkey_text(QKeySequence(), platform) == ""
+
+
+def test_the_clipboard_keeper_gets_every_format_byte_for_byte():
+    snapshot = ClipboardSnapshot((("text/plain", "naïve 文字".encode()), ("text/html", b"<b>x</b>"),
+                                  ("image/png", bytes(range(256)))), "naïve 文字")
+    owner, mime = mime_from_payload(keeper_payload(snapshot, 0x2A00005))
+    assert owner == 0x2A00005
+    assert {fmt: bytes(mime.data(fmt).data()) for fmt in mime.formats()} == dict(snapshot.formats)
+
+
+def test_the_clipboard_keeper_refuses_a_malformed_payload_in_one_line():
+    for payload in (b"", b"{}", b'{"owner": 1, "formats": [["text/plain", "not base64!"]]}'):
+        with pytest.raises(ValueError, match="malformed payload"):
+            mime_from_payload(payload)
+    keeper = subprocess.run([sys.executable, "-m", MODULE], input=b"[1, 2]", capture_output=True, timeout=60)
+    assert keeper.returncode == 2 and keeper.stdout.decode().startswith("malformed payload (")
+
+
+def test_off_x11_the_clipboard_stays_with_the_system(qapp):
+    """Windows, macOS and Wayland keep the clipboard themselves; offscreen there is none to keep."""
+    clipboard = QGuiApplication.clipboard()
+    clipboard.setText("the user's clipboard")
+    assert QGuiApplication.platformName() != "xcb"
+    assert keep_clipboard_after_quit(clipboard) is None

@@ -17,50 +17,14 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from ui_children import TIMEOUT, Child
+from ui_x11_display import REPO, press_like_a_person, run_x, tray_env
 
 pytestmark = [pytest.mark.x11, pytest.mark.slow]
-HERE = Path(__file__).parent
-REPO = HERE.parent.parent
-TOOLS = ("Xvfb", "xdotool", "xclip")
-
-
-@pytest.fixture(scope="module")
-def xdisplay():
-    missing = [t for t in TOOLS if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (apt-get install xvfb xdotool xclip)")
-    read_fd, write_fd = os.pipe()
-    # -noreset: the server would otherwise reset when its last client leaves, refusing the next one meanwhile.
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1280x800x24", "-nolisten", "tcp",
-                             "-noreset"],
-                            pass_fds=(write_fd,), stderr=subprocess.DEVNULL)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as f:
-        number = f.readline().strip()  # Xvfb writes the display number once it accepts clients
-    if not number:
-        xvfb.kill()
-        pytest.skip("Xvfb did not start")
-    yield f":{number}"
-    xvfb.terminate()
-    xvfb.wait(10)
-
-
-def _run(display: str, *args: str) -> str:
-    return subprocess.run(list(args), env={**os.environ, "DISPLAY": display}, check=True, capture_output=True,
-                          text=True, timeout=TIMEOUT).stdout
-
-
-def press_like_a_person(display: str, letter: str, hold_s: float) -> None:
-    """Ctrl+Alt+letter: modifiers down, the letter held ``hold_s``, the letter up, then the modifiers."""
-    _run(display, "xdotool", "keydown", "ctrl", "alt", letter, "sleep", str(hold_s), "keyup", letter,
-         "sleep", "0.06", "keyup", "alt", "ctrl")
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +34,7 @@ def session(xdisplay, tmp_path_factory, tiny_qwen_dir):
     (home / "config").mkdir(parents=True)
     # Short answers: the tests are about the text going in, not about what comes out.
     (home / "config" / "ui-preferences.json").write_text(json.dumps({"max_tokens": 16, "temperature": 0}))
-    env = {**os.environ, "DISPLAY": xdisplay, "QT_QPA_PLATFORM": "xcb", "QWEN_TRAY_HOME": str(home),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = tray_env(xdisplay, home)
     driver = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir)], env)
     try:
         ready = driver.wait_for("ready")
@@ -91,7 +54,7 @@ def start_target(session, xdisplay):
         target = Child(["ui_x11_target.py", *args], env)
         targets.append(target)
         wid = target.wait_for("ready")["wid"]
-        _run(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
+        run_x(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
         driver.drain()
         return target, wid
 
@@ -101,9 +64,9 @@ def start_target(session, xdisplay):
 
 
 def _close_popup_with_escape(display: str, driver: Child, wid: int) -> None:
-    _run(display, "xdotool", "key", "Escape")
+    run_x(display, "xdotool", "key", "Escape")
     driver.wait_for("popup_closed")
-    assert int(_run(display, "xdotool", "getwindowfocus").strip()) == wid  # the keyboard is back
+    assert int(run_x(display, "xdotool", "getwindowfocus").strip()) == wid  # the keyboard is back
 
 
 def test_a_hotkey_pressed_while_the_model_loads_answers_on_what_was_selected_then(xdisplay, tmp_path, tiny_qwen_dir):
@@ -113,14 +76,13 @@ def test_a_hotkey_pressed_while_the_model_loads_answers_on_what_was_selected_the
     home = tmp_path / "home"
     (home / "config").mkdir(parents=True)
     (home / "config" / "ui-preferences.json").write_text(json.dumps({"max_tokens": 8, "temperature": 0}))
-    env = {**os.environ, "DISPLAY": xdisplay, "QT_QPA_PLATFORM": "xcb", "QWEN_TRAY_HOME": str(home),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = tray_env(xdisplay, home)
     driver = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir), "--hold-load"], env)
     target = Child(["ui_x11_target.py"], env)
     try:
         driver.wait_for("loading")
         wid = target.wait_for("ready")["wid"]
-        _run(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
+        run_x(xdisplay, "xdotool", "windowfocus", "--sync", str(wid))
         first = "The budget review moved to room 204 on Thursday."
         target.command(f"select {first}")
         target.command("clip-text stale clipboard text")
@@ -132,7 +94,7 @@ def test_a_hotkey_pressed_while_the_model_loads_answers_on_what_was_selected_the
         answer = driver.wait_for("answer")
         assert answer["popup_visible"] and answer["replace_enabled"]
         assert answer["source"].startswith("Selected text: The budget review moved to room 204")
-        assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
+        assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
     finally:
         target.stop()
         driver.stop()
@@ -157,9 +119,9 @@ def test_human_presses_copy_the_selection_every_time_never_the_clipboard(xdispla
         assert answer["popup_visible"] and answer["replace_enabled"] == (captured["origin"] == "selection")
         _close_popup_with_escape(xdisplay, driver, wid)
         if image:
-            assert "image/png" in _run(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "TARGETS")
+            assert "image/png" in run_x(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "TARGETS")
         else:
-            assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == f"stale clipboard text {i}"
+            assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard") == f"stale clipboard text {i}"
     assert misses == []
 
 
@@ -175,7 +137,7 @@ def test_hotkey_summarize_replace_and_clipboard_restored(xdisplay, session, star
     assert answer["source"].startswith("Selected text: The quarterly planning meeting")
 
     x, y = answer["replace"]
-    _run(xdisplay, "xdotool", "mousemove", str(x), str(y), "click", "1")
+    run_x(xdisplay, "xdotool", "mousemove", str(x), str(y), "click", "1")
     driver.wait_for("pasted")
     target.send("text")
     field = target.wait_for("text")["text"]
@@ -183,8 +145,8 @@ def test_hotkey_summarize_replace_and_clipboard_restored(xdisplay, session, star
 
     from ui_x11_target import CLIPBOARD_HTML, CLIPBOARD_TEXT
 
-    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == CLIPBOARD_TEXT
-    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "text/html") == CLIPBOARD_HTML
+    assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard") == CLIPBOARD_TEXT
+    assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard", "-t", "text/html") == CLIPBOARD_HTML
 
 
 def test_a_terminal_gets_ctrl_shift_c_and_never_ctrl_c(xdisplay, session, start_target):
@@ -217,7 +179,7 @@ def test_a_window_that_copies_nothing_is_read_from_primary_and_said_so(xdisplay,
     assert not answer["replace_enabled"]
     _close_popup_with_escape(xdisplay, driver, wid)
     assert [e for e in target.seen if e["event"] == "ctrl_c"] == []
-    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
+    assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
 
 
 def _qwen_tray_action(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -240,7 +202,7 @@ def test_qwen_tray_action_copies_the_selection_with_no_hotkey_held(xdisplay, ses
     assert answer["popup_visible"] and answer["replace_enabled"]
     assert answer["source"].startswith("Selected text: Action from a shortcut:")
     _close_popup_with_escape(xdisplay, driver, wid)
-    assert _run(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
+    assert run_x(xdisplay, "xclip", "-o", "-selection", "clipboard") == "stale clipboard text"
 
 
 def test_qwen_tray_action_copies_while_the_shortcut_keys_are_still_down(xdisplay, session, start_target):
@@ -252,14 +214,14 @@ def test_qwen_tray_action_copies_while_the_shortcut_keys_are_still_down(xdisplay
     target.command(f"select {selection}")
     target.command("clip-text stale clipboard text")
     # Super+F9 (F9: a key the editor does not type, as a desktop's grab would keep it from it).
-    _run(xdisplay, "xdotool", "keydown", "super", "keydown", "F9")
+    run_x(xdisplay, "xdotool", "keydown", "super", "keydown", "F9")
     command = subprocess.Popen([sys.executable, "-m", "app.cli", "action", "rewrite"], env=env, cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert command.wait(TIMEOUT) == 0, command.stderr.read()
     finally:
         # Released like a person: the key after 250 ms, then the modifier.
-        _run(xdisplay, "xdotool", "sleep", "0.25", "keyup", "F9", "sleep", "0.06", "keyup", "super")
+        run_x(xdisplay, "xdotool", "sleep", "0.25", "keyup", "F9", "sleep", "0.06", "keyup", "super")
     captured = driver.wait_for("captured")
     assert (captured["origin"], captured["text"]) == ("selection", selection)
     driver.wait_for("answer")
@@ -299,13 +261,13 @@ def test_x11_hotkey_fires_once_per_press(xdisplay, monkeypatch):
     hotkeys = X11Hotkeys(fired.put)
     try:
         hotkeys.register("translate", parse_hotkey("Ctrl+Alt+L"))
-        _run(xdisplay, "xdotool", "key", "ctrl+alt+l", "ctrl+alt+l")
+        run_x(xdisplay, "xdotool", "key", "ctrl+alt+l", "ctrl+alt+l")
         # Held long enough for X auto-repeat (a stream of release+press pairs): still one activation.
-        _run(xdisplay, "xdotool", "keydown", "ctrl+alt+l", "sleep", "1.5", "keyup", "ctrl+alt+l")
+        run_x(xdisplay, "xdotool", "keydown", "ctrl+alt+l", "sleep", "1.5", "keyup", "ctrl+alt+l")
         assert [fired.get(timeout=TIMEOUT) for _ in range(3)] == ["translate"] * 3
-        _run(xdisplay, "xdotool", "key", "ctrl+alt+x")  # not registered: nothing fires
+        run_x(xdisplay, "xdotool", "key", "ctrl+alt+x")  # not registered: nothing fires
         hotkeys.register("sentinel", parse_hotkey("Ctrl+Alt+Y"))
-        _run(xdisplay, "xdotool", "key", "ctrl+alt+y")
+        run_x(xdisplay, "xdotool", "key", "ctrl+alt+y")
         assert fired.get(timeout=TIMEOUT) == "sentinel"  # nothing came between the third press and this one
     finally:
         hotkeys.close()

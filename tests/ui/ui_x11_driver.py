@@ -4,7 +4,8 @@
 ``--hold-load``: the load starts (event "loading") and goes on when stdin says "release-load".
 Events are JSON lines on stdout: ready, captured (the text an action runs on and where it
 came from), answer (with the Replace button's screen position and the popup's state),
-pasted, notice. stdin: "quit". Like the real tray it answers other ``qwen-tray`` processes
+pasted, notice, log (what the clipboard keeper logs at quit). stdin: "quit"; SIGTERM quits
+too, as it does the real tray. Like the real tray it answers other ``qwen-tray`` processes
 (``qwen-tray action``) through the single-instance server. Offscreen (no DISPLAY) with
 ``--fake`` it needs no X server.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 
@@ -28,6 +30,13 @@ class Commands(QObject):
     received = Signal(str)
 
 
+class LogEvents(logging.Handler):
+    """Log records as "log" events (the tray writes them to its log file)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        emit(event="log", level=record.levelname, text=record.getMessage())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model")
@@ -40,6 +49,7 @@ def main() -> int:
     from app.ui.app import TrayApp, parse_args
     from app.ui.controllers.instance_requests import InstanceRequests
     from app.ui.models import ModelEntry, open_backend
+    from app.ui.platform.quit_signal import quit_on_sigterm
     from app.ui.single_instance import InstanceServer, claim_instance
 
     release_load = threading.Event()
@@ -98,6 +108,10 @@ def main() -> int:
 
     threading.Thread(target=read_stdin, daemon=True).start()
     qapp.aboutToQuit.connect(tray.shutdown)
+    quit_on_sigterm(qapp)
+    keeper_log = logging.getLogger("app.ui.platform.clipboard_keeper")
+    keeper_log.addHandler(LogEvents())
+    keeper_log.setLevel(logging.INFO)
     try:
         return qapp.exec()
     finally:

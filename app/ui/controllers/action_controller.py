@@ -283,6 +283,12 @@ class ActionController(QObject):
         if self._task is not None:
             self._task.cancel()
 
+    def shutdown(self) -> None:
+        """At quit: stop, and the user's clipboard back now, not after a paste's settle time (what
+        the tray owns at its end is handed on as the user's clipboard: clipboard_keeper.py)."""
+        self.stop()
+        self._paster.flush()
+
     def continue_in_chat(self) -> None:
         """The request and its answer become the start of a chat conversation."""
         action, captured, answer = self._action, self._captured, self.popup.answer_text()
