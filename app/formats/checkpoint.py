@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -162,7 +163,7 @@ def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> FileEntry
     try:
         tmp.open("wb").close()  # created as open() creates files: 0666 less the umask
         mode = tmp.stat().st_mode & 0o777
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT_NAME})
+        _save_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp)
         os.chmod(tmp, mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -172,6 +173,18 @@ def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> FileEntry
         tmp.unlink(missing_ok=True)
         raise
     return entry
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file``, with a failed write raised as the OSError it was: safetensors reports a full
+    disk as SafetensorError("... I/O error: No space left on device (os error 28)")."""
+    try:
+        save_file(tensors, str(path), metadata={"format": FORMAT_NAME})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

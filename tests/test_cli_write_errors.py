@@ -1,0 +1,52 @@
+"""A model folder that cannot be written (a folder without write permission, a name too long)
+is one sentence naming the folder, why and what to do, never a traceback: `quantize`,
+`models add-starter` and `models import-gguf`. Permission cases run without root's override
+(tests/unprivileged.py); a full disk is tests/test_disk_full.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app.engine.gguf_import import find_starter_gguf
+from tests.conftest import assert_one_line_error
+from tests.unprivileged import run_cli_commands
+
+posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX file permissions")
+
+
+@posix_only
+def test_quantize_into_a_folder_without_write_permission_is_one_sentence(tmp_path, tiny_qwen_dir):
+    readonly = tmp_path / "rodir"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    try:
+        quantize, = run_cli_commands(tmp_path / "home", ["quantize", "--model", str(tiny_qwen_dir), "--recipe", "w4",
+                                                         "--method", "rtn", "--out", str(readonly / "q")])
+    finally:
+        readonly.chmod(0o755)
+    assert_one_line_error(quantize, f"cannot write the checkpoint {readonly / 'q'}: Permission denied; nothing was "
+                                    f"finished: make {readonly} writable or choose another --out, then run the same "
+                                    "quantization again")
+    assert list(readonly.iterdir()) == []
+
+
+@posix_only
+def test_converting_into_a_models_folder_without_write_permission_is_one_sentence(tmp_path):
+    home = tmp_path / "home"
+    models = home / "data" / "models"
+    models.mkdir(parents=True)
+    models.chmod(0o555)
+    try:
+        starter, imported = run_cli_commands(home, ["models", "add-starter"],
+                                             ["models", "import-gguf", str(find_starter_gguf()), "--name", "ro-imp"])
+    finally:
+        models.chmod(0o755)
+    for proc, name in ((starter, "SmolLM2-135M-Instruct"), (imported, "ro-imp")):
+        assert_one_line_error(proc, f"cannot convert {find_starter_gguf().name} into {models / name}: Permission "
+                                    f"denied; nothing was written: make {models} writable or set QWEN_TRAY_HOME to a "
+                                    "writable folder and try again")
+    assert list(models.iterdir()) == []
+
