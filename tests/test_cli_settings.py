@@ -34,7 +34,10 @@ def registry(home: Path, *entries: ModelEntry) -> Path:
 # -- models add / default: what the user typed --------------------------------------------------
 @pytest.mark.parametrize("name, fragment", [("", "the model name is empty"),
                                             ("../../evil", "must be a plain folder name"),
-                                            ("a/b", "must be a plain folder name")])
+                                            ("a/b", "must be a plain folder name"),
+                                            ("n" * 101, "is too long (101 characters); use at most 100 characters"),
+                                            ("模" * 67, "is too long (67 characters); use at most 100 characters "
+                                                       "(200 bytes in UTF-8, about 66 Chinese characters)")])
 def test_models_add_refuses_a_name_that_cannot_be_one(cli, tiny_qwen_dir, name, fragment):
     assert_one_line_error(cli("models", "add", name, str(tiny_qwen_dir)), fragment)
     assert cli("models", "list").stdout.startswith("no models registered")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.gguf_import import find_starter_gguf
+from app.settings.models import check_model_name
 from tests.conftest import assert_one_line_error
 from tests.unprivileged import run_cli_commands
 
@@ -50,3 +51,9 @@ def test_converting_into_a_models_folder_without_write_permission_is_one_sentenc
                                     "writable folder and try again")
     assert list(models.iterdir()) == []
 
+
+def test_a_model_name_too_long_for_a_folder_is_refused_before_any_work(cli, tmp_path):
+    proc = cli("models", "import-gguf", str(find_starter_gguf()), "--name", "n" * 250)
+    assert_one_line_error(proc, f"model name {'n' * 20 + '…'!r} is too long (250 characters); use at most 100")
+    assert not (tmp_path / "data" / "models").exists()  # refused before the conversion
+    assert check_model_name(" " + "n" * 100 + " ") == "n" * 100 and check_model_name("模" * 66) == "模" * 66
