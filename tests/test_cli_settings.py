@@ -169,6 +169,20 @@ def test_quantize_into_an_existing_file_is_a_one_line_error(cli, tmp_path, tiny_
 
 
 # -- a broken settings file: every command goes on and says where it went -------------------------
+@posix_only
+def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(cli, tmp_path, tiny_qwen_dir):
+    """A settings file kept in a dotfiles folder (stow, chezmoi, home-manager) and linked into place."""
+    dotfiles = registry(tmp_path / "dotfiles", ModelEntry("first", path=str(tiny_qwen_dir)))
+    link = tmp_path / "config" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(dotfiles)
+    assert cli("models", "add", "second", str(tiny_qwen_dir)).returncode == 0
+    assert link.is_symlink() and link.resolve() == dotfiles
+    assert [m["name"] for m in json.loads(dotfiles.read_text(encoding="utf-8"))["models"]] == ["first", "second"]
+    assert sorted(p.name for p in dotfiles.parent.iterdir()) == ["settings.json"]  # no temp file left beside it
+    assert [p.name for p in link.parent.iterdir()] == ["settings.json"]
+
+
 def test_doctor_tells_where_a_corrupt_settings_file_went(cli, tmp_path):
     config = tmp_path / "config"
     config.mkdir()
