@@ -214,7 +214,8 @@ def test_a_read_only_config_folder_gives_one_sentence_on_write_and_reads_fine(tm
     assert same_default.returncode == 0 and same_default.stderr == ""  # nothing to change, nothing written
     assert listed.returncode == 0 and listed.stderr == ""
     assert listed.stdout == f"  other  /m/o  (missing)\n* tiny  {tiny_qwen_dir}\n"
-    assert doctor.returncode == 0 and "* tiny: float16 folder" in doctor.stdout and doctor.stderr == ""
+    assert doctor.returncode == 1 and "* tiny: float16 folder" in doctor.stdout and doctor.stderr == ""
+    assert "  other: missing (/m/o)" in doctor.stdout  # registered, and gone: exit status 1
     assert ask.returncode == 0 and ask.stdout.strip(), ask.stderr
     assert settings.read_bytes() == before
 

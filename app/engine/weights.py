@@ -72,6 +72,12 @@ class TensorSource:
     def names(self) -> list[str]:
         return list(self._files)
 
+    def check_headers(self) -> None:
+        """Open every file's header (ModelLoadError for a corrupt or truncated one); no tensor is read."""
+        for path in sorted(set(self._files.values())):
+            if path not in self._handles:
+                self._handles[path] = self._open(path)
+
     def get(self, name: str) -> torch.Tensor:
         path = self._files[name]
         handle = self._handles.get(path)
