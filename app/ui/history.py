@@ -14,6 +14,7 @@ same id in a copied file) must never choose which file is written or deleted.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +44,10 @@ class ChatMessage:
     def __post_init__(self) -> None:
         if self.role not in ROLES or not isinstance(self.content, str):
             raise CorruptFileError(f"chat message has role {self.role!r}; expected one of {', '.join(ROLES)}")
+        speed = self.tokens_per_second
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 <= speed < math.inf:
+            # A file edited by hand ("fast", [1], NaN): the speed is only shown, so it goes and the text stays.
+            self.tokens_per_second = 0.0
 
 
 @dataclass

@@ -242,3 +242,17 @@ def test_a_copied_history_file_is_an_entry_of_its_own_and_is_deleted_alone():
     assert record.id == "r2"
     results.delete(record.id)
     assert list(results.folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("speed", ["fast", [1], None, True, -3, float("nan")])
+def test_a_chat_with_a_speed_that_is_no_number_opens_with_its_text(qtbot, tray, speed):
+    path = _chat_file("hand-edited", "hand-edited", "What is a KV cache?")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["messages"][1] = {"role": "assistant", "content": "It keeps keys and values.", "tokens_per_second": speed}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    tray.open_chat()
+    chat = tray.chat_window
+    chat.open_conversation("hand-edited")
+    assert [w.text() for w in chat.message_widgets()] == ["What is a KV cache?", "It keeps keys and values."]
+    assert chat.message_widgets()[1].speed.text() == "" and chat.notices == []
+    assert list(path.parent.iterdir()) == [path]  # not set aside: nothing in it is lost
