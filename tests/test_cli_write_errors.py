@@ -1,12 +1,13 @@
 """A model folder that cannot be written (a folder without write permission, a name too long)
 is one sentence naming the folder, why and what to do, never a traceback: `quantize`,
-`models add-starter` and `models import-gguf`. Permission cases run without root's override
-(tests/unprivileged.py); a full disk is tests/test_disk_full.py."""
+`models add-starter` and `models import-gguf`; and a weights file that cannot be read says why.
+Permission cases run without root's override (tests/unprivileged.py); a full disk is
+tests/test_disk_full.py."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import shutil
 
 import pytest
 
@@ -57,3 +58,17 @@ def test_a_model_name_too_long_for_a_folder_is_refused_before_any_work(cli, tmp_
     assert_one_line_error(proc, f"model name {'n' * 20 + '…'!r} is too long (250 characters); use at most 100")
     assert not (tmp_path / "data" / "models").exists()  # refused before the conversion
     assert check_model_name(" " + "n" * 100 + " ") == "n" * 100 and check_model_name("模" * 66) == "模" * 66
+
+
+@posix_only
+def test_a_weights_file_without_read_permission_says_permission_denied(tmp_path, tiny_qwen_dir):
+    model = tmp_path / "unread"
+    shutil.copytree(tiny_qwen_dir, model)
+    weights = model / "model.safetensors"
+    weights.chmod(0)
+    ask, quantize = run_cli_commands(tmp_path / "home", ["ask", "--model", str(model), "--device", "cpu", "hi"],
+                                     ["quantize", "--model", str(model), "--recipe", "w4", "--method", "rtn",
+                                      "--out", str(tmp_path / "q")])
+    for proc in (ask, quantize):
+        assert_one_line_error(proc, f"{weights}: cannot read safetensors file (Permission denied); check its "
+                                    "permissions")
