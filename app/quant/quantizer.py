@@ -43,6 +43,7 @@ from app.formats.core import GROUP_SIZE, padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
+from app.model_folders import output_folder_lock
 from app.quant import calibration as calib
 from app.quant.methods import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
@@ -125,7 +126,14 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
     """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest.
     ``on_resume(done, total)``: called once, before the first progress, when a previous run's
     files are taken over; ``progress(file, done, total)`` before each file is quantized (after a
-    resume, from the count already done), then ``progress("done", total, total)``."""
+    resume, from the count already done), then ``progress("done", total, total)``. Another
+    process quantizing into ``job.out`` now is refused (FolderBusyError), not resumed."""
+    with output_folder_lock(job.out):
+        return _quantize_model(job, progress, on_resume)
+
+
+def _quantize_model(job: QuantizeJob, progress: Progress | None,
+                    on_resume: Callable[[int, int], None] | None) -> Manifest:
     spec = ModelSpec.from_hf_folder(job.model)
     shapes = _expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
