@@ -50,6 +50,12 @@ def test_ctrl_c_keeps_the_finished_layers_and_the_same_command_resumes(deep_mode
                                     "from them")
     assert not (out / "manifest.json").exists() and not list(out.glob(".*.tmp"))  # nothing half-written
     kept = {name: (out / name).stat().st_ino for name in finished}
+    ask = subprocess.run([sys.executable, "-m", "app.cli", "ask", "--model", str(out), "hi"], env=env, cwd=REPO_ROOT,
+                         text=True, capture_output=True, timeout=300)
+    assert ask.returncode == 1 and ask.stderr.splitlines() == [  # not "quantize the model again"
+        f"qwen-tray: error: the manifest {out / 'manifest.json'} is missing (an unfinished quantization "
+        "(.quantize-journal.json is there): run the command that started it (`qwen-tray quantize`, `models get`) "
+        "again and it resumes from the finished layers)"]
 
     again = subprocess.run(command, env=env, cwd=REPO_ROOT, text=True, capture_output=True, timeout=600)
     assert again.returncode == 0, again.stderr

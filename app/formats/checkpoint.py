@@ -37,6 +37,7 @@ from app.formats.verified import VerifiedFiles
 FORMAT_NAME = "qwen-tray-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+JOURNAL = ".quantize-journal.json"  # an unfinished quantization's (app/quant/resume.py writes it)
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FP16 = "fp16"
 # Copied from the source folder when present (tokenizer, chat template, configs for reference).
@@ -212,6 +213,9 @@ def read_manifest(folder: str | Path) -> Manifest:
     except FileNotFoundError:
         why = ("the folder holds a checkpoint's weight files without it; quantize the model again"
                if _has_weight_files(Path(folder)) else "not a qwen-tray checkpoint folder")
+        if (Path(folder) / JOURNAL).is_file():  # written last: this is a quantization cut short, not a broken one
+            why = (f"an unfinished quantization ({JOURNAL} is there): run the command that started it "
+                   "(`qwen-tray quantize`, `models get`) again and it resumes from the finished layers")
         raise ModelLoadError(f"the manifest {path} is missing ({why})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None

@@ -18,6 +18,7 @@ from pathlib import Path
 from app.errors import ModelLoadError, QwenTrayError
 from app.formats.checkpoint import (
     FORMAT_VERSION,
+    JOURNAL,
     MANIFEST,
     FileEntry,
     TensorEntry,
@@ -29,7 +30,6 @@ from app.quant import calibration as calib
 from app.quant.gptq import GptqSettings
 from app.write_failure import write_failure_reason, write_failure_remedy
 
-JOURNAL = ".quantize-journal.json"
 CALIBRATED_METHODS = ("calibrated", "awq", "gptq")  # need a calibration text run through the model
 
 
