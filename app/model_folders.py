@@ -9,6 +9,9 @@ previous folder moved aside), ``.NAME.<random>.removing`` (a removal) and ``.NAM
 GGUF dequantized for the quantizer, with its own ``..NAME.fp16.<random>.partial``). Whoever
 holds the lock owns them; found when taking it, they are what a killed run left, and go.
 
+A quantization also holds ``cache_dir()/locks/quantize-<hash of the folder's path>.lock``
+(:func:`output_folder_lock`): ``quantize --out`` takes any folder, not a name.
+
 A folder directly inside models_dir() is the app's: it made it (``models get``,
 ``import-gguf``, ``add-starter``), so ``models remove`` may delete it. A folder registered
 from anywhere else (``models add``) is the user's and is never deleted.
