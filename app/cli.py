@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qwen-tray: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # an Interrupted says what was kept (errors.Interrupted)
-        if _is_terminal(sys.stderr):
+        if is_terminal(sys.stderr):
             print(file=sys.stderr)  # end the line the terminal echoed ^C on
         if str(e):
             print(f"qwen-tray: {e}", file=sys.stderr)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _is_terminal(stream) -> bool:
+def is_terminal(stream) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # closed, or a file-like object

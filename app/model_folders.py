@@ -9,6 +9,9 @@ previous folder moved aside), ``.NAME.<random>.removing`` (a removal) and ``.NAM
 GGUF dequantized for the quantizer, with its own ``..NAME.fp16.<random>.partial``). Whoever
 holds the lock owns them; found when taking it, they are what a killed run left, and go.
 
+A quantization also holds ``cache_dir()/locks/quantize-<hash of the folder's path>.lock``
+(:func:`output_folder_lock`): ``quantize --out`` takes any folder, not a name.
+
 A folder directly inside models_dir() is the app's: it made it (``models get``,
 ``import-gguf``, ``add-starter``), so ``models remove`` may delete it. A folder registered
 from anywhere else (``models add``) is the user's and is never deleted.
@@ -16,6 +19,7 @@ from anywhere else (``models add``) is the user's and is never deleted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -61,6 +65,45 @@ def model_folder_lock(name: str) -> Iterator[None]:
     finally:
         if locked:
             lock.release()
+
+
+@contextmanager
+def output_folder_lock(folder: Path) -> Iterator[None]:
+    """Hold the lock of a folder a quantization writes, by its path (``quantize --out``; the app's
+    own folders too): a second run into it would take the first's journal for an interrupted
+    run's and write the same files. Raise FolderBusyError at once, naming the holder's process."""
+    key = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]  # one lock per folder
+    path = cache_dir() / "locks" / f"quantize-{key}.lock"
+    holder = path.with_suffix(".pid")  # beside the lock: filelock may truncate the lock file itself
+    lock = FileLock(path, timeout=0)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except Timeout:
+        pid = _read_pid(holder)
+        raise FolderBusyError(f"another qwen-tray quantize is writing {folder}{f' (process {pid})' if pid else ''}; "
+                              "wait for it to finish, or stop it and run this again") from None
+    except OSError as e:  # no lock where the cache cannot be written: the work goes on unguarded
+        log.warning("%s: not locked (%s)", path, e)
+        yield
+        return
+    try:
+        try:
+            holder.write_text(str(os.getpid()), encoding="utf-8")
+        except OSError:
+            pass  # the lock holds all the same; a second run is refused without the process's number
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def staging_folders(name: str) -> list[Path]:

@@ -87,7 +87,8 @@ def remove_model(name: str, *, keep_files: bool = False, store: SettingsStore | 
     settings = store.load()
     entry = settings.model(name)
     if entry is None:
-        raise QwenTrayError(f"no model named {name!r}; `qwen-tray models list` shows the registered ones")
+        raise store.unread_model(name) or QwenTrayError(f"no model named {name!r}; `qwen-tray models list` shows "
+                                                        "the registered ones")
     plan = plan_removal(entry, settings.models, keep_files=keep_files)
     if not plan.delete:
         return Removal(plan, 0, None, *_unregister(store, name))

@@ -62,7 +62,12 @@ def resources_dir() -> Path:
 def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
     """Write ``text`` to ``path`` so a crash leaves either the old file or the new one. The file
     is private to the user (0600, the temporary file's) unless ``mode`` says otherwise: a document
-    the user exports gets what an editor would give it (0644)."""
+    the user exports gets what an editor would give it (0644).
+
+    A symbolic link (a settings file kept in a dotfiles folder: stow, chezmoi, home-manager) is
+    written through: the temporary file goes beside the link's target and replaces the target,
+    so the link stays a link."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

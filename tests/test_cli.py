@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,23 @@ def test_tray_options_before_another_command_are_refused_not_ignored(cli, capsys
         cli(*argv)
     assert stopped.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_ctrl_c_while_ask_streams_ends_the_line_and_says_it_stopped(tiny_qwen_dir, tmp_path):
+    """A real SIGINT to a real process while the answer streams into a pipe."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "QWEN_TRAY_HOME": str(tmp_path), "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ask", "--model", str(tiny_qwen_dir), "--device", "cpu",
+                             "--temperature", "1", "--seed", "1", "--max-tokens", "400", "hi"], env=env, cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = proc.stdout.read(1)  # the answer is streaming now
+        proc.send_signal(signal.SIGSTOP)  # (a tiny model answers in a moment: hold it mid-answer)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err.decode()
+    assert first and out.endswith(b"\n") and out.count(b"\n") >= 1
+    assert err.decode().splitlines()[-1] == "qwen-tray: stopped: the answer was cut short (Ctrl+C)"

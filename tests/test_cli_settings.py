@@ -34,7 +34,10 @@ def registry(home: Path, *entries: ModelEntry) -> Path:
 # -- models add / default: what the user typed --------------------------------------------------
 @pytest.mark.parametrize("name, fragment", [("", "the model name is empty"),
                                             ("../../evil", "must be a plain folder name"),
-                                            ("a/b", "must be a plain folder name")])
+                                            ("a/b", "must be a plain folder name"),
+                                            ("n" * 101, "is too long (101 characters); use at most 100 characters"),
+                                            ("模" * 67, "is too long (67 characters); use at most 100 characters "
+                                                       "(200 bytes in UTF-8, about 66 Chinese characters)")])
 def test_models_add_refuses_a_name_that_cannot_be_one(cli, tiny_qwen_dir, name, fragment):
     assert_one_line_error(cli("models", "add", name, str(tiny_qwen_dir)), fragment)
     assert cli("models", "list").stdout.startswith("no models registered")
@@ -166,6 +169,20 @@ def test_quantize_into_an_existing_file_is_a_one_line_error(cli, tmp_path, tiny_
 
 
 # -- a broken settings file: every command goes on and says where it went -------------------------
+@posix_only
+def test_a_symlinked_settings_file_is_written_through_and_stays_a_link(cli, tmp_path, tiny_qwen_dir):
+    """A settings file kept in a dotfiles folder (stow, chezmoi, home-manager) and linked into place."""
+    dotfiles = registry(tmp_path / "dotfiles", ModelEntry("first", path=str(tiny_qwen_dir)))
+    link = tmp_path / "config" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(dotfiles)
+    assert cli("models", "add", "second", str(tiny_qwen_dir)).returncode == 0
+    assert link.is_symlink() and link.resolve() == dotfiles
+    assert [m["name"] for m in json.loads(dotfiles.read_text(encoding="utf-8"))["models"]] == ["first", "second"]
+    assert sorted(p.name for p in dotfiles.parent.iterdir()) == ["settings.json"]  # no temp file left beside it
+    assert [p.name for p in link.parent.iterdir()] == ["settings.json"]
+
+
 def test_doctor_tells_where_a_corrupt_settings_file_went(cli, tmp_path):
     config = tmp_path / "config"
     config.mkdir()
@@ -197,7 +214,8 @@ def test_a_read_only_config_folder_gives_one_sentence_on_write_and_reads_fine(tm
     assert same_default.returncode == 0 and same_default.stderr == ""  # nothing to change, nothing written
     assert listed.returncode == 0 and listed.stderr == ""
     assert listed.stdout == f"  other  /m/o  (missing)\n* tiny  {tiny_qwen_dir}\n"
-    assert doctor.returncode == 0 and "* tiny: float16 folder" in doctor.stdout and doctor.stderr == ""
+    assert doctor.returncode == 1 and "* tiny: float16 folder" in doctor.stdout and doctor.stderr == ""
+    assert "  other: missing (/m/o)" in doctor.stdout  # registered, and gone: exit status 1
     assert ask.returncode == 0 and ask.stdout.strip(), ask.stderr
     assert settings.read_bytes() == before
 
@@ -220,8 +238,10 @@ def test_a_corrupt_file_in_a_read_only_folder_is_left_and_no_command_crashes(tmp
     for proc in (listed, doctor, ask_default, ask, add):
         assert "Traceback" not in proc.stderr and proc.stderr.splitlines()[0] == notice
     fix = f"no model can be registered until it is fixed: make {config} writable or move the file away"
-    assert listed.returncode == 0 and listed.stdout.startswith("no models registered: ") and fix in listed.stdout
-    assert "add-starter" not in listed.stdout  # it could not save either
+    assert listed.stdout == ""  # not "no models registered": the registry could not be read
+    assert_one_line_error(subprocess.CompletedProcess([], listed.returncode, "", listed.stderr.split("\n", 1)[1]),
+                          f"the registered models cannot be listed: {config / 'settings.json'} could not be used",
+                          f"make {config} writable or move the file away, then try again")
     assert doctor.returncode == 0 and "Models: none registered" in doctor.stdout
     assert ask_default.returncode == 1 and fix in ask_default.stderr.splitlines()[1]
     assert ask_default.stderr.splitlines()[1].endswith("; or pass --model PATH")
@@ -237,16 +257,20 @@ def test_an_unreadable_settings_file_is_reported_as_such_and_kept(tmp_path, tiny
     before = settings.read_bytes()
     settings.chmod(0)
     try:
-        listed, doctor, add, ask = run_cli_commands(tmp_path, ["models", "list"], ["doctor"],
-                                                    ["models", "add", "again", str(tiny_qwen_dir)], ["ask", "hi"])
+        listed, doctor, add, ask, default, remove, ask_tiny = run_cli_commands(
+            tmp_path, ["models", "list"], ["doctor"], ["models", "add", "again", str(tiny_qwen_dir)], ["ask", "hi"],
+            ["models", "default", "tiny"], ["models", "remove", "tiny"], ["ask", "--model", "tiny", "hi"])
     finally:
         settings.chmod(0o600)
     notice = (f"qwen-tray: {settings} cannot be read (Permission denied); the defaults are used for now and the "
               "file is left as it is: check its permissions")
     fix = "fix its permissions or move it away (e.g. to settings.json.bak)"
-    assert listed.returncode == 0 and listed.stderr.splitlines() == [notice]
-    assert listed.stdout == (f"no models registered: {settings} could not be read (Permission denied), so no model "
-                             f"can be registered until it is fixed: {fix}\n")  # not add-starter: it could not save
+    unread = f"{settings} could not be read (Permission denied); {fix}, then try again"
+    assert listed.returncode == 1 and listed.stdout == ""  # not "no models registered": nothing could be read
+    assert listed.stderr.splitlines() == [notice, f"qwen-tray: error: the registered models cannot be listed: {unread}"]
+    for proc in (default, remove, ask_tiny):  # not "no model named 'tiny'": it is registered, the file is unread
+        assert proc.returncode == 1 and proc.stderr.splitlines() == [
+            notice, f"qwen-tray: error: model 'tiny' cannot be looked up: {unread}"], proc.stderr
     assert doctor.returncode == 0 and doctor.stderr.splitlines() == [notice]
     assert add.returncode == 1 and add.stderr.splitlines() == [
         notice, f"qwen-tray: error: cannot save {settings}: {settings} could not be read (Permission denied), and "

@@ -31,10 +31,10 @@ needs_tmpfs = pytest.mark.skipif(not _namespaces_work(), reason="mounting a smal
                                  "user namespaces)")
 
 
-def _on_small_disk(mount: Path, *argv: str, home: Path) -> subprocess.CompletedProcess:
-    """``argv`` run with a TMPFS_MB tmpfs mounted at ``mount`` (seen by that process only)."""
+def _on_small_disk(mount: Path, *argv: str, home: Path, size_mb: int = TMPFS_MB) -> subprocess.CompletedProcess:
+    """``argv`` run with a ``size_mb`` tmpfs mounted at ``mount`` (seen by that process only)."""
     mount.mkdir(parents=True, exist_ok=True)
-    script = f'mount -t tmpfs -o size={TMPFS_MB}m tmpfs "$1" && shift && exec "$@"'
+    script = f'mount -t tmpfs -o size={size_mb}m tmpfs "$1" && shift && exec "$@"'
     env = {**os.environ, "QWEN_TRAY_HOME": str(home), "PYTHONPATH": str(REPO)}
     return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(mount), *argv], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=600)
@@ -76,6 +76,48 @@ def test_a_disk_that_fills_up_while_converting_is_one_sentence_and_leaves_nothin
                                "is full (No space left on device); the partial conversion was removed: free some "
                                "space and try again")
     assert result["left"] == [str(disk / "models")]  # the staging folder is gone
+
+
+# The tiny model's checkpoint: two small layer files, then ~20 MB of embedding tables.
+QUANTIZE_TMPFS_MB = 2
+LIST_OUT = "import os, sys; print(sorted(os.listdir(sys.argv[1])))"
+
+
+@needs_tmpfs
+def test_quantize_checks_the_free_space_before_the_first_layer(tmp_path, tiny_qwen_dir):
+    disk = tmp_path / "disk"
+    quantize = f"{sys.executable} -m app.cli quantize --model {tiny_qwen_dir} --recipe w4 --method rtn --out {disk}/q"
+    proc = _on_small_disk(disk, "sh", "-c", f'{quantize}; echo "exit $?"; ls -A "$0"', str(disk),
+                          home=tmp_path / "home", size_mb=QUANTIZE_TMPFS_MB)
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"qwen-tray: error: not enough disk space for quantizing {tiny_qwen_dir.name} into "
+                               f"{disk / 'q'}: it needs ")
+    assert lines[0].endswith("free some space and try again")
+    assert proc.stdout.splitlines() == ["exit 1"]  # nothing written
+
+
+@needs_tmpfs
+def test_a_disk_that_fills_up_while_quantizing_is_one_sentence_and_keeps_the_finished_layers(tmp_path, tiny_qwen_dir):
+    """Past the check (another program filled the disk meanwhile): a file's write fails with ENOSPC;
+    with room made (the tmpfs grown), the same command resumes after the finished layers."""
+    disk = tmp_path / "disk"
+    past_the_check = ("import sys, app.hub.disk; app.hub.disk.MARGIN_BYTES = -2**60; from app.cli import main; "
+                      "sys.exit(main())")
+    quantize = (f'{sys.executable} -c "{past_the_check}" quantize --model {tiny_qwen_dir} --recipe w4 --method rtn '
+                f'--out "$0/q"')
+    script = (f'{quantize}; echo "exit $?"; {sys.executable} -c "{LIST_OUT}" "$0/q"; '
+              f'mount -o remount,size=64m "$0" && {quantize} 2>&1 | grep -E "^(resuming|wrote)"')
+    proc = _on_small_disk(disk, "sh", "-c", script, str(disk), home=tmp_path / "home", size_mb=QUANTIZE_TMPFS_MB)
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("qwen-tray:")]
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert lines[0] == (f"qwen-tray: error: cannot write the checkpoint {disk / 'q'}: the disk is full (No space "
+                        "left on device); its 2 finished files are kept: free some space, then running the same "
+                        "quantization again resumes")
+    out = proc.stdout.splitlines()
+    assert out[:3] == ["exit 1", str([".quantize-journal.json", "layer_000.safetensors", "layer_001.safetensors"]),
+                       "resuming: 2 of 3 files are already done"]  # no half-written file; then resumed
+    assert out[3].startswith(f"wrote {disk / 'q'}: recipe w4, method rtn")
 
 
 def _starter_gguf_name() -> str:

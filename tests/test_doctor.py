@@ -39,7 +39,7 @@ def test_doctor_on_this_machine_names_what_is_missing_and_every_model(cli, tmp_p
     assert cli("models", "add", "gone", str(gone)).returncode == 0
     shutil.rmtree(gone)  # deleted after it was registered
     done = cli("doctor")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # a registered model is missing
     lines = done.stdout.splitlines()
     assert lines[0].startswith("qwen-tray ") and f"PyTorch {torch.__version__}" in lines[1]
     if not torch.cuda.is_available():
@@ -48,10 +48,44 @@ def test_doctor_on_this_machine_names_what_is_missing_and_every_model(cli, tmp_p
         weights = model_weights(tiny_qwen_dir)[1]  # Qwen's vocabulary: 2 x 151,936 x 64 fp16 embeddings
         assert f"* tiny: float16 folder, {gib(weights)} of weights; on the CPU" in lines
     assert f"  gone: missing ({gone})" in lines
+    assert lines[-1] == "1 registered model cannot be loaded: gone (exit status 1)"
     if importlib.util.find_spec("cupy") is None:  # the command that works from a checkout (not on PyPI)
         assert ('CuPy: not installed (in the qwen-tray folder: pip install -e ".[cuda12]"; '
                 '".[cuda13]" with a CUDA 13 build of PyTorch)') in lines
     assert done.stderr == ""
+
+
+def test_doctor_reads_each_models_tokenizer_and_weight_headers_and_exits_1_for_a_broken_one(cli, tmp_path,
+                                                                                           tiny_qwen_dir):
+    folders = {name: tmp_path / name for name in ("ok", "no-tokenizer", "cut-weights")}
+    for name, folder in folders.items():
+        shutil.copytree(tiny_qwen_dir, folder)
+        assert cli("models", "add", name, str(folder)).returncode == 0
+    (folders["no-tokenizer"] / "tokenizer.json").write_bytes(b"")
+    with open(folders["cut-weights"] / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    quantized = tmp_path / "q"
+    assert cli("quantize", "--model", "ok", "--recipe", "w4", "--method", "rtn", "--out", str(quantized)).returncode == 0
+    assert cli("models", "add", "q-cut", str(quantized)).returncode == 0
+    with open(quantized / "layer_001.safetensors", "r+b") as f:
+        f.truncate(1000)
+    done = cli("doctor")
+    assert done.returncode == 1 and done.stderr == ""
+    verdicts = {line.split(":")[0].strip(" *"): line.split(": ", 1)[1] for line in done.stdout.splitlines()
+                if line[:2] in ("* ", "  ") and ": " in line}
+    assert verdicts["ok"].startswith("float16 folder, ")
+    assert verdicts["no-tokenizer"].startswith(f"cannot be read: {folders['no-tokenizer'] / 'tokenizer.json'}: "
+                                               "cannot read tokenizer (EOF while parsing")
+    assert verdicts["cut-weights"].startswith(f"cannot be read: {folders['cut-weights'] / 'model.safetensors'}: "
+                                              "cannot read safetensors file (")
+    assert verdicts["q-cut"].startswith(f"cannot be read: {quantized / 'layer_001.safetensors'}: file is truncated "
+                                        "(1000 bytes, manifest.json says ")
+    assert done.stdout.splitlines()[-1] == ("3 registered models cannot be loaded: cut-weights, no-tokenizer, q-cut "
+                                            "(exit status 1)")
+    (quantized / "layer_001.safetensors").unlink()
+    for name in ("no-tokenizer", "cut-weights", "q-cut"):
+        assert cli("models", "remove", name, "--keep-files").returncode == 0
+    assert cli("doctor").returncode == 0
 
 
 def test_the_7b_mixed_checkpoint_is_fitted_to_a_3050(tmp_path):

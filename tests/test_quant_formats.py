@@ -352,6 +352,9 @@ def test_load_recipe_from_toml(tmp_path):
     ('{"bitz": {}}', r"bad\.json: unknown recipe field.*bitz"),
     ('{"base": "w5"}', r"bad\.json: base 'w5'"),
     ('{"bits": ', r"bad\.json: invalid JSON"),
+    ('{}', r"bad\.json: the recipe quantizes nothing \(every weight stays at 16 bits\); give it a base \(w4, mixed, "
+           r"q4\), a \[bits\] table or default_bits = 4 or 3"),
+    ('{"bits": {"lm_head": 16}}', r"bad\.json: the recipe quantizes nothing"),
 ])
 def test_bad_recipe_files_name_the_field(tmp_path, text, match):
     from app.formats.recipe import load_recipe
@@ -360,6 +363,16 @@ def test_bad_recipe_files_name_the_field(tmp_path, text, match):
     path.write_text(text, encoding="utf-8")
     with pytest.raises(QwenTrayError, match=match):
         load_recipe(path)
+
+
+def test_quantize_with_an_empty_recipe_file_is_refused_in_one_line(cli, tmp_path, tiny_qwen_dir):
+    from tests.conftest import assert_one_line_error
+
+    empty = tmp_path / "r4.toml"
+    empty.write_text("", encoding="utf-8")
+    proc = cli("quantize", "--model", str(tiny_qwen_dir), "--recipe", str(empty), "--out", str(tmp_path / "q"))
+    assert_one_line_error(proc, f"{empty}: the recipe quantizes nothing")
+    assert not (tmp_path / "q").exists()
 
 
 def test_unknown_recipe_and_k_rule_in_plans():

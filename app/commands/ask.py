@@ -7,7 +7,7 @@ import sys
 
 from app.commands import text_input
 from app.commands.arguments import memory_size, note_unused_vram_budget
-from app.errors import ContextLengthError, QwenTrayError
+from app.errors import ContextLengthError, Interrupted, QwenTrayError
 
 
 def register(sub) -> None:
@@ -124,8 +124,20 @@ def _ask_server(args, messages, params) -> int:
 
 
 def _stream(deltas) -> None:
-    for delta in deltas:
-        sys.stdout.write(delta)
-        sys.stdout.flush()
+    """Write the answer as it comes. Ctrl+C ends its line and says on stderr that it was cut short
+    (exit 130): a file or pipe gets a whole last line; on a terminal the CLI ends the line after
+    the ^C the terminal echoed."""
+    try:
+        for delta in deltas:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        from app.cli import is_terminal
+
+        if not (is_terminal(sys.stdout) and is_terminal(sys.stderr)):
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise Interrupted("stopped: the answer was cut short (Ctrl+C)") from None
     sys.stdout.write("\n")
     sys.stdout.flush()
+

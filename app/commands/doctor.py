@@ -3,7 +3,9 @@
 For a user's first question ("why is it slow / on the CPU / refused?") and for bug reports:
 versions, the GPU and its free VRAM, whether the CUDA kernels can run (and why not), and for
 every registered model the tray's load (4 requests of up to 4,096 tokens, fitted to the card)
-planned from its files without loading it.
+planned from its files without loading it. Each model's tokenizer is parsed and its weight
+files' headers (or a checkpoint's file sizes) are read, no weights: the exit status is 1 when a
+registered model is missing or broken, so a script can rely on it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from app.errors import CUPY_HINT, QwenTrayError
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the GPU, the CUDA kernels and how each model would load",
-                       description="Check the GPU, the CUDA kernels and how each registered model would load.")
+                       description="Check the GPU, the CUDA kernels and how each registered model would load "
+                                   "(its tokenizer and weight files' headers are read, not its weights). Exit "
+                                   "status: 0, or 1 when a registered model is missing or broken.")
     p.set_defaults(func=run)
 
 
@@ -46,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"Settings: {store.path}")
     logging.disable(logging.WARNING)  # the plans' own warnings (a fitted load) would repeat each verdict
     try:
-        _print_models(settings, gpu, reason)
+        broken = _print_models(settings, gpu, reason)
     finally:
         logging.disable(logging.NOTSET)
-    return 0
+    if broken:
+        print(f"{len(broken)} registered {'model cannot' if len(broken) == 1 else 'models cannot'} be loaded: "
+              f"{', '.join(broken)} (exit status 1)")
+    return 1 if broken else 0
 
 
 def _cupy_line() -> str:
@@ -102,23 +109,55 @@ def model_weights(path: Path):
     return folder_weights(path)
 
 
-def _print_models(settings, gpu, reason: str | None) -> None:
+def _print_models(settings, gpu, reason: str | None) -> list[str]:
+    """Print each registered model's verdict; return the names of those that cannot be loaded."""
     from app.engine.cuda.fit import TRAY_SLOTS
 
     if not settings.models:
         print("Models: none registered; run `qwen-tray models catalog` to get one (or `models add-starter` for a small demo)")
-        return
+        return []
     print(f"Models (the tray's load: {TRAY_SLOTS} requests, fitted to the card):")
+    broken = []
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
         mark = "*" if entry.name == settings.default_model else " "
         if entry.kind != "local":
             print(f"{mark} {entry.name}: {entry.describe()}")
             continue
-        try:
-            verdict = _model_verdict(Path(entry.path).expanduser(), entry.name, gpu, reason)
-        except QwenTrayError as e:  # a broken folder: say so and go on with the others
-            verdict = f"cannot be read: {e}"
+        verdict, loads = _local_verdict(Path(entry.path).expanduser(), entry.name, gpu, reason)
+        if not loads:
+            broken.append(entry.name)
         print(f"{mark} {entry.name}: {verdict}")
+    return broken
+
+
+def _local_verdict(path: Path, name: str, gpu, reason: str | None) -> tuple[str, bool]:
+    """(what doctor says of a local model, whether it would load)."""
+    if not path.is_dir():
+        return f"missing ({path})", False
+    try:
+        verdict = _model_verdict(path, name, gpu, reason)
+        check_model_files(path)
+    except QwenTrayError as e:  # a broken folder: say so and go on with the others
+        return f"cannot be read: {e}", False
+    return verdict, True
+
+
+def check_model_files(path: Path) -> None:
+    """Raise ModelLoadError naming a file the model cannot load from: the tokenizer (parsed), a
+    float16 folder's safetensors headers (a truncated file fails there), a checkpoint's files
+    against the sizes in its manifest. No weights are read (`checkpoint info --verify` checks a
+    checkpoint's checksums)."""
+    from app.engine.tokenizer import Tokenizer
+    from app.engine.weights import TensorSource
+    from app.formats import checkpoint
+
+    Tokenizer.from_folder(path)
+    if checkpoint.is_checkpoint(path):
+        for file_name, entry in checkpoint.read_manifest(path).files.items():
+            checkpoint.check_file(path / file_name, entry, checksum=False)
+        return
+    with TensorSource(path) as source:
+        source.check_headers()
 
 
 def _model_verdict(path: Path, name: str, gpu, reason: str | None) -> str:

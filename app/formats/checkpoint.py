@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from app.formats.verified import VerifiedFiles
 FORMAT_NAME = "qwen-tray-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+JOURNAL = ".quantize-journal.json"  # an unfinished quantization's (app/quant/resume.py writes it)
 EMBEDDINGS_FILE = "embeddings.safetensors"
 FP16 = "fp16"
 # Copied from the source folder when present (tokenizer, chat template, configs for reference).
@@ -162,7 +164,7 @@ def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> FileEntry
     try:
         tmp.open("wb").close()  # created as open() creates files: 0666 less the umask
         mode = tmp.stat().st_mode & 0o777
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT_NAME})
+        _save_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp)
         os.chmod(tmp, mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -172,6 +174,18 @@ def write_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> FileEntry
         tmp.unlink(missing_ok=True)
         raise
     return entry
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file``, with a failed write raised as the OSError it was: safetensors reports a full
+    disk as SafetensorError("... I/O error: No space left on device (os error 28)")."""
+    try:
+        save_file(tensors, str(path), metadata={"format": FORMAT_NAME})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
@@ -199,6 +213,9 @@ def read_manifest(folder: str | Path) -> Manifest:
     except FileNotFoundError:
         why = ("the folder holds a checkpoint's weight files without it; quantize the model again"
                if _has_weight_files(Path(folder)) else "not a qwen-tray checkpoint folder")
+        if (Path(folder) / JOURNAL).is_file():  # written last: this is a quantization cut short, not a broken one
+            why = (f"an unfinished quantization ({JOURNAL} is there): run the command that started it "
+                   "(`qwen-tray quantize`, `models get`) again and it resumes from the finished layers")
         raise ModelLoadError(f"the manifest {path} is missing ({why})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None

@@ -164,6 +164,9 @@ def _recipe_from_data(data: dict, path: Path) -> Recipe:
         rules += base.rules
         default_bits = data.get("default_bits", base.default_bits)
     _check_bits(default_bits, f"{path}: default_bits")
+    if default_bits == 16 and all(bits == 16 for _, bits in rules):  # an empty file, say: a "checkpoint" of fp16
+        raise QwenTrayError(f"{path}: the recipe quantizes nothing (every weight stays at 16 bits); give it a "
+                            f"base ({', '.join(BUILTIN_RECIPES)}), a [bits] table or default_bits = 4 or 3")
     name = data.get("name", path.stem)
     if not isinstance(name, str) or not name:
         raise QwenTrayError(f"{path}: 'name' must be a non-empty string")

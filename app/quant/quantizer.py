@@ -40,13 +40,14 @@ from app.formats.checkpoint import (
     write_tensor_file,
 )
 from app.formats.core import GROUP_SIZE, padded_k, row_chunks
-from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes
+from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
+from app.model_folders import output_folder_lock
 from app.quant import calibration as calib
 from app.quant.methods import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
-from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint
+from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint, writing_checkpoint
 from app.quant.search import quantize
 
 METHODS = ("rtn", "search", *CALIBRATED_METHODS)
@@ -125,14 +126,24 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
     """Quantize ``job.model`` into ``job.out`` (resuming a previous run); return the manifest.
     ``on_resume(done, total)``: called once, before the first progress, when a previous run's
     files are taken over; ``progress(file, done, total)`` before each file is quantized (after a
-    resume, from the count already done), then ``progress("done", total, total)``."""
+    resume, from the count already done), then ``progress("done", total, total)``. Another
+    process quantizing into ``job.out`` now is refused (FolderBusyError), not resumed."""
+    with output_folder_lock(job.out):
+        return _quantize_model(job, progress, on_resume)
+
+
+def _quantize_model(job: QuantizeJob, progress: Progress | None,
+                    on_resume: Callable[[int, int], None] | None) -> Manifest:
     spec = ModelSpec.from_hf_folder(job.model)
     shapes = _expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
     adapter = _open_adapter(job.adapter, shapes)
     with TensorSource(job.model) as source:
         check_tensor_names(source, set(shapes), spec)
-    journal = Journal(job.out, fingerprint(job))
+    started = fingerprint(job)
+    _check_free_space(job, shapes)
+    with writing_checkpoint(job.out, None):
+        journal = Journal(job.out, started)
     run = _Run(job, spec, shapes, adapter)
     units = [(layer_file(i), i) for i in range(spec.num_layers)] + [(EMBEDDINGS_FILE, None)]
     done_before = {file_name for file_name, _ in units if journal.finished(file_name)}
@@ -147,18 +158,33 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
         if progress is not None:
             progress(file_name, done, len(units))
         tensors = run.layer(index) if index is not None else run.tables()
-        journal.record(file_name, write_tensor_file(job.out / file_name, tensors.stored), tensors.entries)
+        with writing_checkpoint(job.out, journal):
+            journal.record(file_name, write_tensor_file(job.out / file_name, tensors.stored), tensors.entries)
         del tensors  # before the next layer is read
         done += 1
     if progress is not None:
         progress("done", len(units), len(units))
-    copied = _copy_side_files(job.model, job.out)
-    manifest = Manifest(spec=spec, recipe=job.recipe, method=job.method, files=journal.files,
-                        tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model_id,
-                        adapter=job.adapter.name if job.adapter else None)
-    write_manifest(job.out, manifest)
-    journal.remove()
+    with writing_checkpoint(job.out, journal):
+        copied = _copy_side_files(job.model, job.out)
+        manifest = Manifest(spec=spec, recipe=job.recipe, method=job.method, files=journal.files,
+                            tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model_id,
+                            adapter=job.adapter.name if job.adapter else None)
+        write_manifest(job.out, manifest)
+        journal.remove()
     return manifest
+
+
+def _check_free_space(job: QuantizeJob, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse before the first layer when the checkpoint (less the files a resumed run already
+    has) does not fit on the disk of ``job.out`` with the margin a download keeps."""
+    from app.hub.disk import check_free_space
+
+    try:
+        done = sum(p.stat().st_size for p in job.out.glob("*.safetensors")) if job.out.is_dir() else 0
+    except OSError:
+        done = 0  # unreadable: writing into it says so
+    needs = plan_model(job.recipe, shapes.items()).total_bytes - done
+    check_free_space({job.out: needs}, f"quantizing {job.model_id} into {job.out}")
 
 
 @dataclass

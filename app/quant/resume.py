@@ -11,21 +11,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from app.errors import ModelLoadError, QwenTrayError
 from app.formats.checkpoint import (
     FORMAT_VERSION,
+    JOURNAL,
     MANIFEST,
     FileEntry,
     TensorEntry,
     check_file,
     write_atomic,
 )
+from app.paths import models_dir
 from app.quant import calibration as calib
 from app.quant.gptq import GptqSettings
+from app.write_failure import write_failure_reason, write_failure_remedy
 
-JOURNAL = ".quantize-journal.json"
 CALIBRATED_METHODS = ("calibrated", "awq", "gptq")  # need a calibration text run through the model
 
 
@@ -145,3 +149,25 @@ class Journal:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def writing_checkpoint(out: Path, journal: Journal | None) -> Iterator[None]:
+    """An OSError while writing into ``out`` (a full disk, a folder not writable, a name too long)
+    becomes one sentence: the folder, why, what the journal keeps and what to do."""
+    try:
+        yield
+    except OSError as e:
+        raise cannot_write_checkpoint(out, e, len(journal.files) if journal is not None else 0) from None
+
+
+def cannot_write_checkpoint(out: Path, e: OSError, finished: int) -> QwenTrayError:
+    app_folder = out.absolute().parent == models_dir().absolute()  # models get, import-gguf: no --out to change
+    remedy = write_failure_remedy(out, e, "set QWEN_TRAY_HOME to a writable folder" if app_folder
+                                  else "choose another --out")
+    if finished == 0:
+        kept = f"nothing was finished: {remedy}, then run the same quantization again"
+    else:  # the journal has them: a run with the same settings skips them
+        files = "file is" if finished == 1 else "files are"
+        kept = f"its {finished} finished {files} kept: {remedy}, then running the same quantization again resumes"
+    return QwenTrayError(f"cannot write the checkpoint {out}: {write_failure_reason(e)}; {kept}")

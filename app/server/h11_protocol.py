@@ -7,8 +7,9 @@
   opening or of the previous response; otherwise the connection is closed. The body has its own
   deadline in routes.read_body, so a streaming answer, however long, is never cut.
 - A request h11 cannot parse (a malformed request line, a missing Host on HTTP/1.1, a head over
-  the size limit) gets OpenAI's error body as JSON instead of uvicorn's plain-text 400, with the
-  status h11 suggests (431 for a head that is too large).
+  the size limit, a malformed chunked body) gets OpenAI's error body as JSON instead of uvicorn's
+  plain-text 400, with the status h11 suggests (431 for a head that is too large); a route already
+  running for that request's head sends nothing after it.
 """
 
 from __future__ import annotations
@@ -88,6 +89,19 @@ class DeadlineH11Protocol(H11Protocol):
         except h11.LocalProtocolError:  # a response was already under way: just close
             pass
         self.transport.close()
+        self._end_cycle()
+
+    def _end_cycle(self) -> None:
+        """The request being read when h11 gave up (a malformed chunked body) has a route running
+        for its head: it is told the client is gone, as uvicorn tells it when the socket closes,
+        so it sends nothing more on a connection h11 has closed (that was a LocalProtocolError
+        and "Exception in ASGI application" with a traceback in the log)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            log.debug("%s: the request body could not be parsed; its route's answer is dropped",
+                      cycle.scope.get("path", "?"))
+            cycle.disconnected = True
+            cycle.message_event.set()
 
     # -- the head deadline ------------------------------------------------------------------------
     def _arm_head_deadline(self) -> None:

@@ -7,6 +7,7 @@ file and where a broken one went; it then goes on with what could be used.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from app.errors import QwenTrayError
 from app.settings.document import ModelLocation
@@ -31,4 +32,7 @@ def locate_model(name_or_path: str | None) -> ModelLocation:
     settings = store.load()
     if name_or_path is None and settings.default_model is None and (blocked := store.cannot_register()):
         raise QwenTrayError(f"no model configured: {blocked}; or pass --model PATH")
+    unknown = name_or_path is not None and settings.model(name_or_path) is None
+    if unknown and not Path(name_or_path).expanduser().exists() and (unread := store.unread_model(name_or_path)):
+        raise unread  # not "no registered model has that name": the file it may be in could not be read
     return settings.locate_model(name_or_path)

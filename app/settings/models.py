@@ -14,6 +14,10 @@ from app.errors import QwenTrayError
 
 KINDS = ("local", "gguf", "starter", "remote")
 DEFAULT_REMOTE_CONTEXT = 32768
+# A name is a folder's name, and its staging folders' (".NAME.<random>.partial", ".NAME.fp16"):
+# file systems take 255 bytes, so a name keeps well below that, in characters and in UTF-8 bytes.
+MAX_NAME_CHARS = 100
+MAX_NAME_BYTES = 200
 
 
 class ModelEntryError(QwenTrayError):
@@ -33,7 +37,12 @@ def check_model_name(name: str) -> str:
         raise ModelEntryError(f"model name {name!r} contains control characters")
     if not is_plain_folder_name(name):
         raise ModelEntryError(f"model name {name!r} must be a plain folder name (no / \\ or :, not . or ..)")
-    return name.strip()
+    name = name.strip()
+    if len(name) > MAX_NAME_CHARS or len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ModelEntryError(f"model name {name[:20] + '…'!r} is too long ({len(name)} characters); use at most "
+                              f"{MAX_NAME_CHARS} characters ({MAX_NAME_BYTES} bytes in UTF-8, about "
+                              f"{MAX_NAME_BYTES // 3} Chinese characters): a folder is named after it")
+    return name
 
 
 @dataclass(frozen=True)

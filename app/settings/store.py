@@ -111,6 +111,20 @@ class SettingsStore:
         why, remedy = self._blocked
         return f"{why}, so no model can be registered until it is fixed: {remedy.removesuffix(', then try again')}"
 
+    def unread_registry(self) -> str | None:
+        """Why the models of the last :meth:`load` may not be the file's (it could not be read, or
+        not used nor moved aside) and what to do, as the end of a sentence; else None."""
+        if self._blocked is None:
+            return None
+        why, remedy = self._blocked
+        return f"{why}; {remedy}"
+
+    def unread_model(self, name: str) -> SettingsFileError | None:
+        """For a model ``name`` the last :meth:`load` did not find, the error saying the file it may
+        be registered in could not be read (not "no model named ..."); None when the file was read."""
+        unread = self.unread_registry()
+        return None if unread is None else SettingsFileError(f"model {name!r} cannot be looked up: {unread}")
+
     def take_notices(self) -> list[Notice]:
         """The notices not given to ``on_notice`` yet (each once)."""
         pending, self._pending = self._pending, []

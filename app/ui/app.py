@@ -337,8 +337,11 @@ class TrayApp(QObject):
             else:
                 self.local_api.stop()
         except (LocalApiError, QwenTrayError) as e:
-            self.notify(str(e))
-            enabled = False
+            # Not saved as off: a port busy for a moment must not turn the user's API off for good;
+            # the menu says why it is not running, and turning it on (or the next start) tries again.
+            self.notify(tr("The local API is not running: {error}; turn it on again in the menu "
+                           "(Local API) to retry", error=str(e)))
+            return
         if enabled != self.store.prefs.local_api_enabled:
             self.store.update(local_api_enabled=enabled)
 

@@ -6,10 +6,15 @@ parse is moved aside with a notice and the rest of the history still loads (the 
 policy, app/settings/jsonfile.py; a file that cannot be read is left as it is). With the
 ``keep_history`` preference off nothing new is written. Listeners hear of every change (the
 History window, the chat window's list).
+
+An entry's id is its file's name (the stem), whatever ``id`` the file holds: saving and deleting
+build the path from the id, so an id read from inside a file ("../../config/settings", or the
+same id in a copied file) must never choose which file is written or deleted.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,6 +44,10 @@ class ChatMessage:
     def __post_init__(self) -> None:
         if self.role not in ROLES or not isinstance(self.content, str):
             raise CorruptFileError(f"chat message has role {self.role!r}; expected one of {', '.join(ROLES)}")
+        speed = self.tokens_per_second
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 <= speed < math.inf:
+            # A file edited by hand ("fast", [1], NaN): the speed is only shown, so it goes and the text stays.
+            self.tokens_per_second = 0.0
 
 
 @dataclass
@@ -101,6 +110,8 @@ class HistoryFolder(Generic[T]):
             listener()
 
     def _path(self, entry_id: str) -> Path:
+        if not _is_plain_name(entry_id):  # a bug, not the user's doing: ids are uuids or file stems
+            raise ValueError(f"history entry id {entry_id!r} is not a plain file name")
         return self.folder / f"{entry_id}.json"
 
     def write(self, entry_id: str, data: dict) -> bool:
@@ -143,7 +154,8 @@ class HistoryFolder(Generic[T]):
             try:
                 if read.state == CORRUPT:
                     raise CorruptFileError(read.problem)
-                entries.append(self._parse(read.data))
+                data = {**read.data, "id": path.stem} if isinstance(read.data, dict) else read.data
+                entries.append(self._parse(data))
             except CorruptFileError as e:
                 notices.append(_moved_aside(path, str(e)))
         return entries, notices
@@ -162,6 +174,11 @@ class ChatHistory(HistoryFolder[Conversation]):
         conversations, notices = super().load_all()
         conversations.sort(key=lambda c: c.updated, reverse=True)
         return conversations, notices
+
+
+def _is_plain_name(entry_id: str) -> bool:
+    return (bool(entry_id) and entry_id not in (".", "..") and "/" not in entry_id and "\\" not in entry_id
+            and "\0" not in entry_id)
 
 
 def _moved_aside(path: Path, error: str) -> Notice:

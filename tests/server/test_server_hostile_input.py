@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 
@@ -90,6 +91,20 @@ def test_malformed_requests_get_a_status_line_and_json(server, request_head, sta
     assert b"content-type: application/json" in head.lower() and b"connection: close" in head.lower()
     assert f'"code": "{code}"'.encode() in body
     assert b"bytearray" not in body and b"b'" not in body  # h11's reason, without its Python repr
+
+
+def test_a_malformed_chunked_body_is_one_400_and_no_traceback_in_the_log(server, caplog):
+    """h11 answers the bad chunk header itself; the route, already running for the head, must not
+    answer again on the errored connection (that was "Exception in ASGI application")."""
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+               b"Connection: close\r\n\r\nzz\r\n")
+    with caplog.at_level(logging.DEBUG):
+        answers = [_exchange(server, request) for _ in range(5)]
+        assert raw_request(server, "GET", "/health").status == 200  # (and the route has run by now)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 400 ") and b'"code": "invalid_http_request"' in answer
+        assert answer.count(b"HTTP/1.1 ") == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
 
 
 def test_oversized_request_head_is_431(server):

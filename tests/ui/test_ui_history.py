@@ -5,6 +5,8 @@ file is set aside and the user told."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from PySide6.QtGui import QGuiApplication
@@ -12,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
 from app.paths import data_dir
+from app.settings.store import settings_path
 from app.ui.action_history import ActionHistory, ActionRecord
 from app.ui.app import TrayApp
 from app.ui.history import ChatHistory, Conversation
@@ -195,3 +198,61 @@ def test_entries_of_both_kinds_sort_newest_first():
     old = Conversation(updated=10.0)
     new = ActionRecord("Explain", "a", "b", "m", created=20.0)
     assert [e.id for e in entries([old], [new])] == [new.id, old.id]
+
+
+def _chat_file(name: str, inner_id: str, text: str) -> Path:
+    folder = data_dir() / "chats"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({"id": inner_id, "title": text, "created": 1.0, "updated": 1.0, "messages": [
+        {"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]}), encoding="utf-8")
+    return path
+
+
+def test_continuing_a_chat_writes_its_own_file_whatever_id_it_holds(qtbot, tray):
+    tray.store.update(max_tokens=300)
+    settings = settings_path()
+    before = settings.read_text(encoding="utf-8")
+    chat_file = _chat_file("x", os.path.relpath(settings.with_suffix(""), data_dir() / "chats"), "continue me")
+    tray.open_chat()
+    chat = tray.chat_window
+    chat.open_conversation("x")
+    chat.input.setPlainText("more please")
+    chat.send_button.click()
+    qtbot.waitUntil(lambda: len(chat.conversation.messages) == 4, timeout=5000)
+    assert settings.read_text(encoding="utf-8") == before  # was overwritten by the conversation
+    assert [p.name for p in chat_file.parent.iterdir()] == ["x.json"]
+    saved = json.loads(chat_file.read_text(encoding="utf-8"))
+    assert saved["id"] == "x" and [m["content"] for m in saved["messages"]][:3] == ["continue me", "ok", "more please"]
+    assert chat.list.count() == 1
+
+
+def test_a_copied_history_file_is_an_entry_of_its_own_and_is_deleted_alone():
+    _chat_file("good1", "good1", "first")
+    _chat_file("good1 copy", "good1", "first")
+    history = ChatHistory()
+    assert sorted(c.id for c in history.load_all()[0]) == ["good1", "good1 copy"]
+    history.delete("good1")
+    assert [c.id for c in ChatHistory().load_all()[0]] == ["good1 copy"]
+    results = ActionHistory()
+    results.save(ActionRecord("Explain", "a", "b", "m", id="r1"))
+    moved = results.folder / "r2.json"
+    (results.folder / "r1.json").rename(moved)  # a copy's id no longer matches its name
+    record, = ActionHistory().load_all()[0]
+    assert record.id == "r2"
+    results.delete(record.id)
+    assert list(results.folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("speed", ["fast", [1], None, True, -3, float("nan")])
+def test_a_chat_with_a_speed_that_is_no_number_opens_with_its_text(qtbot, tray, speed):
+    path = _chat_file("hand-edited", "hand-edited", "What is a KV cache?")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["messages"][1] = {"role": "assistant", "content": "It keeps keys and values.", "tokens_per_second": speed}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    tray.open_chat()
+    chat = tray.chat_window
+    chat.open_conversation("hand-edited")
+    assert [w.text() for w in chat.message_widgets()] == ["What is a KV cache?", "It keeps keys and values."]
+    assert chat.message_widgets()[1].speed.text() == "" and chat.notices == []
+    assert list(path.parent.iterdir()) == [path]  # not set aside: nothing in it is lost

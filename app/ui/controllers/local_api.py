@@ -39,6 +39,7 @@ class LocalApi:
         self._engine_provider = engine_provider
         self._start, self.unavailable_reason = finder()
         self._handle = None
+        self.last_error = ""  # why the last start failed (the menu shows it while not running)
 
     @property
     def available(self) -> bool:
@@ -63,7 +64,12 @@ class LocalApi:
                 # The provider, not an engine: after a model switch the server serves the new one.
                 self._handle = self._start(self._engine_provider, HOST, port)
             except OSError as e:
-                raise LocalApiError(f"cannot start the local API on {HOST}:{port}: {e}") from e
+                self.last_error = f"cannot start the local API on {HOST}:{port}: {e}"
+                raise LocalApiError(self.last_error) from e
+            except QwenTrayError as e:  # the server's own sentence ("cannot listen on ...: Address in use")
+                self.last_error = str(e)
+                raise
+        self.last_error = ""
         return self.url
 
     def stop(self) -> None:

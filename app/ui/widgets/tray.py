@@ -157,5 +157,6 @@ def _api_menu(sub: QMenu, app: TrayApp) -> None:
     toggle.setEnabled(app.host.backend is not None and app.host.entry.is_local_engine)
     toggle.toggled.connect(app.set_local_api)
     sub.addAction(toggle)
-    address = sub.addAction(api.url if api.running else tr("Not running"))
+    not_running = tr("Not running: {reason}", reason=api.last_error) if api.last_error else tr("Not running")
+    address = sub.addAction(api.url if api.running else not_running)
     address.setEnabled(False)
