@@ -59,6 +59,7 @@ class TrayApp(QObject):
         super().__init__()
         qapp = QApplication.instance()
         self._shut_down = False
+        self._api_waits_for_load = False  # _start_api_once is connected to host.loaded
         self.notices: list[str] = []  # everything told to the user this run, oldest first
         self.store = PreferencesStore()
         first_start = not self.store.prefs.welcomed
@@ -165,18 +166,29 @@ class TrayApp(QObject):
         wanted = self.store.prefs.active_model or self.store.settings.default_model
         entry = next((m for m in models if m.name == wanted), models[0])
         self.host.switch_to(entry)
-        if self.store.prefs.local_api_enabled:
+        self._start_api_when_loaded(entry)
+
+    def _start_api_when_loaded(self, entry: ModelEntry) -> None:
+        """The Local API, when the user turned it on, starts once the local model is loaded."""
+        wanted = entry.is_local_engine and self.store.prefs.local_api_enabled and not self.local_api.running
+        if wanted and not self._api_waits_for_load:
+            self._api_waits_for_load = True
             self.host.loaded.connect(self._start_api_once)
 
     def _start_api_once(self) -> None:
         self.host.loaded.disconnect(self._start_api_once)
-        self.set_local_api(True)
+        self._api_waits_for_load = False
+        if self.host.entry.is_local_engine and not self.local_api.running:
+            self.set_local_api(True)
 
     def switch_model(self, entry: ModelEntry) -> None:
         if not entry.is_local_engine and self.local_api.running:
-            self.set_local_api(False)  # the local API serves the local engine only
+            # It serves the local engine only. Stopped, not turned off: the preference stays, and
+            # switching back to a local model starts it again.
+            self.local_api.stop()
         self.store.update(active_model=entry.name)
         self.host.switch_to(entry)
+        self._start_api_when_loaded(entry)
 
     def machine(self) -> Machine:
         """This machine for the VRAM planner, counting the VRAM the loaded model would give back;

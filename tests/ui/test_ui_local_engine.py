@@ -112,3 +112,37 @@ def test_one_engine_serves_chat_and_the_local_api(qtbot, tiny_qwen_dir):
     finally:
         app.shutdown()
     assert engine.closed
+
+
+def test_a_remote_model_stops_the_local_api_and_switching_back_starts_it_again(qtbot, tiny_qwen_dir):
+    from PySide6.QtGui import QGuiApplication
+
+    from app.ui.app import TrayApp
+
+    local = ModelEntry("tiny", path=str(tiny_qwen_dir))
+    remote = ModelEntry("Team server", kind="remote", base_url="http://127.0.0.1:9/v1", model="qwen2.5-7b")
+    with SettingsStore().edit() as settings:
+        settings.add_model(local)
+        settings.add_model(remote)
+        settings.preferences = Preferences(local_api_enabled=True, local_api_port=_free_port())
+    app = TrayApp(hotkey_factory=FakeHotkeys, injector=RecordingInjector(QGuiApplication.clipboard(), None))
+    try:
+        with qtbot.waitSignal(app.host.loaded, timeout=60000):
+            app.start()
+        qtbot.waitUntil(lambda: app.local_api.running, timeout=10000)
+        app.switch_model(remote)
+        assert not app.local_api.running  # it serves the local engine only
+        assert SettingsStore().load().preferences.local_api_enabled  # the user's choice is kept
+        with qtbot.waitSignal(app.host.loaded, timeout=60000):
+            app.switch_model(local)
+        qtbot.waitUntil(lambda: app.local_api.running, timeout=10000)  # back on, without the user
+    finally:
+        app.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
