@@ -14,6 +14,7 @@ import os
 import sys
 
 from app import __version__
+from app.commands.text_input import is_terminal
 from app.errors import InvalidParameterError, QwenTrayError
 from app.settings.preferences import LANGUAGES, language_option
 
@@ -109,13 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         # Python flushes stdout at exit and would fail again there (docs: "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-
-
-def is_terminal(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # closed, or a file-like object
-        return False
 
 
 def option_message(error: InvalidParameterError, args: argparse.Namespace | None) -> str:

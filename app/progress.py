@@ -112,3 +112,11 @@ def draws_bars(file: TextIO) -> bool:
         return file.isatty() and os.get_terminal_size(file.fileno()).columns > 0
     except (AttributeError, ValueError, OSError):  # closed, file-like without a descriptor, no size
         return False
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # unreachable: the loop returns at GB

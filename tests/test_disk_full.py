@@ -102,7 +102,7 @@ def test_a_disk_that_fills_up_while_quantizing_is_one_sentence_and_keeps_the_fin
     """Past the check (another program filled the disk meanwhile): a file's write fails with ENOSPC;
     with room made (the tmpfs grown), the same command resumes after the finished layers."""
     disk = tmp_path / "disk"
-    past_the_check = ("import sys, app.hub.disk; app.hub.disk.MARGIN_BYTES = -2**60; from app.cli import main; "
+    past_the_check = ("import sys, app.disk_space; app.disk_space.MARGIN_BYTES = -2**60; from app.cli import main; "
                       "sys.exit(main())")
     quantize = (f'{sys.executable} -c "{past_the_check}" quantize --model {tiny_qwen_dir} --recipe w4 --method rtn '
                 f'--out "$0/q"')
@@ -131,7 +131,7 @@ def test_the_tray_log_file_on_a_full_disk_warns_once_and_stops(tmp_path):
     (home / "data").mkdir(parents=True)
     (home / "data" / "qwen-tray.log").symlink_to("/dev/full")  # every write: ENOSPC
     code = ("import logging\n"
-            "from app.ui.app import _log_to_file\n"
+            "from app.ui.launch import _log_to_file\n"
             "handler = _log_to_file()\n"
             "for i in range(5):\n"
             "    logging.getLogger('app.test').warning('line %d', i)\n"
@@ -147,7 +147,7 @@ def test_the_tray_log_file_on_a_full_disk_warns_once_and_stops(tmp_path):
 def test_the_tray_log_file_keeps_logging_where_the_disk_takes_it(tmp_path):
     home = tmp_path / "home"
     code = ("import logging\n"
-            "from app.ui.app import _log_to_file\n"
+            "from app.ui.launch import _log_to_file\n"
             "handler = _log_to_file()\n"
             "logging.getLogger('app.test').warning('written')\n")
     env = {**os.environ, "QWEN_TRAY_HOME": str(home), "PYTHONPATH": str(REPO)}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
 from tests.conftest import assert_one_line_error

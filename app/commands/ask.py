@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from app.commands import text_input
+from app.commands.text_input import is_terminal
 from app.commands.arguments import memory_size, note_unused_vram_budget
 from app.errors import ContextLengthError, Interrupted, QwenTrayError
 
@@ -132,8 +133,6 @@ def _stream(deltas) -> None:
             sys.stdout.write(delta)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        from app.cli import is_terminal
-
         if not (is_terminal(sys.stdout) and is_terminal(sys.stderr)):
             sys.stdout.write("\n")
             sys.stdout.flush()

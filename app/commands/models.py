@@ -7,7 +7,7 @@ from pathlib import Path
 
 from app.errors import Interrupted, QwenTrayError
 from app.hub import cli as hub_cli
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from app.model_folders import model_folder_lock
 from app.model_import import check_free_name, check_model_name, register_model
 from app.model_removal import (KEPT_ASKED, KEPT_GGUF, KEPT_MISSING, KEPT_REMOTE, KEPT_SHARED, KEPT_USERS, Removal,

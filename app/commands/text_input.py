@@ -1,4 +1,5 @@
-"""Text a command is given (an argument or standard input), as str the tokenizer can take.
+"""Text a command is given (an argument or standard input), as str the tokenizer can take;
+and whether a console stream is a terminal.
 
 Bytes that are not UTF-8 (a file in a legacy encoding piped in, a terminal in another
 locale) become U+FFFD and the user is told how many, rather than a traceback from the
@@ -31,3 +32,10 @@ def _decoded(raw: bytes) -> str:
     if bad:
         print(NOT_UTF8.format(n=bad), file=sys.stderr)
     return text
+
+
+def is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or a file-like object
+        return False

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         instance.release()
         raise QwenTrayError(problem)
     try:
-        from app.ui.app import run_tray
+        from app.ui.launch import run_tray
     except ImportError as e:
         instance.release()
         raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None

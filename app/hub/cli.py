@@ -8,7 +8,8 @@ import sys
 from app.errors import Interrupted, QwenTrayError
 from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.errors import HubUnreachableError
-from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_bytes, format_size_gb
+from app.hub.progress import QUANTIZING, REGISTERING, JobProgress, format_size_gb
+from app.progress import format_bytes
 from app.quant.device import DEVICE_CHOICES
 from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
 

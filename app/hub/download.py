@@ -30,7 +30,8 @@ from pathlib import Path
 from huggingface_hub.file_download import http_get
 
 from app.hub.errors import ChecksumError, SourceFileError, explain
-from app.hub.progress import DOWNLOADING, VERIFYING, JobCancelled, RateMeter, Reporter, format_bytes
+from app.hub.progress import DOWNLOADING, VERIFYING, JobCancelled, RateMeter, Reporter
+from app.progress import format_bytes
 from app.hub.sources import RemoteFile, Snapshot
 from app.paths import atomic_write_text
 

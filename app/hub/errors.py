@@ -21,7 +21,7 @@ from huggingface_hub.errors import (
 )
 
 from app.errors import QwenTrayError
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 
 SIGN_IN = "sign in with `hf auth login` or set HF_TOKEN"
 

@@ -21,7 +21,6 @@ from filelock import FileLock, Timeout
 from app.engine.cuda.fit import Fit, Machine, folder_weights, model_fit
 from app.errors import QwenTrayError
 from app.formats.recipe import Recipe, load_recipe
-from app.formats.spec import ModelSpec
 from app.hub.catalog import CatalogEntry, RepoRef
 from app.hub.disk import check_free_space
 from app.hub.download import PART_SUFFIX, STATE_FILE, SnapshotDownload, downloaded_bytes, is_complete

@@ -102,14 +102,6 @@ class RateMeter:
                            self.folder)
 
 
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # unreachable: the loop returns at GB
-
-
 def format_size_gb(n: float) -> str:
     """A model's size in the catalog (CLI and Settings): always GB with one decimal, so a column
     compares at a glance ("0.8 GB" beside "1.6 GB", never "796.2 MB")."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from app.hub.progress import (CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes)
-from app.progress import LOG_STEPS, draws_bars
+from app.hub.progress import CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress
+from app.progress import LOG_STEPS, draws_bars, format_bytes
 
 
 def job_reporter(file: TextIO | None = None) -> TqdmReporter | LogReporter:

@@ -43,6 +43,7 @@ from app.formats.core import GROUP_SIZE, padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
+from app.disk_space import free_space_problem
 from app.model_folders import output_folder_lock
 from app.quant import calibration as calib
 from app.quant.methods import DEFAULT_METHOD
@@ -177,14 +178,14 @@ def _quantize_model(job: QuantizeJob, progress: Progress | None,
 def _check_free_space(job: QuantizeJob, shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse before the first layer when the checkpoint (less the files a resumed run already
     has) does not fit on the disk of ``job.out`` with the margin a download keeps."""
-    from app.hub.disk import check_free_space
-
     try:
         done = sum(p.stat().st_size for p in job.out.glob("*.safetensors")) if job.out.is_dir() else 0
     except OSError:
         done = 0  # unreadable: writing into it says so
     needs = plan_model(job.recipe, shapes.items()).total_bytes - done
-    check_free_space({job.out: needs}, f"quantizing {job.model_id} into {job.out}")
+    problem = free_space_problem({job.out: needs}, f"quantizing {job.model_id} into {job.out}")
+    if problem is not None:
+        raise QwenTrayError(problem)
 
 
 @dataclass

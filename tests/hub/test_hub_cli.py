@@ -14,7 +14,7 @@ from app.hub.catalog import find_entry
 from app.hub.download import STATE_FILE
 from app.hub.job import fit_of
 from app.hub.plan import plan_entry
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from tests.conftest import assert_one_line_error
 
 

@@ -14,7 +14,7 @@ from hub_support import REPO_ROOT, TINY_MODEL, TINY_NAME, cli_env, qwen_tray, re
 from fake_hub import Faults
 
 from app.hub.download import STATE_FILE
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from tests.conftest import assert_one_line_error
 
 WEIGHTS = "model.safetensors"

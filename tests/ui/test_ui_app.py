@@ -658,6 +658,7 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     from PySide6.QtCore import QTimer
 
     from app.ui import app as app_module
+    from app.ui import launch
 
     monkeypatch.delenv("DISPLAY", raising=False)  # never grab the developer's real keys
     register(ModelEntry("missing", path=str(tmp_path / "no-such-model")))
@@ -681,7 +682,7 @@ def test_run_tray_starts_the_event_loop_and_quits_cleanly(qtbot, qapp, monkeypat
     QTimer.singleShot(0, close_the_chat_after_failure)
     QTimer.singleShot(60000, lambda: started[0].quit())  # never hang the suite
     try:
-        assert app_module.run_tray(["--language", "en"]) == 0
+        assert launch.run_tray(["--language", "en"]) == 0
     finally:
         qapp.setQuitOnLastWindowClosed(True)
     tray = started[0]

@@ -123,16 +123,16 @@ def test_qt_own_buttons_and_menus_are_in_chinese(qapp):
                                   ["--language", "zh_cn", "tray"]])
 def test_language_option_works_with_and_without_the_tray_command(monkeypatch, argv):
     from app import cli
-    from app.ui import app as app_module
+    from app.ui import launch
 
     seen = []
-    monkeypatch.setattr(app_module, "run_tray", lambda tray_argv, instance=None: seen.append(tray_argv) or 0)
+    monkeypatch.setattr(launch, "run_tray", lambda tray_argv, instance=None: seen.append(tray_argv) or 0)
     assert cli.main(argv) == 0
     assert seen == [["--language", "zh_CN"]]
 
 
 def test_the_tray_takes_zh_for_zh_cn_and_refuses_what_it_does_not_know(capsys):
-    from app.ui.app import parse_args
+    from app.ui.launch import parse_args
 
     assert [parse_args(["--language", value]).language for value in ("zh", "ZH-cn", "zh_CN", "en")] == [
         "zh_CN", "zh_CN", "zh_CN", "en"]

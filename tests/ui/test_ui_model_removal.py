@@ -15,7 +15,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QCheckBox, QDialogButtonBox, QStyle, QStyleOptionButton
 from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
 
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from app.model_folders import model_folder_lock
 from app.model_import import register_model
 from app.paths import models_dir

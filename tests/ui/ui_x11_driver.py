@@ -46,7 +46,8 @@ def main() -> int:
     qapp = QApplication(sys.argv[:1])
     qapp.setQuitOnLastWindowClosed(False)
 
-    from app.ui.app import TrayApp, parse_args
+    from app.ui.app import TrayApp
+    from app.ui.launch import parse_args
     from app.ui.controllers.instance_requests import InstanceRequests
     from app.ui.models import ModelEntry, open_backend
     from app.ui.platform.quit_signal import quit_on_sigterm

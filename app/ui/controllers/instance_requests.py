@@ -37,7 +37,7 @@ def refused(error: str) -> dict:
 class InstanceRequests:
     def __init__(self, app: TrayApp, parse_args):
         self.app = app
-        self._parse_args = parse_args  # the tray's own argument parser (app.ui.app.parse_args)
+        self._parse_args = parse_args  # the tray's own argument parser (app.ui.launch.parse_args)
 
     def handle(self, request: dict) -> dict:
         command = request.get("command")

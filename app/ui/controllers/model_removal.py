@@ -16,7 +16,7 @@ import threading
 from PySide6.QtCore import QObject, Signal
 
 from app.errors import QwenTrayError
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from app.model_removal import (KEPT_ASKED, KEPT_GGUF, KEPT_MISSING, KEPT_REMOTE, KEPT_SHARED, KEPT_USERS, Removal,
                                RemovalPlan, plan_removal, remove_model)
 from app.settings.store import SettingsStore

@@ -18,7 +18,8 @@ from app.hub.endpoint import endpoint_problem, normalize_endpoint
 from app.hub.job import GetModelJob, GotModel
 from app.hub.plan import plan_entry
 from app.hub.progress import (CHECKING, CONVERTING, DOWNLOADING, QUANTIZING, REGISTERING, VERIFYING, JobProgress,
-                              format_bytes, format_size_gb)
+                              format_size_gb)
+from app.progress import format_bytes
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.i18n import current_language, tr
 from app.ui.preferences import PreferencesStore

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
 
-from app.hub.progress import format_bytes
+from app.progress import format_bytes
 from app.model_removal import RemovalPlan
 from app.ui.controllers.model_removal import kept_reason
 from app.ui.i18n import tr
