@@ -10,7 +10,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from app.errors import ContextLengthError, EngineClosedError, InvalidParameterError, QwenTrayError
+from app.errors import ContextLengthError, EngineClosedError, InvalidParameterError, ModelLoadError, QwenTrayError
 
 log = logging.getLogger("app.server")
 
@@ -95,6 +95,8 @@ def from_exception(exc: BaseException, *, prompt_param: str, retry_after_s: int 
     if isinstance(exc, EngineClosedError):
         return unavailable(f"The model was unloaded while serving this request ({exc}); retry.",
                            "model_unloaded", retry_after_s)
+    if isinstance(exc, ModelLoadError):  # reloading after keep-alive failed: the server's trouble, not the request's
+        return unavailable(f"The model failed to load: {exc}", "model_load_failed", retry_after_s)
     if isinstance(exc, QwenTrayError):
         return ApiError(400, str(exc), code="invalid_request")
     log.error("unexpected error while serving a request", exc_info=exc)

@@ -110,3 +110,28 @@ def test_serve_parses_keep_alive_and_defaults_to_ten_minutes(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--keep-alive", "soon"])
     assert "argument --keep-alive: 'soon' is not a duration" in capsys.readouterr().err
+
+
+def test_a_model_folder_gone_at_reload_is_the_servers_503_not_the_clients_400(tmp_path, tiny_qwen_dir):
+    """The client did nothing wrong: SDKs retry a 503 (Retry-After), and the message says why."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_qwen_dir, folder)
+    engine = ReloadingEngine(lambda progress: Engine.load(folder, device="cpu", max_batch_size=2, max_context=256,
+                                                          progress=progress), keep_alive=0)
+    handle = start_server_in_thread(engine, port=0)
+    try:
+        wait_until(lambda: not engine.is_loaded, timeout=60, what="the idle model unloaded")
+        shutil.rmtree(folder)
+        client = openai.OpenAI(base_url=handle.base_url, api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.InternalServerError) as caught:
+            ask(client, engine.model_id)
+        assert caught.value.status_code == 503
+        assert caught.value.response.headers["Retry-After"]
+        body = caught.value.body
+        assert body["type"] == "server_error" and body["code"] == "model_load_failed"
+        assert body["message"].startswith("The model failed to load: ") and "model folder not found" in body["message"]
+    finally:
+        handle.stop()
+        engine.close()
