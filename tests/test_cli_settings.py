@@ -271,7 +271,8 @@ def test_an_unreadable_settings_file_is_reported_as_such_and_kept(tmp_path, tiny
     for proc in (default, remove, ask_tiny):  # not "no model named 'tiny'": it is registered, the file is unread
         assert proc.returncode == 1 and proc.stderr.splitlines() == [
             notice, f"qwen-tray: error: model 'tiny' cannot be looked up: {unread}"], proc.stderr
-    assert doctor.returncode == 0 and doctor.stderr.splitlines() == [notice]
+    assert doctor.returncode == 1 and doctor.stderr.splitlines() == [notice]  # not "none registered" and 0
+    assert f"Models: cannot be listed: {unread} (exit status 1)" in doctor.stdout.splitlines()
     assert add.returncode == 1 and add.stderr.splitlines() == [
         notice, f"qwen-tray: error: cannot save {settings}: {settings} could not be read (Permission denied), and "
                 f"saving would lose what it holds; {fix}, then try again"]

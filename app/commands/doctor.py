@@ -49,8 +49,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"Kernel cache: {_kernel_cache_dir()}")
     print(f"Settings: {store.path}")
     logging.disable(logging.WARNING)  # the plans' own warnings (a fitted load) would repeat each verdict
+    unread = store.unread_registry()
     try:
-        broken = _print_models(settings, gpu, reason)
+        if unread is None:
+            broken = _print_models(settings, gpu, reason)
+        else:  # "none registered" would be wrong: they are in a file that could not be read
+            print(f"Models: cannot be listed: {unread} (exit status 1)")
+            return 1
     finally:
         logging.disable(logging.NOTSET)
     if broken:
