@@ -1,11 +1,13 @@
 """A GGUF file -> a model folder under models_dir(), registered in the settings: what
-``qwen-tray models add-starter`` / ``import-gguf`` and the tray's GGUF and starter entries share."""
+``qwen-tray models add-starter`` / ``import-gguf`` and the tray's GGUF and starter entries share;
+and the check of a model folder registered as it is (``models add``, Settings → Models → Add)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+from app.errors import QwenTrayError
 from app.model_folders import model_folder_lock
 from app.paths import models_dir
 from app.settings.models import ModelEntry, check_model_name
@@ -43,3 +45,22 @@ def register_model(name: str, folder: Path, *, make_default: bool = False, repla
         settings.add_model(ModelEntry(name=name, kind="local", path=str(folder)), replace=replace,
                            make_default=make_default)
         return settings.default_model == name
+
+
+def check_model_folder(path: Path) -> None:
+    """A folder ``ask`` could load: a readable config.json of a supported model, or a checkpoint manifest."""
+    from app.formats import checkpoint
+    from app.formats.spec import ModelSpec
+
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        raise QwenTrayError(f"{path}: a GGUF file, not a model folder: add it with `qwen-tray models import-gguf {path}`")
+    if path.is_file():
+        raise QwenTrayError(f"{path}: not a folder (give the model's folder)")
+    if not path.is_dir():
+        raise QwenTrayError(f"{path}: no such folder")
+    if checkpoint.is_checkpoint(path):
+        checkpoint.read_manifest(path)
+    elif (path / "config.json").is_file():
+        ModelSpec.from_hf_folder(path)
+    else:
+        raise QwenTrayError(f"{path}: not a model folder (no config.json or manifest.json)")

@@ -242,7 +242,8 @@ def test_a_corrupt_file_in_a_read_only_folder_is_left_and_no_command_crashes(tmp
     assert_one_line_error(subprocess.CompletedProcess([], listed.returncode, "", listed.stderr.split("\n", 1)[1]),
                           f"the registered models cannot be listed: {config / 'settings.json'} could not be used",
                           f"make {config} writable or move the file away, then try again")
-    assert doctor.returncode == 0 and "Models: none registered" in doctor.stdout
+    assert doctor.returncode == 1 and "Models: none registered" not in doctor.stdout  # they could not be read
+    assert f"Models: cannot be listed: {config / 'settings.json'} could not be used" in doctor.stdout
     assert ask_default.returncode == 1 and fix in ask_default.stderr.splitlines()[1]
     assert ask_default.stderr.splitlines()[1].endswith("; or pass --model PATH")
     assert ask.returncode == 0 and ask.stdout.strip()

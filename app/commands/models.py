@@ -9,7 +9,7 @@ from app.errors import Interrupted, QwenTrayError
 from app.hub import cli as hub_cli
 from app.progress import format_bytes
 from app.model_folders import model_folder_lock
-from app.model_import import check_free_name, check_model_name, register_model
+from app.model_import import check_free_name, check_model_folder, check_model_name, register_model
 from app.model_removal import (KEPT_ASKED, KEPT_GGUF, KEPT_MISSING, KEPT_REMOTE, KEPT_SHARED, KEPT_USERS, Removal,
                                RemovalPlan, app_folder_to_delete, delete_app_folder, remove_model)
 from app.quant.methods import DEFAULT_METHOD, METHOD_CHOICES
@@ -175,7 +175,7 @@ def _register_and_print(store: SettingsStore, name: str, out: Path, *, make_defa
 def run_add(args: argparse.Namespace) -> int:
     name = check_model_name(args.name)
     path = args.path.expanduser().resolve()
-    _check_model_folder(path)
+    check_model_folder(path)
     with console_store().edit() as settings:
         replaced = settings.add_model(ModelEntry(name=name, kind="local", path=str(path)), replace=args.replace,
                                       make_default=args.default)
@@ -234,25 +234,6 @@ def _delete_app_folder(folder: Path) -> str:
     if deletion.left_in is not None:
         return f"its folder {folder} was moved to {deletion.left_in}, which could not be deleted completely"
     return f"its folder {folder} was deleted, {format_bytes(deletion.freed)} freed"
-
-
-def _check_model_folder(path: Path) -> None:
-    """A folder ``ask`` could load: a readable config.json of a supported model, or a checkpoint manifest."""
-    from app.formats import checkpoint
-    from app.formats.spec import ModelSpec
-
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        raise QwenTrayError(f"{path}: a GGUF file, not a model folder: add it with `qwen-tray models import-gguf {path}`")
-    if path.is_file():
-        raise QwenTrayError(f"{path}: not a folder (give the model's folder)")
-    if not path.is_dir():
-        raise QwenTrayError(f"{path}: no such folder")
-    if checkpoint.is_checkpoint(path):
-        checkpoint.read_manifest(path)
-    elif (path / "config.json").is_file():
-        ModelSpec.from_hf_folder(path)
-    else:
-        raise QwenTrayError(f"{path}: not a model folder (no config.json or manifest.json)")
 
 
 def run_default(args: argparse.Namespace) -> int:

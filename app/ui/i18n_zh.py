@@ -354,4 +354,6 @@ ZH_CN: dict[str, str] = {
     "Log file": "日志文件",
     "Open log folder": "打开日志文件夹",
     "Could not open {folder}; the log is {file}": "无法打开 {folder}；日志文件为 {file}",
+    "{path}: no such folder": "{path}：文件夹不存在",
+    "{path}: not a model folder (no config.json or manifest.json)": "{path}：不是模型文件夹（没有 config.json 或 manifest.json）",
 }

@@ -3,6 +3,8 @@ local-API seam, language, recovery from a corrupt or unwritable settings file.""
 
 from __future__ import annotations
 
+import shutil
+
 import logging
 import os
 import sys
@@ -609,12 +611,18 @@ def test_tray_icon_follows_state(qtbot, make_app):
     assert _menu_texts(app.tray.menu)[0].startswith("Error: ")
 
 
-def test_settings_add_local_and_remote_models_to_the_one_registry(qtbot, make_app, tmp_path):
+def test_settings_add_local_and_remote_models_to_the_one_registry(qtbot, make_app, tmp_path, tiny_qwen_dir):
     app = make_app()
     app.open_settings()
     page = app.settings_dialog.models_page
     page.name.setText("Qwen2.5-7B mixed")
     page.path.setText(str(tmp_path / "qwen7b-mixed"))
+    assert not page.add_from_form()  # refused now, as `models add` refuses it, not at the first switch
+    assert page.error.text() == f"{tmp_path / 'qwen7b-mixed'}: no such folder"
+    (tmp_path / "qwen7b-mixed").mkdir()
+    assert not page.add_from_form()
+    assert page.error.text() == f"{tmp_path / 'qwen7b-mixed'}: not a model folder (no config.json or manifest.json)"
+    shutil.copy(tiny_qwen_dir / "config.json", tmp_path / "qwen7b-mixed")
     assert page.add_from_form()
     page.kind.setCurrentIndex(page.kind.findData("remote"))
     page.name.setText("Qwen2.5-7B mixed")

@@ -204,16 +204,16 @@ def test_a_removal_that_fails_changes_nothing_and_the_tray_loads_its_model_again
     assert app.notices[-1].startswith("Could not remove the model: ")
 
 
-def test_ok_after_a_removal_does_not_bring_the_entry_back(qtbot, tray, app_model, tmp_path):
+def test_ok_after_a_removal_does_not_bring_the_entry_back(qtbot, tray, app_model, tmp_path, tiny_qwen_dir):
     app_model("gone")
     app_model("other")
     app = tray()
     dialog, page = _settings(app)
     page.name.setText("added here")  # an edit OK saves: a folder added in this dialog
-    page.path.setText(str(tmp_path / "added"))
+    page.path.setText(str(_model_folder(tmp_path / "added", tiny_qwen_dir)))
     assert page.add_from_form()
     page.name.setText("added and dropped")
-    page.path.setText(str(tmp_path / "dropped"))
+    page.path.setText(str(_model_folder(tmp_path / "dropped", tiny_qwen_dir)))
     assert page.add_from_form()
     page.list.setCurrentRow(_names(page).index("added and dropped"))
     qtbot.mouseClick(page.remove_button, Qt.LeftButton)  # never saved: dropped without a question
@@ -236,3 +236,10 @@ def test_the_question_and_the_outcome_in_chinese(qtbot, tray, app_model):
     assert confirm.keep_files.text() == "保留文件"
     _confirm(qtbot, app, confirm)
     assert page.status.text() == f"已移除 模型：已删除 {folder}，释放了 {format_bytes(size)}；现在没有默认模型"
+
+
+def _model_folder(folder, source):
+    """A folder Settings accepts: a model's config.json (the weights are not read when adding)."""
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder)
+    return folder

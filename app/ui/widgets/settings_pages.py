@@ -13,6 +13,7 @@ from app.engine.cuda.fit import FLOAT16_FOLDER, folder_weights, model_fit
 from app.errors import QwenTrayError
 from app.hub.gguf import ImportGgufJob
 from app.hub.job import GotModel
+from app.model_import import check_model_folder
 from app.model_removal import Removal
 from app.settings.actions import MODES, Action
 from app.settings.keys import HotkeyError, normalize_hotkey
@@ -281,6 +282,8 @@ class ModelsPage(QWidget):
                                max_context=self.max_context.value())
             if entry.kind == "gguf" and self.jobs is not None:
                 return self._import_gguf(entry)
+            if entry.kind == "local":
+                _check_folder(Path(entry.path).expanduser())
             warning = self._float16_warning(entry)
         except QwenTrayError as e:
             self.error.setText(str(e))
@@ -362,3 +365,13 @@ class ModelsPage(QWidget):
     def _removal_failed(self, message: str) -> None:
         self.status.clear()
         self.error.setText(message)
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse, as `models add` does, a folder no model can be loaded from: said now, not at the
+    first switch to it (the commonest problems in the UI's language, the rest in the loader's words)."""
+    if not folder.is_dir():
+        raise QwenTrayError(tr("{path}: no such folder", path=str(folder)))
+    if not (folder / "config.json").is_file() and not (folder / "manifest.json").is_file():
+        raise QwenTrayError(tr("{path}: not a model folder (no config.json or manifest.json)", path=str(folder)))
+    check_model_folder(folder)
