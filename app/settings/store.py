@@ -63,6 +63,11 @@ LEFT_OUT = "{file}: {problem}"
 KEPT_BEFORE_SAVE = "{file} had values that could not be used; the file as it was is kept as {backup}"
 MIGRATED = "The settings of an earlier version were moved into {file}; the old files are kept as {backups}"
 KEYS_MOVED = "The API keys of {models} were moved from {file} into the system keyring ({keyring})"
+# keyrings.alt's files: not a system keyring, and a plain-text one must not be called safe
+KEYS_MOVED_TO_PLAIN_FILE = ("The API keys of {models} were moved from {file} into {store}, a plain-text file "
+                            "(keyrings.alt; not a system keyring)")
+KEYS_MOVED_TO_ENCRYPTED_FILE = ("The API keys of {models} were moved from {file} into {store}, an encrypted file "
+                                "(keyrings.alt; not a system keyring)")
 KEYS_IN_FILE = "The API keys of {models} stay in {file} as plain text: {reason}"
 SHOWN_ONCE = frozenset({KEYS_IN_FILE})  # a lasting state, not news: told once ever (app.settings.shown)
 
@@ -192,8 +197,7 @@ class SettingsStore:
             return
         moved = [name for name in keyed if not any(m.name == name and _keyed(m) for m in settings.models)]
         if moved:
-            self._tell(Notice(KEYS_MOVED, {"models": ", ".join(moved), "file": str(self.path),
-                                           "keyring": secrets.backend_name()}))
+            self._tell(_keys_moved(", ".join(moved), self.path))
 
     def _store_keys(self, models: list[ModelEntry]) -> list[ModelEntry]:
         """``models`` with their API keys in the keyring (the file keeps them where none exists); the
@@ -314,3 +318,13 @@ def _keyed(entry: ModelEntry) -> bool:
 
 def _remote_names(models: list[ModelEntry]) -> set[str]:
     return {m.name for m in models if m.kind == "remote"}
+
+
+def _keys_moved(models: str, path: Path) -> Notice:
+    """Where the keys went, in words the user knows: the system keyring by its name, or keyrings.alt's file."""
+    kind, where = secrets.key_store()
+    if kind == "plain-text file":
+        return Notice(KEYS_MOVED_TO_PLAIN_FILE, {"models": models, "file": str(path), "store": where})
+    if kind == "encrypted file":
+        return Notice(KEYS_MOVED_TO_ENCRYPTED_FILE, {"models": models, "file": str(path), "store": where})
+    return Notice(KEYS_MOVED, {"models": models, "file": str(path), "keyring": where})

@@ -305,6 +305,10 @@ ZH_CN: dict[str, str] = {
     # API keys in the keyring (app/settings/store.py)
     "The API keys of {models} were moved from {file} into the system keyring ({keyring})":
         "{models} 的 API 密钥已从 {file} 移入系统密钥环（{keyring}）",
+    "The API keys of {models} were moved from {file} into {store}, a plain-text file (keyrings.alt; not a system keyring)":
+        "{models} 的 API 密钥已从 {file} 移入 {store}，这是一个明文文件（keyrings.alt，并非系统密钥环）",
+    "The API keys of {models} were moved from {file} into {store}, an encrypted file (keyrings.alt; not a system keyring)":
+        "{models} 的 API 密钥已从 {file} 移入 {store}，这是一个加密文件（keyrings.alt，并非系统密钥环）",
     "The API keys of {models} stay in {file} as plain text: {reason}": "{models} 的 API 密钥仍以明文保存在 {file} 中：{reason}",
     # history (app/ui/widgets/history_window.py, history_export.py)
     "History…": "历史记录…",
