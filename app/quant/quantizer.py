@@ -43,12 +43,11 @@ from app.formats.core import GROUP_SIZE, padded_k, row_chunks
 from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
-from app.disk_space import free_space_problem
 from app.model_folders import output_folder_lock
 from app.quant import calibration as calib
 from app.quant.methods import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
-from app.quant.resume import CALIBRATED_METHODS, Journal, fingerprint, writing_checkpoint
+from app.quant.resume import CALIBRATED_METHODS, Journal, check_room_for_checkpoint, fingerprint, writing_checkpoint
 from app.quant.search import quantize
 
 METHODS = ("rtn", "search", *CALIBRATED_METHODS)
@@ -142,7 +141,7 @@ def _quantize_model(job: QuantizeJob, progress: Progress | None,
     with TensorSource(job.model) as source:
         check_tensor_names(source, set(shapes), spec)
     started = fingerprint(job)
-    _check_free_space(job, shapes)
+    check_room_for_checkpoint(job.out, job.model_id, plan_model(job.recipe, shapes.items()).total_bytes)
     with writing_checkpoint(job.out, None):
         journal = Journal(job.out, started)
     run = _Run(job, spec, shapes, adapter)
@@ -173,19 +172,6 @@ def _quantize_model(job: QuantizeJob, progress: Progress | None,
         write_manifest(job.out, manifest)
         journal.remove()
     return manifest
-
-
-def _check_free_space(job: QuantizeJob, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Refuse before the first layer when the checkpoint (less the files a resumed run already
-    has) does not fit on the disk of ``job.out`` with the margin a download keeps."""
-    try:
-        done = sum(p.stat().st_size for p in job.out.glob("*.safetensors")) if job.out.is_dir() else 0
-    except OSError:
-        done = 0  # unreadable: writing into it says so
-    needs = plan_model(job.recipe, shapes.items()).total_bytes - done
-    problem = free_space_problem({job.out: needs}, f"quantizing {job.model_id} into {job.out}")
-    if problem is not None:
-        raise QwenTrayError(problem)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app.disk_space import free_space_problem
 from app.errors import ModelLoadError, QwenTrayError
 from app.formats.checkpoint import (
     FORMAT_VERSION,
@@ -149,6 +150,18 @@ class Journal:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def check_room_for_checkpoint(out: Path, model_id: str, checkpoint_bytes: int) -> None:
+    """Refuse before the first layer when the checkpoint (less the files a resumed run already
+    has) does not fit on the disk of ``out`` with the margin a download keeps."""
+    try:
+        done = sum(p.stat().st_size for p in out.glob("*.safetensors")) if out.is_dir() else 0
+    except OSError:
+        done = 0  # unreadable: writing into it says so
+    problem = free_space_problem({out: checkpoint_bytes - done}, f"quantizing {model_id} into {out}")
+    if problem is not None:
+        raise QwenTrayError(problem)
 
 
 @contextmanager
