@@ -144,11 +144,7 @@ def test_a_mirror_that_is_not_a_url_is_refused(qtbot, make_app, tiny_catalog):
 
 
 def test_a_mirror_typed_with_a_full_width_colon_is_taken_as_its_url(qtbot, make_app, tiny_catalog):
-    import socket
-
-    with socket.socket() as s:  # a mirror nobody listens on: the job fails at once
-        s.bind(("127.0.0.1", 0))
-        mirror = f"http://127.0.0.1:{s.getsockname()[1]}"
+    mirror = _unreachable_mirror()  # the job fails at once
     app = make_app()
     app.open_settings()
     page = app.settings_dialog.catalog_page
@@ -258,11 +254,7 @@ def test_the_job_panel_says_the_time_left_in_the_uis_language(qtbot):
 
 
 def test_a_failed_download_leaves_an_empty_bar_and_advice_in_settings_words(qtbot, make_app, tiny_catalog):
-    import socket
-
-    with socket.socket() as s:  # a mirror nobody listens on
-        s.bind(("127.0.0.1", 0))
-        mirror = f"http://127.0.0.1:{s.getsockname()[1]}"
+    mirror = _unreachable_mirror()
     app = make_app()
     app.open_settings()
     page = app.settings_dialog.catalog_page
@@ -277,3 +269,12 @@ def test_a_failed_download_leaves_an_empty_bar_and_advice_in_settings_words(qtbo
     assert "HF_ENDPOINT" not in text and "--" not in text
     bar = page.panel.bar
     assert bar.maximum() > 0 and bar.value() < bar.minimum()  # reset: empty, not busy or full
+
+
+def _unreachable_mirror() -> str:
+    """A loopback URL nobody listens on (its port was free a moment ago)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
