@@ -86,25 +86,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default="gptq")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "results")
+    p.add_argument("--commit", help="the commit measured, where the tree is not a git checkout")
     args = p.parse_args(argv)
     # the tree that runs is the one at the start (a long run may outlive later commits)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=False).stdout.strip() or "unknown"
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                           text=True, check=False).stdout.strip() or "unknown"
     with tempfile.TemporaryDirectory(prefix="qwen-tray-qmem-") as tmp:
         layer_bytes = build(Path(tmp) / "model", args.shape, args.layers)
         cmd = [sys.executable, "-c", _CHILD, "quantize", "--model", str(Path(tmp) / "model"), "--recipe", args.recipe,
                "--method", args.method, "--device", args.device, "--out", str(Path(tmp) / "ckpt")]
         started = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
+        # the quantizer's progress goes on to stderr as it runs; its last stdout line is the measure
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False,
                               env={**os.environ, "QWEN_TRAY_HOME": str(Path(tmp) / "home")})
         seconds = time.perf_counter() - started
     if proc.returncode:
-        print(proc.stderr, file=sys.stderr)
         return proc.returncode
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    report = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(), "gpu": gpu,
-              **vars(args), "out_dir": None, "layer_bytes_bf16": layer_bytes, "seconds": round(seconds, 1),
+    report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(), "gpu": gpu,
+              **vars(args), "commit": commit, "out_dir": None, "layer_bytes_bf16": layer_bytes, "seconds": round(seconds, 1),
               "peak_rss_above_base": m["peak"] - m["base"], "peak_rss": m["peak"], "peak_vram_allocated": m["vram"]}
     print(json.dumps(report, indent=1))
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,53 +1,38 @@
-"""Where a cached GPU load spends its time: cProfile of ``Engine.load`` in a fresh process.
+"""Where `Engine.load` spends its time: cProfile of one load in a new process (torch imported first).
 
-    python -m lab.profile_load [--model 3B:w4] [--cache /tmp/bench] [--out profile.txt]
-
-The synthetic checkpoint comes from benchmarks.bench_startup's cache; a first load in a child
-process fills CuPy's kernel cache, the profiled load runs in a second child (a user's every
-later start). Prints the app's functions by cumulative time.
+    python lab/profile_load.py CHECKPOINT_FOLDER [--device cuda] [--top 40]
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
+import cProfile
+import pstats
+import time
 
-CHILD = r"""
-import cProfile, io, pstats, sys, time
 import torch
-torch.cuda.init(); torch.empty(1, device="cuda")
-from app.engine import Engine
-t = time.perf_counter()
-profile = cProfile.Profile()
-profile.enable()
-engine = Engine.load(sys.argv[1], device="cuda", max_batch_size=1, fit_to_vram=True)
-torch.cuda.synchronize()
-profile.disable()
-print(f"Engine.load: {time.perf_counter() - t:.3f} s")
-out = io.StringIO()
-stats = pstats.Stats(profile, stream=out).sort_stats("cumulative")
-stats.print_stats(r"app/|cupy|torch/cuda/graphs", 45)
-print(out.getvalue())
-"""
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="3B:w4")
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/bench"))
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    from benchmarks.bench_startup import prepare
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("path")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--top", type=int, default=40)
+    args = p.parse_args()
+    if args.device == "cuda":
+        torch.empty(1, device="cuda")
+    from app.engine import Engine
 
-    path = prepare(args.model, args.cache)
-    for label in ("fill the kernel cache", "profiled"):
-        done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True)
-        print(f"== {label}", flush=True)
-    print(done.stdout)
-    if args.out:
-        args.out.write_text(done.stdout)
+    profile = cProfile.Profile()
+    started = time.perf_counter()
+    profile.enable()
+    engine = Engine.load(args.path, device=args.device, max_batch_size=1, fit_to_vram=True)
+    profile.disable()
+    print(f"Engine.load: {time.perf_counter() - started:.3f} s")
+    stats = pstats.Stats(profile)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    stats.sort_stats("tottime").print_stats(args.top)
+    engine.close()
 
 
 if __name__ == "__main__":
