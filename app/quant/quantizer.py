@@ -14,23 +14,19 @@ manifest is written last (atomically) and the journal removed, so a folder with
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from app.engine.lora import LoraAdapter
 from app.engine.tokenizer import Tokenizer
-from app.engine.weights import TensorSource, check_tensor_names, hf_weight_map
-from app.errors import ModelLoadError, QwenTrayError, UnsupportedModelError
+from app.engine.weights import TensorSource, check_tensor_names
+from app.errors import ModelLoadError, QwenTrayError
 from app.formats.checkpoint import (
-    COPIED_FILES,
     EMBEDDINGS_FILE,
     FP16,
     Manifest,
@@ -39,8 +35,8 @@ from app.formats.checkpoint import (
     write_manifest,
     write_tensor_file,
 )
-from app.formats.core import GROUP_SIZE, padded_k, row_chunks
-from app.formats.recipe import TABLES, Recipe, hf_tensor_shapes, plan_model
+from app.formats.core import GROUP_SIZE, padded_k
+from app.formats.recipe import TABLES, Recipe, plan_model
 from app.formats.spec import ModelSpec
 from app.formats.tensor import FORMAT_OF_BITS, QuantizedTensor
 from app.model_folders import output_folder_lock
@@ -49,10 +45,9 @@ from app.quant.methods import DEFAULT_METHOD
 from app.quant.gptq import GptqSettings, GptqSolver
 from app.quant.resume import CALIBRATED_METHODS, Journal, check_room_for_checkpoint, fingerprint, writing_checkpoint
 from app.quant.search import quantize
+from app.quant.source import copy_side_files, expected_shapes, open_adapter, table_chunks, to_fp16
 
 METHODS = ("rtn", "search", *CALIBRATED_METHODS)
-# Rows of the embedding / lm_head read from the source at once (~4 M values: 16 MiB in fp32).
-TABLE_CHUNK_ELEMENTS = 1 << 22
 
 Progress = Callable[[str, int, int], None]
 # GPTQ as `--method gptq` runs it: damping 0.1, act-order with static groups, calibration in windows
@@ -135,9 +130,9 @@ def quantize_model(job: QuantizeJob, progress: Progress | None = None,
 def _quantize_model(job: QuantizeJob, progress: Progress | None,
                     on_resume: Callable[[int, int], None] | None) -> Manifest:
     spec = ModelSpec.from_hf_folder(job.model)
-    shapes = _expected_shapes(job.model, spec)
+    shapes = expected_shapes(job.model, spec)
     check_fused_bits(job.recipe, spec)
-    adapter = _open_adapter(job.adapter, shapes)
+    adapter = open_adapter(job.adapter, shapes)
     with TensorSource(job.model) as source:
         check_tensor_names(source, set(shapes), spec)
     started = fingerprint(job)
@@ -165,7 +160,7 @@ def _quantize_model(job: QuantizeJob, progress: Progress | None,
     if progress is not None:
         progress("done", len(units), len(units))
     with writing_checkpoint(job.out, journal):
-        copied = _copy_side_files(job.model, job.out)
+        copied = copy_side_files(job.model, job.out)
         manifest = Manifest(spec=spec, recipe=job.recipe, method=job.method, files=journal.files,
                             tensors=journal.tensors, copied_files=tuple(copied), model_id=job.model_id,
                             adapter=job.adapter.name if job.adapter else None)
@@ -267,7 +262,7 @@ class _Run:
         name = "model.embed_tokens.weight"
         wanted = torch.tensor(ids)
         out = torch.empty(len(ids), self.shapes[name][1])
-        for rows, chunk in _table_chunks(self.job.model, name, self.shapes[name]):
+        for rows, chunk in table_chunks(self.job.model, name, self.shapes[name]):
             hit = (wanted >= rows.start) & (wanted < rows.stop)
             out[hit] = chunk[wanted[hit] - rows.start].float()
         return out
@@ -305,7 +300,7 @@ class _Run:
         fmt = FORMAT_OF_BITS[bits]
         packed = {key: torch.empty(s, dtype=dt) for key, (s, dt) in
                   QuantizedTensor.expected_shapes(fmt, n, padded_k(k)).items()}  # [N, ...] per packed tensor
-        for rows, chunk in _table_chunks(self.job.model, name, shape):
+        for rows, chunk in table_chunks(self.job.model, name, shape):
             qt = _quantize_weight(f"{module}[{rows.start}:{rows.stop}]", chunk, bits, self.job, importance, solver)
             for key, t in qt.tensors.items():
                 packed[key][rows] = t
@@ -325,7 +320,7 @@ class _Run:
 def _store(out: _Quantized, name: str, t: torch.Tensor, file_name: str, bits: int, job: QuantizeJob,
            importance: torch.Tensor | None, solver: GptqSolver | None = None) -> None:
     if bits == 16:
-        out.stored[name] = _to_fp16(name, t)
+        out.stored[name] = to_fp16(name, t)
         out.entries[name] = TensorEntry(file_name, FP16, tuple(t.shape))
         return
     module = name.removesuffix(".weight")
@@ -376,64 +371,3 @@ class _AsWritten(Mapping):
 
     def __len__(self) -> int:
         return len(self.names)
-
-
-def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
-    t16 = t.to(torch.float16)
-    if not bool(torch.isfinite(t16).all()):
-        raise QwenTrayError(f"{name}: values are NaN/Inf or exceed the fp16 range (norms and biases are kept fp16)")
-    return t16
-
-
-def _table_chunks(folder: Path, name: str, shape: tuple[int, int]):
-    """Yield (row slice, rows of ``name``) without reading the whole table.
-
-    The file is reopened for every chunk: pages read through one mapping stay resident
-    until it is dropped, which would grow RSS by the whole table (622 MB for Qwen2.5-3B).
-    """
-    path = str(_file_of(folder, name))
-    for rows in row_chunks(shape[0], shape[1], TABLE_CHUNK_ELEMENTS):
-        with safe_open(path, framework="pt") as handle:
-            chunk = handle.get_slice(name)[rows.start:rows.stop]
-        yield rows, chunk
-
-
-def _file_of(folder: Path, name: str) -> Path:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return folder / json.loads(index.read_text(encoding="utf-8"))["weight_map"][name]
-    return folder / "model.safetensors"
-
-
-def _expected_shapes(folder: Path, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape, from config.json, with the biases the spec says the model has."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config["model_type"] = "qwen2" if spec.attention_bias else "llama"  # hf_tensor_shapes reads q/k/v bias from it
-    config["attention_bias"] = spec.attention_bias and spec.architecture != "Qwen2ForCausalLM"
-    shapes = dict(hf_tensor_shapes(config))
-    differ = sorted(set(shapes) ^ set(hf_weight_map(spec)))
-    if differ:  # e.g. an o_proj bias (Llama attention_bias), which the engine does not support
-        raise UnsupportedModelError(f"{folder / 'config.json'}: tensors {', '.join(differ[:3])} are not supported")
-    return shapes
-
-
-def _open_adapter(path: Path | None, shapes: dict) -> LoraAdapter | None:
-    if path is None:
-        return None
-    adapter = LoraAdapter(path)
-    modules = {n.removesuffix(".weight") for n in shapes if n.endswith(".weight")}
-    unknown = sorted(set(adapter.pairs) - modules)
-    if unknown:
-        raise ModelLoadError(f"{adapter.weights_path}: LoRA modules not found in the base model: {', '.join(unknown[:3])}")
-    return adapter
-
-
-def _copy_side_files(src: Path, out: Path) -> list[str]:
-    copied = []
-    for name in COPIED_FILES:
-        if (src / name).is_file():
-            tmp = out / f".{name}.tmp"
-            shutil.copyfile(src / name, tmp)
-            tmp.replace(out / name)
-            copied.append(name)
-    return copied
