@@ -23,18 +23,21 @@ FORBIDDEN = {
                     "app.model_import", "app.model_removal", "app.hub"),
     "app.engine": ("app.quant", "app.server", "app.ui", "app.commands", "app.cli", "app.settings",
                    "app.model_import", "app.model_removal", "app.hub"),
-    "app.quant": ("app.server", "app.ui", "app.commands", "app.hub"),
-    "app.server": ("app.ui", "app.quant", "app.commands", "app.hub"),
+    "app.quant": ("app.server", "app.ui", "app.commands", "app.hub", "app.remote"),
+    "app.server": ("app.ui", "app.quant", "app.commands", "app.hub", "app.remote"),
+    # the remote endpoints' client (the tray's remote models, `ask --server`): on the engine's params only
+    "app.remote": ("app.ui", "app.server", "app.quant", "app.commands", "app.cli", "app.settings", "app.hub",
+                   "app.kernels", "app.formats"),
     # beside the engine: the CLI, the server and the tray read it; the engine takes settings as arguments
     "app.settings": ("app.engine", "app.kernels", "app.formats", "app.quant", "app.server", "app.ui",
                      "app.commands", "app.cli", "app.model_import", "app.model_removal", "app.hub"),
     # model downloads: on the engine's planner, the quantizer and the settings; the CLI and the tray drive it
-    "app.hub": ("app.ui", "app.server", "app.commands", "app.cli"),
+    "app.hub": ("app.ui", "app.server", "app.commands", "app.cli", "app.remote"),
 }
 # package -> outside packages it must never import: no window system below the UI.
 FORBIDDEN_EXTERNAL = {layer: ("PySide6", "shiboken6") for layer in
                       ("app.formats", "app.kernels", "app.engine", "app.quant", "app.server", "app.settings",
-                       "app.hub")}
+                       "app.hub", "app.remote")}
 
 
 def module_files(root: Path) -> dict[str, Path]:

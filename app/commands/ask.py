@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from urllib.parse import urlsplit, urlunsplit
 
 from app.commands import text_input
 from app.commands.text_input import is_terminal
@@ -115,12 +117,35 @@ def cut_short(result, max_tokens: int, context: int) -> str | None:
             "give a larger --max-context or shorten the prompt")
 
 
+SERVER_READ_TIMEOUT_S = 600.0  # a busy server may queue the request for minutes before its first token
+
+
+def server_base_url(url: str) -> str:
+    """--server as an API base URL: http:// when no scheme is given, /v1 appended when missing
+    (so the address `serve` prints works with or without it)."""
+    from app.remote import is_http_url
+
+    with_scheme = url if "://" in url else f"http://{url}"
+    if not is_http_url(with_scheme):
+        raise QwenTrayError(f"--server {url!r}: expected a URL like http://127.0.0.1:18000/v1")
+    parts = urlsplit(with_scheme)
+    path = parts.path.rstrip("/")
+    return urlunsplit((parts.scheme, parts.netloc, path if path.endswith("/v1") else path + "/v1", "", ""))
+
+
 def _ask_server(args, messages, params) -> int:
-    try:
-        from app.server.client import ask_server
-    except ImportError:
-        raise QwenTrayError("--server needs the server package (app.server.client)") from None
-    _stream(ask_server(args.server, messages, params, api_key=args.api_key, model=args.model))
+    """Through the client the tray uses for remote models (app/remote: the openai SDK)."""
+    from app.remote import DIRECT, FixHints, RemoteClient
+    from app.server.config import API_KEY_ENV, is_loopback_host
+
+    base_url = server_base_url(args.server)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV, "")
+    # A server on this machine is never asked through a proxy: the proxy's loopback is its own.
+    proxy = DIRECT if is_loopback_host(urlsplit(base_url).hostname or "") else ""
+    hints = FixHints(api_key=f"give the server's key with --api-key or ${API_KEY_ENV}",
+                     model="check --model, or leave it out for the first model the server lists")
+    with RemoteClient(base_url, api_key, timeout_s=SERVER_READ_TIMEOUT_S, proxy=proxy, hints=hints) as client:
+        _stream(client.chat(args.model or client.first_model(), messages, params))
     return 0
 
 

@@ -1,7 +1,8 @@
 """OpenAI-compatible local HTTP API over the engine (``qwen-tray serve``, the tray's "Local API").
 
-Names are exported lazily so ``app.server.client`` (the stdlib-only CLI client) can be
-imported without loading the engine.
+Names are exported lazily so the package's light modules (``app.server.cli`` and
+``app.server.config``, which ``qwen-tray --help`` and ``ask --server`` read) are imported
+without loading uvicorn or the engine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ _EXPORTS = {
     "ServerConfigError": "app.server.config",
     "EngineSlot": "app.server.provider",
     "EngineStatus": "app.server.provider",
-    "ask_server": "app.server.client",
 }
 
 __all__ = sorted(_EXPORTS)

