@@ -107,12 +107,15 @@ def prompt_too_long(needed: int, context: int, model_max: int, *, given: bool, a
     return f"the prompt needs {needed} tokens with the chat template but {limit}; {fix}"
 
 
-def cut_short(result, max_tokens: int, context: int) -> str | None:
-    """Why an answer ended before the model finished it (said on stderr: stdout holds the answer only)."""
+def cut_short(result, max_tokens: int, context: int | None) -> str | None:
+    """Why an answer ended before the model finished it (said on stderr: stdout holds the answer only).
+    ``context``: the model's context in tokens, None where a server decides it."""
     if result.finish_reason != "length":
         return None
     if result.usage.completion_tokens >= max_tokens:
         return f"the answer stopped at --max-tokens {max_tokens}; give a larger --max-tokens for more"
+    if context is None:
+        return "the answer stopped when the server's context was full; shorten the prompt"
     return (f"the answer stopped when the context of {context} tokens was full; "
             "give a larger --max-context or shorten the prompt")
 
@@ -145,7 +148,11 @@ def _ask_server(args, messages, params) -> int:
     hints = FixHints(api_key=f"give the server's key with --api-key or ${API_KEY_ENV}",
                      model="check --model, or leave it out for the first model the server lists")
     with RemoteClient(base_url, api_key, timeout_s=SERVER_READ_TIMEOUT_S, proxy=proxy, hints=hints) as client:
-        _stream(client.chat(args.model or client.first_model(), messages, params))
+        stream = client.chat(args.model or client.first_model(), messages, params)
+        _stream(stream)
+    note = cut_short(stream.result, params.max_tokens, None)
+    if note:
+        print(f"qwen-tray: {note}", file=sys.stderr)
     return 0
 
 
