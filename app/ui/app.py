@@ -26,7 +26,7 @@ from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.history_keeper import HistoryKeeper
-from app.ui.controllers.local_api import KEY_CHANGE, LocalApi, LocalApiError, LocalApiKey
+from app.ui.controllers.local_api import KEY_CHANGE, LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
@@ -89,7 +89,6 @@ class TrayApp(QObject):
                                                                          message=message)))
         provider = lambda: getattr(self.host.backend, "engine", None)  # noqa: E731 - the API serves the local engine only
         self.local_api = LocalApi(provider, server_finder) if server_finder else LocalApi(provider)
-        self.local_api_key = LocalApiKey()  # $QWEN_TRAY_API_KEY, else the one Settings keep in the keyring
         self.chat_window = None
         self.settings_dialog = None
         self.tray = None
@@ -297,7 +296,7 @@ class TrayApp(QObject):
             self.settings_dialog = SettingsDialog(
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
-                model_jobs=self.model_jobs, model_removal=self.model_removal, api_key=self.local_api_key)
+                model_jobs=self.model_jobs, model_removal=self.model_removal, api_key=self.local_api.api_key)
             self.settings_dialog.recording_hotkey.connect(self._recording_hotkey)
             self.settings_dialog.finished.connect(self._settings_closed)
         self.settings_dialog.show()
@@ -342,11 +341,9 @@ class TrayApp(QObject):
     def set_local_api(self, enabled: bool) -> None:
         try:
             if enabled:
-                # The key first: one the keyring cannot tell (SecretsError) keeps the API stopped, not open.
-                api_key = self.local_api_key.required()
-                url = self.local_api.start(self.store.prefs.local_api_port, api_key)
-                self.notify(tr("Local API running at {url}; clients must send its API key", url=url) if api_key
-                            else tr("Local API running at {url}", url=url))
+                url = self.local_api.start(self.store.prefs.local_api_port)
+                self.notify(tr("Local API running at {url}; clients must send its API key", url=url)
+                            if self.local_api.requires_key else tr("Local API running at {url}", url=url))
             else:
                 self.local_api.stop()
         except (LocalApiError, QwenTrayError) as e:
@@ -361,12 +358,10 @@ class TrayApp(QObject):
     def _apply_local_api_settings(self, api_key: str | None, port_changed: bool) -> None:
         """Settings changed the key (None: not) or the port: the running API requires the new key
         from its next request on, and moves to the new port."""
-        if api_key is not None:
-            not_kept = self.local_api_key.keep(api_key)
-            if not_kept is not None:
-                self.notify(tr("The Local API's key is not saved: {reason}; it applies until Qwen Tray quits",
-                               reason=not_kept))
-            self.local_api.require_key(self.local_api_key.required())
+        not_kept = self.local_api.change_key(api_key) if api_key is not None else None
+        if not_kept is not None:
+            self.notify(tr("The Local API's key is not saved: {reason}; it applies until Qwen Tray quits",
+                           reason=not_kept))
         if port_changed and self.local_api.running:
             self.local_api.stop()
             self.set_local_api(True)  # (says where it runs now, or why it does not)

@@ -9,7 +9,9 @@ import json
 import socket
 
 import keyring
+import keyring.backend
 import keyring.backends.fail
+import keyring.errors
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -21,7 +23,7 @@ from app.server import start_server_in_thread
 from app.server.config import API_KEY_ENV as SERVE_API_KEY_ENV
 from app.settings.store import SettingsStore
 from app.ui.app import TrayApp
-from app.ui.controllers.local_api import API_KEY_ENV, LocalApiKey
+from app.ui.controllers.local_api import API_KEY_ENV, LocalApi, LocalApiKey
 from app.ui.preferences import PreferencesStore
 
 
@@ -83,8 +85,56 @@ def _press(dialog, which) -> None:
     dialog.findChild(QDialogButtonBox).button(which).click()
 
 
+class LockedKeyring(keyring.backend.KeyringBackend):
+    """A keyring that will not tell (a Secret Service collection left locked): keyring's own error."""
+
+    priority = 1
+
+    def get_password(self, service, username):
+        raise keyring.errors.KeyringLocked("the collection is locked")
+
+    def set_password(self, service, username, password):
+        raise keyring.errors.KeyringLocked("the collection is locked")
+
+    def delete_password(self, service, username):
+        raise keyring.errors.KeyringLocked("the collection is locked")
+
+
 def test_the_variable_is_the_one_serve_reads():
     assert API_KEY_ENV == SERVE_API_KEY_ENV
+
+
+def test_the_seam_alone_requires_the_variables_key(monkeypatch):
+    """The review's reproduction: LocalApi by itself, $QWEN_TRAY_API_KEY set, GET /v1/models without a key."""
+    monkeypatch.setenv(API_KEY_ENV, "sekret")
+    api = LocalApi(lambda: None)  # the real app.server; nothing loaded
+    port = _free_port()
+    api.start(port)
+    try:
+        assert api.requires_key and _models(port) == REFUSED and _models(port, "sekret") == PASSED
+    finally:
+        api.stop()
+
+
+def test_a_keyring_that_cannot_tell_the_key_keeps_the_api_stopped_not_open(qtbot):
+    keyring.set_keyring(LockedKeyring())
+    port = _free_port()
+    PreferencesStore().update(local_api_enabled=True, local_api_port=port)
+    app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
+                  injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
+                  server_finder=lambda: (start_server_in_thread, ""))
+    try:
+        with qtbot.waitSignal(app.host.loaded, timeout=5000):
+            app.start()
+        qtbot.waitUntil(lambda: any("not running" in n for n in app.notices), timeout=5000)
+        assert not app.local_api.running
+        assert app.local_api.last_error == (f"cannot read the Local API's key from {secrets.backend_name()}: "
+                                            "the collection is locked")
+        with pytest.raises(ConnectionRefusedError):
+            _models(port)
+        assert SettingsStore().load().preferences.local_api_enabled  # the next start tries again
+    finally:
+        app.shutdown()
 
 
 def test_a_generated_key_is_required_at_once_and_kept_in_the_keyring_not_the_file(qtbot, tray, test_keyring):

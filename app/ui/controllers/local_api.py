@@ -42,58 +42,6 @@ def find_server_starter() -> tuple[Callable | None, str]:
     return start, ""
 
 
-class LocalApi:
-    def __init__(self, engine_provider: Callable[[], object | None],
-                 finder: Callable[[], tuple[Callable | None, str]] = find_server_starter):
-        self._engine_provider = engine_provider
-        self._start, self.unavailable_reason = finder()
-        self._handle = None
-        self.last_error = ""  # why the last start failed (the menu shows it while not running)
-
-    @property
-    def available(self) -> bool:
-        return self._start is not None
-
-    @property
-    def running(self) -> bool:
-        return self._handle is not None
-
-    @property
-    def url(self) -> str:
-        """The OpenAI base URL clients use (``.../v1``)."""
-        if self._handle is None:
-            return ""
-        return str(getattr(self._handle, "base_url", None) or self._handle.url)
-
-    def start(self, port: int, api_key: str = "") -> str:
-        """Serve on ``port``, requiring ``Authorization: Bearer API_KEY`` ("": no key); the URL."""
-        if self._start is None:
-            raise LocalApiError(f"the local API is unavailable: {self.unavailable_reason}")
-        if self._handle is None:
-            try:
-                # The provider, not an engine: after a model switch the server serves the new one.
-                self._handle = self._start(self._engine_provider, HOST, port, api_key=api_key or None)
-            except OSError as e:
-                self.last_error = f"cannot start the local API on {HOST}:{port}: {e}"
-                raise LocalApiError(self.last_error) from e
-            except QwenTrayError as e:  # the server's own sentence ("cannot listen on ...: Address in use")
-                self.last_error = str(e)
-                raise
-        self.last_error = ""
-        return self.url
-
-    def require_key(self, api_key: str) -> None:
-        """A changed key ("": none), required from the running server's next request on (a stopped
-        one gets it when it starts)."""
-        if self._handle is not None:
-            self._handle.set_api_key(api_key or None)
-
-    def stop(self) -> None:
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.stop()
-
-
 class LocalApiKey:
     """The key the Local API requires ("" = none): $QWEN_TRAY_API_KEY when it is set, as for
     ``qwen-tray serve``; else the one Settings keep in the OS keyring (app/secrets.py).
@@ -132,3 +80,65 @@ class LocalApiKey:
             except secrets.SecretsError as e:
                 return str(e)
         return reason if key else None  # no keyring: "no key" is what the next start has anyway
+
+
+class LocalApi:
+    def __init__(self, engine_provider: Callable[[], object | None],
+                 finder: Callable[[], tuple[Callable | None, str]] = find_server_starter,
+                 api_key: LocalApiKey | None = None):
+        self._engine_provider = engine_provider
+        self._start, self.unavailable_reason = finder()
+        self._handle = None
+        self.api_key = api_key or LocalApiKey()  # (Settings → Local API reads and changes it)
+        self.requires_key = False  # whether the running server requires a key
+        self.last_error = ""  # why the last start failed (the menu shows it while not running)
+
+    @property
+    def available(self) -> bool:
+        return self._start is not None
+
+    @property
+    def running(self) -> bool:
+        return self._handle is not None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL clients use (``.../v1``)."""
+        if self._handle is None:
+            return ""
+        return str(getattr(self._handle, "base_url", None) or self._handle.url)
+
+    def start(self, port: int) -> str:
+        """Serve on ``port``, requiring the key :attr:`api_key` says, if any; the URL."""
+        if self._start is None:
+            raise LocalApiError(f"the local API is unavailable: {self.unavailable_reason}")
+        if self._handle is None:
+            try:
+                # First: a key the keyring cannot tell (SecretsError) keeps the API stopped, not open.
+                key = self.api_key.required()
+                # The provider, not an engine: after a model switch the server serves the new one.
+                self._handle = self._start(self._engine_provider, HOST, port, api_key=key or None)
+                self.requires_key = bool(key)
+            except OSError as e:
+                self.last_error = f"cannot start the local API on {HOST}:{port}: {e}"
+                raise LocalApiError(self.last_error) from e
+            except QwenTrayError as e:  # the server's own sentence ("cannot listen on ...: Address in use")
+                self.last_error = str(e)
+                raise
+        self.last_error = ""
+        return self.url
+
+    def change_key(self, key: str) -> str | None:
+        """Settings changed the key ("": none): kept (:meth:`LocalApiKey.keep`, whose answer this is)
+        and required from the running server's next request on, unless $QWEN_TRAY_API_KEY wins."""
+        not_kept = self.api_key.keep(key)
+        if self._handle is not None:
+            required = self.api_key.required()
+            self._handle.set_api_key(required or None)
+            self.requires_key = bool(required)
+        return not_kept
+
+    def stop(self) -> None:
+        handle, self._handle, self.requires_key = self._handle, None, False
+        if handle is not None:
+            handle.stop()
