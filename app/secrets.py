@@ -1,10 +1,13 @@
-"""API keys of remote endpoints in the OS keyring, not in settings.json.
+"""API keys in the OS keyring, not in settings.json: those of remote endpoints, and the key the
+tray's own Local API requires.
 
 The ``keyring`` package picks the system's store: Windows Credential Manager, the macOS
 Keychain, the Secret Service (GNOME Keyring, KeePassXC) or KWallet. Each key is stored under
-the service ``qwen-tray`` and the account ``model:NAME``. Where no store exists (a bare Linux
-without a keyring daemon: keyring's "fail" backend) the key stays in settings.json as before
-and the user is told once, in one sentence, why and what to install.
+the service ``qwen-tray``, an endpoint's as the account ``model:NAME``, the Local API's as
+``local-api`` (no model's account can be that). Where no store exists (a bare Linux without a
+keyring daemon: keyring's "fail" backend) an endpoint's key stays in settings.json as before
+and the user is told once, in one sentence, why and what to install; the Local API's key is
+never written to the file: it lasts until the tray quits (app/ui/controllers/local_api.py).
 
 The settings store moves keys here when it saves (app/settings/store.py, also migrating a file
 that still has keys in it); the tray reads a key only when it connects to that endpoint.
@@ -37,8 +40,16 @@ class SecretsError(QwenTrayError):
     """The keyring refused to read, store or delete a key (one sentence)."""
 
 
+LOCAL_API_ACCOUNT = "local-api"
+LOCAL_API_KEY = "the Local API's key"  # what the errors call it
+
+
 def _account(model_name: str) -> str:
     return f"model:{model_name}"
+
+
+def _model_key(model_name: str) -> str:
+    return f"the API key of {model_name!r}"
 
 
 def backend_name() -> str:
@@ -74,28 +85,53 @@ def unavailable_reason() -> str | None:
 
 def get_api_key(model_name: str) -> str:
     """The key stored for ``model_name`` ("" when none is)."""
-    if unavailable_reason() is not None:
-        return ""
-    try:
-        return keyring.get_password(SERVICE, _account(model_name)) or ""
-    except keyring.errors.KeyringError as e:
-        raise SecretsError(f"cannot read the API key of {model_name!r} from {backend_name()}: {e}") from None
+    return _read(_account(model_name), _model_key(model_name))
 
 
 def set_api_key(model_name: str, key: str) -> None:
-    try:
-        keyring.set_password(SERVICE, _account(model_name), key)
-    except keyring.errors.KeyringError as e:
-        raise SecretsError(f"cannot store the API key of {model_name!r} in {backend_name()}: {e}") from None
+    _write(_account(model_name), key, _model_key(model_name))
 
 
 def delete_api_key(model_name: str) -> None:
     """Forget the key of ``model_name`` (nothing happens when none is stored)."""
+    _delete(_account(model_name), _model_key(model_name))
+
+
+def get_local_api_key() -> str:
+    """The key Settings keep for the tray's Local API ("" when none is, or no keyring exists)."""
+    return _read(LOCAL_API_ACCOUNT, LOCAL_API_KEY)
+
+
+def set_local_api_key(key: str) -> None:
+    """Keep ``key`` for the Local API; "" forgets it (the API then needs none)."""
+    if key:
+        _write(LOCAL_API_ACCOUNT, key, LOCAL_API_KEY)
+    else:
+        _delete(LOCAL_API_ACCOUNT, LOCAL_API_KEY)
+
+
+def _read(account: str, what: str) -> str:
+    if unavailable_reason() is not None:
+        return ""
+    try:
+        return keyring.get_password(SERVICE, account) or ""
+    except keyring.errors.KeyringError as e:
+        raise SecretsError(f"cannot read {what} from {backend_name()}: {e}") from None
+
+
+def _write(account: str, key: str, what: str) -> None:
+    try:
+        keyring.set_password(SERVICE, account, key)
+    except keyring.errors.KeyringError as e:
+        raise SecretsError(f"cannot store {what} in {backend_name()}: {e}") from None
+
+
+def _delete(account: str, what: str) -> None:
     if unavailable_reason() is not None:
         return
     try:
-        keyring.delete_password(SERVICE, _account(model_name))
+        keyring.delete_password(SERVICE, account)
     except keyring.errors.PasswordDeleteError:
         pass  # none was stored
     except keyring.errors.KeyringError as e:
-        raise SecretsError(f"cannot delete the API key of {model_name!r} from {backend_name()}: {e}") from None
+        raise SecretsError(f"cannot delete {what} from {backend_name()}: {e}") from None

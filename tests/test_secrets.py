@@ -1,4 +1,5 @@
-"""API keys of remote endpoints: in the OS keyring, never in settings.json where a keyring exists.
+"""API keys of remote endpoints: in the OS keyring, never in settings.json where a keyring exists;
+the key of the tray's Local API beside them, under an account of its own.
 
 The keyring is a real backend (keyrings.alt's file, tests/conftest.py); "no keyring" is keyring's
 own fail backend, what a bare Linux without a keyring daemon gets.
@@ -75,6 +76,18 @@ def test_without_a_keyring_the_key_stays_in_the_file_and_the_user_is_told(home):
         f"The API keys of DashScope stay in {path} as plain text: no system keyring is available (the keyring "
         "package found no backend): a desktop keyring (GNOME Keyring, KWallet, KeePassXC) or `pip install "
         "keyrings.alt` provides one"]
+
+
+def test_the_local_apis_key_has_an_account_of_its_own(home, test_keyring):
+    secrets.set_api_key("local-api", "sk-endpoint")  # an endpoint named like the account: "model:local-api"
+    secrets.set_local_api_key("tray-key")
+    assert test_keyring.get_password("qwen-tray", "local-api") == "tray-key"
+    assert secrets.get_local_api_key() == "tray-key" and secrets.get_api_key("local-api") == "sk-endpoint"
+    secrets.set_local_api_key("")  # no key: forgotten
+    assert secrets.get_local_api_key() == "" and test_keyring.get_password("qwen-tray", "local-api") is None
+    secrets.set_local_api_key("")  # none stored: nothing to do
+    keyring.set_keyring(keyring.backends.fail.Keyring())
+    assert secrets.get_local_api_key() == ""  # no keyring: no key kept
 
 
 @pytest.mark.parametrize("backend", ["keyrings.alt.file.PlaintextKeyring", "keyring.backends.fail.Keyring"])

@@ -113,11 +113,12 @@ def allowed_request_headers(requested: str | None) -> str:
 
 
 def check_api_key(authorization: str | None, config: ServerConfig) -> None:
-    if config.api_key is None:
+    api_key = config.api_key  # read once: the tray may change it meanwhile (ServerHandle.set_api_key)
+    if api_key is None:
         return
     scheme, _, token = (authorization or "").partition(" ")
     # compare_digest: the time taken does not leak how much of the key matched.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
         message = ("You didn't provide an API key; send 'Authorization: Bearer KEY'." if not authorization
                    else "Incorrect API key provided.")
         raise ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -66,6 +66,14 @@ class ServerHandle:
     def config(self) -> ServerConfig:
         return self._service.config
 
+    def set_api_key(self, api_key: str | None) -> None:
+        """Require ``Authorization: Bearer API_KEY`` from the next request on (None or "": no key).
+
+        The guard reads the key for every request, those of connections already open included,
+        so a changed key applies at once without freeing the port; a stream already running
+        was admitted and goes on."""
+        self._service.config.api_key = api_key or None
+
     def stats(self) -> dict:
         """Requests running (``active``), admitted, open connections, generations cut by a disconnect."""
         stats = self._service.stats()

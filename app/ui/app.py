@@ -26,7 +26,7 @@ from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY, load_builtin_actions, with_
 from app.ui.controllers.action_controller import ActionController
 from app.ui.controllers.engine_host import EngineHost, Opener
 from app.ui.controllers.history_keeper import HistoryKeeper
-from app.ui.controllers.local_api import LocalApi, LocalApiError
+from app.ui.controllers.local_api import KEY_CHANGE, LocalApi, LocalApiError
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval, removal_summary
 from app.ui.i18n import (current_language, install_qt_translation, missing_font_warning, notice_text, set_language,
@@ -296,7 +296,7 @@ class TrayApp(QObject):
             self.settings_dialog = SettingsDialog(
                 self.store, self.builtin_actions, self.user_actions, builtin_models, editable,
                 lambda: (self.hotkeys.active, self.hotkeys.failures), self.apply_settings,
-                model_jobs=self.model_jobs, model_removal=self.model_removal)
+                model_jobs=self.model_jobs, model_removal=self.model_removal, api_key=self.local_api.api_key)
             self.settings_dialog.recording_hotkey.connect(self._recording_hotkey)
             self.settings_dialog.finished.connect(self._settings_closed)
         self.settings_dialog.show()
@@ -316,7 +316,11 @@ class TrayApp(QObject):
         """Take what Settings changed into use and save it (raises QwenTrayError naming a bad value,
         before anything changed; or saying the change could not be saved, after it took effect)."""
         user_actions, renamed = with_unique_ids(user_actions, self.builtin_actions)
-        device_changed = changes.get("device", self.store.prefs.device) != self.store.prefs.device
+        changes = dict(changes)
+        api_key = changes.pop(KEY_CHANGE, None)  # not a preference: kept in the keyring
+        before = self.store.prefs
+        device_changed = changes.get("device", before.device) != before.device
+        port_changed = changes.get("local_api_port", before.local_api_port) != before.local_api_port
         try:
             self.store.change(actions=user_actions, **changes)
             not_saved = None
@@ -329,6 +333,7 @@ class TrayApp(QObject):
         entry = self.host.entry
         if device_changed and entry is not None and entry.is_local_engine:
             self.host.switch_to(entry)  # load it again where it should run now
+        self._apply_local_api_settings(api_key, port_changed)
         if not_saved is not None:
             raise QwenTrayError(tr(NOT_SAVED, error=str(not_saved)))
 
@@ -337,7 +342,8 @@ class TrayApp(QObject):
         try:
             if enabled:
                 url = self.local_api.start(self.store.prefs.local_api_port)
-                self.notify(tr("Local API running at {url}", url=url))
+                self.notify(tr("Local API running at {url}; clients must send its API key", url=url)
+                            if self.local_api.requires_key else tr("Local API running at {url}", url=url))
             else:
                 self.local_api.stop()
         except (LocalApiError, QwenTrayError) as e:
@@ -348,6 +354,17 @@ class TrayApp(QObject):
             return
         if enabled != self.store.prefs.local_api_enabled:
             self.store.update(local_api_enabled=enabled)
+
+    def _apply_local_api_settings(self, api_key: str | None, port_changed: bool) -> None:
+        """Settings changed the key (None: not) or the port: the running API requires the new key
+        from its next request on, and moves to the new port."""
+        not_kept = self.local_api.change_key(api_key) if api_key is not None else None
+        if not_kept is not None:
+            self.notify(tr("The Local API's key is not saved: {reason}; it applies until Qwen Tray quits",
+                           reason=not_kept))
+        if port_changed and self.local_api.running:
+            self.local_api.stop()
+            self.set_local_api(True)  # (says where it runs now, or why it does not)
 
     # -- quitting ---------------------------------------------------------------------------------------
     def shutdown(self) -> None:

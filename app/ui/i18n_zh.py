@@ -48,6 +48,21 @@ ZH_CN: dict[str, str] = {
     "Hotkey for {name} not registered: {reason}": "“{name}”的快捷键未注册：{reason}",
     "Local API running at {url}": "本地 API 已在 {url} 运行",
     "The local API is not running: {error}; turn it on again in the menu (Local API) to retry": "本地 API 未运行：{error}；可在菜单（本地 API）中重新启用以重试",
+    "Local API running at {url}; clients must send its API key": "本地 API 已在 {url} 运行；客户端须发送其 API 密钥",
+    "The Local API's key is not saved: {reason}; it applies until Qwen Tray quits":
+        "本地 API 的密钥未保存：{reason}；在 Qwen Tray 退出前有效",
+    # Settings → Local API (app/ui/widgets/local_api_page.py)
+    "Port": "端口",
+    "Empty: clients need no key": "留空：客户端无需密钥",
+    "Clients send it as the header Authorization: Bearer KEY": "客户端以请求头 Authorization: Bearer KEY 发送它",
+    "Show": "显示",
+    "Generate": "生成",
+    "Example": "示例",
+    "The kept key cannot be read: {error}": "无法读取已保存的密钥：{error}",
+    "${variable} is set: clients must send its key, not this one (this one applies when Qwen Tray starts without "
+    "the variable)": "已设置 ${variable}：客户端须发送该变量中的密钥，而不是此处的密钥（Qwen Tray 在未设置该变量时启动才使用此处的密钥）",
+    "A key set here is not saved and lasts until Qwen Tray quits: {reason}":
+        "此处设置的密钥不会保存，仅在 Qwen Tray 退出前有效：{reason}",
     "No model is ready yet ({state})": "模型尚未就绪（{state}）",
     "Internal error: {error}": "内部错误：{error}",
     "There is no action {name}": "没有名为 {name} 的操作",
@@ -266,7 +281,6 @@ ZH_CN: dict[str, str] = {
     "Translate into": "翻译目标语言",
     "Answer length (tokens)": "回答长度（词元）",
     "Temperature": "温度",
-    "Local API port": "本地 API 端口",
     "Run local models on": "本地模型运行于",
     "The GPU when there is one": "有 GPU 时用 GPU",
     "The CPU only (keeps the GPU free)": "仅用 CPU（不占用 GPU）",

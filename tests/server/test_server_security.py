@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+
 import pytest
 
-from app.server import ServerConfig, ServerConfigError
+from app.server import ServerConfig, ServerConfigError, start_server_in_thread
 from app.server.security import host_allowed, host_name
 from server_helpers import chat_body, raw_request
 
@@ -120,6 +123,29 @@ def test_api_key_is_required_when_set(make_server, engine):
                                         max_tokens=2).choices
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=handle.base_url, api_key="bad", max_retries=0).models.list()
+
+
+def test_a_changed_api_key_applies_at_once_on_open_connections_too():
+    """The tray changes its Local API's key without a restart (ServerHandle.set_api_key): the
+    next request needs the new key, one on a keep-alive connection opened before included."""
+    handle = start_server_in_thread(lambda: None, port=0)  # nothing loaded: a passed check answers 503
+    conn = http.client.HTTPConnection(handle.host, handle.port, timeout=30)
+
+    def models(authorization: str | None = None) -> tuple[int, str]:
+        conn.request("GET", "/v1/models", headers={"Authorization": authorization} if authorization else {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())["error"]["code"]
+
+    try:
+        assert models() == (503, "model_loading")
+        handle.set_api_key("new-key")
+        assert models() == (401, "invalid_api_key")  # the same connection, now refused
+        assert models("Bearer new-key") == (503, "model_loading")
+        handle.set_api_key("")  # no key any more
+        assert models() == (503, "model_loading")
+    finally:
+        conn.close()
+        handle.stop()
 
 
 def test_body_size_limit_and_length_required(make_server, engine):

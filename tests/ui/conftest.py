@@ -20,6 +20,7 @@ def ui_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("QWEN_TRAY_HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+    monkeypatch.delenv("QWEN_TRAY_API_KEY", raising=False)  # the Local API's key: not the developer's
     return home
 
 

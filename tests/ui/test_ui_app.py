@@ -42,14 +42,18 @@ def register(*entries: ModelEntry) -> None:
 
 class FakeServer:
     def __init__(self):
-        self.calls, self.stopped = [], 0
+        self.calls, self.stopped, self.api_keys = [], 0, []
 
-    def start(self, provider, host, port):
+    def start(self, provider, host, port, api_key=None):
         self.calls.append((provider, host, port))
+        self.api_keys.append(api_key)
         server = self
 
         class Handle:
             url = f"http://{host}:{port}/v1"
+
+            def set_api_key(self, key):
+                server.api_keys.append(key)
 
             def stop(self):
                 server.stopped += 1
@@ -505,7 +509,7 @@ def test_local_api_toggle_uses_the_server_seam(qtbot, make_app):
     assert api.isEnabled() and toggle.isEnabled() and not toggle.isChecked()
     toggle.trigger()
     provider, host, port = server.calls[0]
-    assert (host, port) == ("127.0.0.1", 18000)
+    assert (host, port) == ("127.0.0.1", 18000) and server.api_keys == [None]  # no key set anywhere
     assert provider() is getattr(app.host.backend, "engine", None)  # serves whatever engine is current
     app.tray.menu.aboutToShow.emit()
     api = _submenu(app.tray.menu, "Local API")

@@ -1,5 +1,5 @@
 """The tray app over the real engine (tiny random Qwen2 on CPU): the adapter, long text that
-must fit a small context, and one engine serving chat and the real local API together."""
+must fit a small context, one engine serving chat and the real local API together, and the API's key."""
 
 from __future__ import annotations
 
@@ -137,6 +137,40 @@ def test_a_remote_model_stops_the_local_api_and_switching_back_starts_it_again(q
             app.switch_model(local)
         qtbot.waitUntil(lambda: app.local_api.running, timeout=10000)  # back on, without the user
     finally:
+        app.shutdown()
+
+
+def test_the_kept_api_key_guards_the_real_engine(qtbot, tiny_qwen_dir):
+    """A key Settings keep (in the test keyring) is required from the start: 401 without it, the
+    answer with it (the engine is loaded: 200, not the 503 of a model still loading)."""
+    from PySide6.QtGui import QGuiApplication
+
+    from app import secrets
+    from app.ui.app import TrayApp
+
+    secrets.set_local_api_key("tray-key")
+    port = _free_port()
+    with SettingsStore().edit() as settings:
+        settings.add_model(ModelEntry("tiny", path=str(tiny_qwen_dir)))
+        settings.preferences = Preferences(local_api_enabled=True, local_api_port=port)
+    app = TrayApp(hotkey_factory=FakeHotkeys, injector=RecordingInjector(QGuiApplication.clipboard(), None))
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        with qtbot.waitSignal(app.host.loaded, timeout=60000):
+            app.start()
+        qtbot.waitUntil(lambda: app.local_api.running, timeout=10000)
+        for authorization, status in ((None, 401), ("Bearer wrong", 401), ("Bearer tray-key", 200)):
+            headers = {"Content-Type": "application/json"}
+            if authorization:
+                headers["Authorization"] = authorization
+            conn.request("POST", "/v1/chat/completions", body, headers)
+            response = conn.getresponse()
+            answer = json.loads(response.read())
+            assert response.status == status, answer
+        assert answer["usage"]["completion_tokens"] == 2
+    finally:
+        conn.close()
         app.shutdown()
 
 

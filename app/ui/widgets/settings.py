@@ -1,5 +1,5 @@
-"""The Settings dialog: general options, hotkeys (with what the OS refused), actions, models, system
-(start at login, history, proxy, where keys and the log are)."""
+"""The Settings dialog: general options, hotkeys (with what the OS refused), actions, models, the
+Local API (port, key, how to call it), system (start at login, history, proxy, where keys and the log are)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.models import ModelEntry, rebase_models
 from app.settings.store import SettingsStore
 from app.ui.actions import DEFAULT_OPEN_CHAT_HOTKEY
+from app.ui.controllers.local_api import KEY_CHANGE, LocalApiKey
 from app.ui.controllers.model_jobs import ModelJobs
 from app.ui.controllers.model_removal import ModelRemoval
 from app.ui.i18n import current_language, tr
@@ -21,6 +22,7 @@ from app.ui.preferences import PreferencesStore
 from app.ui.widgets.catalog_page import CatalogPage
 from app.ui.widgets.hotkeys_page import BindingRow, HotkeysPage
 from app.ui.widgets.icons import app_icon
+from app.ui.widgets.local_api_page import LocalApiPage
 from app.ui.widgets.settings_pages import ActionsPage, ModelsPage
 from app.ui.widgets.system_page import SystemPage
 
@@ -47,7 +49,8 @@ class SettingsDialog(QDialog):
                  builtin_models: list[ModelEntry], user_models: list[ModelEntry],
                  hotkey_status: Callable[[], tuple[dict, dict]],
                  on_apply: Callable[[dict, list[Action]], None], parent: QWidget | None = None,
-                 model_jobs: ModelJobs | None = None, model_removal: ModelRemoval | None = None):
+                 model_jobs: ModelJobs | None = None, model_removal: ModelRemoval | None = None,
+                 api_key: LocalApiKey | None = None):
         super().__init__(parent)
         self.setWindowTitle(tr("Qwen Tray settings"))
         self.setWindowIcon(app_icon())
@@ -72,6 +75,8 @@ class SettingsDialog(QDialog):
         self._models_shown = list(user_models)  # the registry as this dialog knows it (rebase_models)
         self.catalog_page = CatalogPage(model_jobs, store) if model_jobs is not None else None
         self.tabs.addTab(_models_tab(self.catalog_page, self.models_page), tr("Models"))
+        self.local_api_page = LocalApiPage(store.prefs, api_key or LocalApiKey())  # (the tray's: the key it uses)
+        self.tabs.addTab(self.local_api_page, tr("Local API"))
         self.system_page = SystemPage(store.prefs)
         self.tabs.addTab(self.system_page, tr("System"))
         self.error = QLabel(wordWrap=True)
@@ -110,7 +115,6 @@ class SettingsDialog(QDialog):
             self.translate_target.setCurrentText(prefs.translate_target)
         self.max_tokens = QSpinBox(minimum=16, maximum=8192, value=prefs.max_tokens, singleStep=64)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, value=prefs.temperature, singleStep=0.1)
-        self.api_port = QSpinBox(minimum=1024, maximum=65535, value=prefs.local_api_port)
         self.device = QComboBox()
         for value, label in (("auto", tr("The GPU when there is one")), ("cpu", tr("The CPU only (keeps the GPU free)"))):
             self.device.addItem(label, value)
@@ -128,7 +132,6 @@ class SettingsDialog(QDialog):
         form.addRow(tr("Translate into"), self.translate_target)
         form.addRow(tr("Answer length (tokens)"), self.max_tokens)
         form.addRow(tr("Temperature"), self.temperature)
-        form.addRow(tr("Local API port"), self.api_port)
         form.addRow(tr("Run local models on"), self.device)
         form.addRow(tr("Unload the model when unused for"), self.idle_unload)
         form.addRow(tr("Send chat messages with"), self.chat_send_key)
@@ -154,16 +157,21 @@ class SettingsDialog(QDialog):
         self.hotkeys_page.fill(prefs.hotkeys, prefs.action_modes, active, failures)
 
     def collect(self) -> tuple[dict, list[Action]]:
-        """The edited values as a preferences change set; raises QwenTrayError naming a bad field."""
+        """The edited values as a preferences change set, with an edited Local API key under
+        KEY_CHANGE; raises QwenTrayError naming a bad field."""
         hotkeys, modes = self.hotkeys_page.values()
         changes = dict(language=self.language.currentData(),
                        translate_target=self._translate_target_value(),
                        max_tokens=self.max_tokens.value(), temperature=round(self.temperature.value(), 2),
-                       local_api_port=self.api_port.value(), device=self.device.currentData(),
+                       device=self.device.currentData(),
                        idle_unload_minutes=self.idle_unload.value(),
                        chat_send_key=self.chat_send_key.currentData(),
                        copy_shortcuts=self.hotkeys_page.copy_rules(),
-                       hotkeys=hotkeys, action_modes=modes, **self.system_page.values())
+                       hotkeys=hotkeys, action_modes=modes, **self.local_api_page.values(),
+                       **self.system_page.values())
+        edited_key = self.local_api_page.edited_key()
+        if edited_key is not None:  # kept in the keyring by the tray, not a preference
+            changes[KEY_CHANGE] = edited_key
         if self.models_page.user != self._models_shown:  # only this dialog's edits, onto the file as it is now
             changes["models"] = rebase_models(self.store.refresh().models, self._models_shown, self.models_page.user)
         return changes, list(self.actions_page.actions)
@@ -178,6 +186,7 @@ class SettingsDialog(QDialog):
             changes, actions = self.collect()
             self._on_apply(changes, actions)
             self._models_shown = list(self.models_page.user)
+            self.local_api_page.key_applied()
             self.system_page.apply_autostart()
         except QwenTrayError as e:
             self.error.setText(str(e))
