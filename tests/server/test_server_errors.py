@@ -40,7 +40,8 @@ CHAT_ERRORS = [
     ({"frobnicate": 1}, 400, "frobnicate", "unsupported_parameter"),
     ({"temperature": 3}, 400, "temperature", "invalid_value"),
     ({"temperature": "hot"}, 400, "temperature", "invalid_type"),
-    ({"top_p": 0}, 400, "top_p", "invalid_value"),
+    ({"top_p": 1.5}, 400, "top_p", "invalid_value"),
+    ({"top_p": -0.1}, 400, "top_p", "invalid_value"),
     ({"top_k": -5}, 400, "top_k", "invalid_value"),
     ({"max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ({"max_tokens": 2.5}, 400, "max_tokens", "invalid_type"),
@@ -49,6 +50,7 @@ CHAT_ERRORS = [
     ({"presence_penalty": 5}, 400, "presence_penalty", "invalid_value"),
     ({"frequency_penalty": -3}, 400, "frequency_penalty", "invalid_value"),
     ({"repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    ({"repetition_penalty": 1e-38}, 400, "repetition_penalty", "invalid_value"),
     ({"seed": "x"}, 400, "seed", "invalid_type"),
     ({"seed": 2**70}, 400, "seed", "invalid_value"),
     ({"stop": ["s"] * 17}, 400, "stop", "invalid_value"),
@@ -75,8 +77,9 @@ def test_bad_chat_request(server, engine, fields, status, param, code):
 
 def test_a_bad_sampling_value_is_named_by_its_api_field(server, engine):
     """The field the client sent (top_p), not the CLI's option (--top-p)."""
-    response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 0})
-    assert response.status == 400 and response.error["message"] == "Invalid value for 'top_p': must be in (0, 1]."
+    response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 1.5})
+    assert response.status == 400
+    assert response.error["message"] == "Invalid value for 'top_p': must be between 0 and 1."
     assert response.error["param"] == "top_p" and "--" not in response.error["message"]
 
 
