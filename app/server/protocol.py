@@ -335,7 +335,8 @@ def parse_completion_request(body: dict) -> ApiRequest:
     model = _model(body)
     refuse_unless(body, "n", 1, expected="an integer")
     refuse_unless(body, "best_of", 1, expected="an integer")
-    refuse_unless(body, "logprobs", 0, expected="an integer")
+    # Not even 0: OpenAI answers it with the chosen tokens' log probabilities, which the engine does not keep.
+    refuse_unless(body, "logprobs", expected="an integer")
     refuse_unless(body, "echo", False, expected="a boolean")
     refuse_unless(body, "suffix", "")
     refuse_unless(body, "logit_bias", {})

@@ -154,6 +154,19 @@ def test_text_completions(client, engine):
     assert by_ids.choices[0].text == expected.text
 
 
+def test_completions_logprobs_zero_is_refused_not_answered_with_null(client, engine):
+    """logprobs 0 asks for the chosen tokens' log probabilities (OpenAI returns logprob + 1
+    entries); the engine keeps none, so it is refused as every other value is."""
+    import openai
+
+    for logprobs in (0, 1):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2, logprobs=logprobs)
+        assert (info.value.body["param"], info.value.body["code"]) == ("logprobs", "unsupported_parameter")
+    assert client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2,
+                                     logprobs=None).choices[0].logprobs is None
+
+
 def test_completion_streams_start_with_text(client, engine):
     """OpenAI's completion streams have no empty opening chunk (chat streams open with the role, as OpenAI's)."""
     chunks = list(client.completions.create(model=engine.model_id, prompt="Once upon a time", max_tokens=4,

@@ -90,7 +90,9 @@ COMPLETION_ERRORS = [
     ({"prompt": [1, 10**9]}, 400, "prompt[1]", "invalid_value"),
     ({"echo": True}, 400, "echo", "unsupported_value"),
     ({"best_of": 3}, 400, "best_of", "unsupported_value"),
-    ({"logprobs": 2}, 400, "logprobs", "unsupported_value"),
+    ({"logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    ({"logprobs": 0}, 400, "logprobs", "unsupported_parameter"),  # OpenAI answers 0 with the chosen tokens' logprobs
+    ({"logprobs": False}, 400, "logprobs", "invalid_type"),
     ({"suffix": "end"}, 400, "suffix", "unsupported_parameter"),
     ({"messages": []}, 400, "messages", "unsupported_parameter"),
 ]
