@@ -37,6 +37,7 @@ CHAT_ERRORS = [
     ({"n": 2}, 400, "n", "unsupported_value"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_value"),
     ({"logit_bias": {"1": 5}}, 400, "logit_bias", "unsupported_parameter"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, 400, "moderation", "unsupported_parameter"),
     ({"frobnicate": 1}, 400, "frobnicate", "unsupported_parameter"),
     ({"temperature": 3}, 400, "temperature", "invalid_value"),
     ({"temperature": "hot"}, 400, "temperature", "invalid_type"),
