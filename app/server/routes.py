@@ -23,7 +23,7 @@ from app.server import protocol, shapes
 from app.server.errors import ApiError, from_exception, model_not_found
 from app.server.fields import quoted
 from app.server.generation import serve_generation
-from app.server.guard import GuardMiddleware
+from app.server.guard import GuardMiddleware, unknown_path_message
 from app.server.responses import error_response
 from app.server.service import ApiService
 
@@ -55,7 +55,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     path = request.url.path
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        error = ApiError(405, f"Method {request.method} is not allowed here; use {allowed.split(',')[0]}.",
+        error = ApiError(405, f"Method {request.method} is not allowed here; use {_methods_to_use(allowed)}.",
                          code="method_not_allowed", headers={"Allow": f"{allowed}, OPTIONS"})
     elif exc.status_code == 404:
         error = ApiError(404, _unknown_path_message(path), code="not_found")
@@ -64,11 +64,18 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(error, f"{request.method} {path}")
 
 
+def _methods_to_use(allow: str) -> str:
+    """The methods a client means, from Starlette's ``Allow`` ("HEAD, GET" -> "GET"): HEAD comes
+    with every GET route and is named only where it is all there is."""
+    methods = [m.strip() for m in allow.split(",") if m.strip()]
+    return " or ".join([m for m in methods if m != "HEAD"] or methods)
+
+
 def _unknown_path_message(path: str) -> str:
     """A path of OpenAI's API this server does not implement says so, and what it serves instead."""
     endpoint = path.removeprefix("/v1/").split("/", 1)[0]
     if not path.startswith("/v1/") or endpoint not in OPENAI_ENDPOINTS:
-        return f"Unknown path {path}."
+        return unknown_path_message(path)
     return (f"This server does not support OpenAI's /v1/{endpoint} API; it serves /v1/chat/completions, "
             f"/v1/completions and /v1/models.")
 

@@ -130,8 +130,33 @@ def test_unknown_path_and_wrong_method(server):
     assert raw_request(server, "GET", "/").error["code"] == "not_found"
     response = raw_request(server, "GET", "/v1/chat/completions")
     assert response.status == 405 and "POST" in response.headers["allow"]
+    assert response.error["message"] == "Method GET is not allowed here; use POST."
     assert raw_request(server, "DELETE", "/v1/models").status == 405
     assert raw_request(server, "GET", "/v1/models/nope").error["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/models/MODEL"), ("POST", "/health"),
+                                              ("PUT", "/v1/models")])
+def test_a_wrong_method_on_a_get_route_names_get(server, engine, method, path):
+    """Starlette's Allow is "HEAD, GET": its first entry, HEAD, is not what a client wants."""
+    body = None if method == "DELETE" else {}
+    response = raw_request(server, method, path.replace("MODEL", engine.model_id), body=body)
+    assert response.status == 405 and response.error["code"] == "method_not_allowed"
+    assert response.error["message"] == f"Method {method} is not allowed here; use GET."
+    assert "GET" in response.headers["allow"]
+    from app.server.routes import _methods_to_use  # Starlette's order is a set's: test both
+
+    assert _methods_to_use("HEAD, GET") == _methods_to_use("GET, HEAD") == "GET"
+    assert _methods_to_use("POST") == "POST" and _methods_to_use("HEAD") == "HEAD"
+
+
+@pytest.mark.parametrize("path", ["/v1/", "/v1", "/chat/completions", "/"])
+def test_an_unknown_path_lists_the_served_ones(server, path):
+    """"/v1/" said "Unknown path /v1; the API is under /v1.": it is under /v1, not at it."""
+    response = raw_request(server, "GET", path)
+    assert response.status == 404 and response.error["code"] == "not_found"
+    assert response.error["message"] == (f"Unknown path {path.rstrip('/') or '/'}; this server serves "
+                                         "/v1/chat/completions, /v1/completions, /v1/models and /health.")
 
 
 @pytest.mark.parametrize(("method", "path", "endpoint"), [
@@ -154,7 +179,9 @@ def test_openai_client_learns_embeddings_and_responses_are_not_served(server, cl
         client.embeddings.create(model=engine.model_id, input="hi")
     with pytest.raises(openai.NotFoundError, match="/v1/chat/completions"):
         client.responses.create(model=engine.model_id, input="hi")
-    assert raw_request(server, "GET", "/v1/frobnicate").error["message"] == "Unknown path /v1/frobnicate."
+    assert raw_request(server, "GET", "/v1/frobnicate").error["message"] == (
+        "Unknown path /v1/frobnicate; this server serves /v1/chat/completions, /v1/completions, /v1/models and "
+        "/health.")
 
 
 def test_protocol_errors_are_json_too(server):
