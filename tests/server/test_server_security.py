@@ -107,6 +107,26 @@ def test_preflight_from_a_disallowed_origin_is_still_refused(make_server):
     assert not any(name.startswith("access-control-") for name in preflight.headers)
 
 
+def test_origin_null_gets_advice_the_server_takes(server):
+    """file:// pages and sandboxed frames send "Origin: null". The 403 suggested --cors-origin null,
+    which the CLI then refused; any site can send null from a sandboxed frame, so it stays refused
+    and both say so, the same way."""
+    response = raw_request(server, "GET", "/v1/models", headers={"Origin": "null"})
+    assert response.status == 403 and response.error["code"] == "origin_not_allowed"
+    message = response.error["message"]
+    assert "--cors-origin null " not in message and "serve the page from an http:// origin" in message
+    with pytest.raises(ServerConfigError) as info:
+        ServerConfig(cors_origins=("null",))
+    assert str(info.value) == ("--cors-origin 'null' cannot be allowed: any web site can send it from a sandboxed "
+                               "frame (file:// pages send it too); serve the page from an http:// origin and allow "
+                               "that origin")
+    assert message == f"Origin 'null' is not allowed, and {info.value}."
+    origin = "http://localhost:3000"  # an origin the option takes is still suggested as before
+    suggested = raw_request(server, "GET", "/v1/models", headers={"Origin": origin}).error["message"]
+    assert f"start the server with --cors-origin {origin} " in suggested
+    assert ServerConfig(cors_origins=(origin,)).cors_origins == (origin,)
+
+
 def test_api_key_is_required_when_set(make_server, engine):
     import openai
 
