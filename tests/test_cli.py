@@ -165,10 +165,10 @@ def test_prompt_longer_than_the_model_reads(cli, tiny_qwen_dir):
 
 @pytest.mark.parametrize("flag, value, reason", [
     ("--temperature", "9", "must be between 0 and 2"),
-    ("--top-p", "0", "must be in (0, 1]"),
+    ("--top-p", "1.5", "must be between 0 and 1"),
     ("--top-k", "-1", "must be an integer >= 0"),
     ("--max-tokens", "0", "must be an integer >= 1"),
-    ("--repetition-penalty", "0", "must be in (0, 10]"),
+    ("--repetition-penalty", "0", "must be between 0.01 and 10"),
     ("--stop", "", "each stop string must be 1..256 characters"),
     ("--max-context", "1", "must be >= 2, got 1"),
     ("--max-context", "100000", "100000 is more than the model's maximum (512 tokens)"),

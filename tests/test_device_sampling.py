@@ -180,6 +180,24 @@ def test_sampled_requests_chain_on_the_device_and_draw_what_the_host_would(engin
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_tiny_temperatures_and_top_p_zero_reach_the_device_as_the_argmax(engine_parts, model_dir, device):
+    """Settings that are greedy by SamplingParams' one rule reach the runner as temperature 0:
+    the device draw never divides by a float32 subnormal (1e-38 overflowed to inf: NaN
+    probabilities) nor searches the empty nucleus of top_p 0. Chained device steps give the
+    greedy request's tokens."""
+    loaded, engine_type, runner = engine_parts(model_dir, slots=2, max_context=96, device=device)
+    prompts = [loaded.tokenizer.encode("Write a poem"), loaded.tokenizer.encode("List three colors")]
+    greedy = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)] * 2
+    want, _ = run_engine(loaded, engine_type, runner, greedy, prompts)
+    for params in (dict(temperature=1e-38), dict(temperature=1.5, top_p=0.0), dict(temperature=1.0, top_p=1e-300)):
+        sampled = [SamplingParams(max_tokens=12, seed=3 + i, ignore_eos=True, **params) for i in range(2)]
+        assert all(RequestSampler(p, [], 10).row.temperature == 0 for p in sampled)
+        got, chained = run_engine(loaded, engine_type, runner, sampled, prompts)
+        assert got == want, params
+        assert chained > 0  # drawn by the runner's decode steps, not on the host
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_tokens_rows_draw_each_row_as_the_host_draws_it(engine_parts, model_dir, device):
     """The rows that check guessed tokens (consecutive tokens of one sequence in one step):
     tokens_rows draws each row as RequestSampler.sample does on the logits of the same step

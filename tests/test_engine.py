@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from app.engine import PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE, Engine, SamplingParams
 from app.engine.stops import StopStringMatcher
@@ -52,9 +53,33 @@ def test_a_top_k_past_the_vocabulary_keeps_every_token(engine):
 
 def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     ref = engine.chat(CHAT, greedy(10)).wait(30).token_ids
-    for params in (dict(top_k=1), dict(top_p=1e-6)):
+    for params in (dict(top_k=1), dict(top_p=1e-6), dict(top_p=0.0), dict(top_p=1e-300)):
         got = engine.chat(CHAT, SamplingParams(max_tokens=10, temperature=1.5, seed=3, ignore_eos=True, **params)).wait(30)
-        assert got.token_ids == ref
+        assert got.token_ids == ref, params
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-38, 1e-45, 5e-324])
+def test_a_temperature_too_small_to_divide_by_is_greedy(engine, temperature):
+    """logits / 1e-38 overflowed float32 to inf: NaN probabilities and a garbage token, every step."""
+    ref = engine.chat(CHAT, greedy(10)).wait(30).token_ids
+    params = SamplingParams(max_tokens=10, temperature=temperature, seed=3, ignore_eos=True)
+    assert engine.chat(CHAT, params).wait(30).token_ids == ref
+    assert params.greedy  # and so the argmax on every runner (RequestSampler's row has temperature 0)
+
+
+def test_the_smallest_repetition_penalty_keeps_the_logits_finite(engine):
+    """A seen token's logit is divided by the penalty: 1e-38 made it inf (an empty answer); the
+    smallest accepted penalty leaves every probability a number."""
+    from app.engine.params import MIN_REPETITION_PENALTY
+    from app.engine.sampling import RequestSampler
+
+    params = SamplingParams(max_tokens=10, temperature=1.0, repetition_penalty=MIN_REPETITION_PENALTY, seed=3)
+    sampler = RequestSampler(params, [1, 2, 3], 50)
+    logits = torch.linspace(-40.0, 60.0, 50).half()  # fp16's range of logits, seen tokens at both ends
+    probs = sampler._probabilities(sampler._penalized(logits))
+    assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1.0) < 1e-5
+    with pytest.raises(InvalidParameterError, match="between 0.01 and 10"):
+        SamplingParams(repetition_penalty=1e-38)
 
 
 def test_repetition_penalty_discourages_repeats(engine):
@@ -155,7 +180,8 @@ def test_kv_cache_refuses_positions_past_its_end(engine):
         engine.runner.prefill(0, [1, 2, 3], 254)
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(top_k=-2),
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=-0.1), dict(top_p=1.5), dict(max_tokens=0),
+                                 dict(top_k=-2), dict(repetition_penalty=0.009),
                                  dict(stop=("",)), dict(presence_penalty=3), dict(seed=2**64)])
 def test_invalid_sampling_params_name_the_parameter(bad):
     with pytest.raises(InvalidParameterError) as info:

@@ -99,7 +99,9 @@ class RequestSampler:
         self.prompt_ids = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long)
         self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
         p = params
-        self._settings = RowSampling(p.temperature, p.top_p, p.top_k, self.seed, vocab_size)
+        # A greedy request reaches every runner as temperature 0 (the argmax): a device draw never
+        # divides by a tiny temperature nor searches an empty nucleus (SamplingParams.greedy).
+        self._settings = RowSampling(0.0 if p.greedy else p.temperature, p.top_p, p.top_k, self.seed, vocab_size)
         self.has_penalties = p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
         # How a runner draws this request's tokens itself (read every decode step); None with
         # penalties: they need this request's token counts, so those draws stay on the host.

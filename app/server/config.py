@@ -52,6 +52,16 @@ def is_loopback_host(host: str) -> bool:
     return ip is not None and ip.is_loopback
 
 
+def cors_origin_problem(origin: str) -> str | None:
+    """Why ``--cors-origin`` cannot take ``origin``, as the end of a sentence; None when it can."""
+    if origin.lower() == "null":  # opaque: not one page's origin but every sandboxed one's
+        return ("cannot be allowed: any web site can send it from a sandboxed frame (file:// pages send it too); "
+                "serve the page from an http:// origin and allow that origin")
+    if origin != "*" and "://" not in origin:
+        return "must be a full origin like http://localhost:3000 or *"
+    return None
+
+
 def is_wildcard_host(host: str) -> bool:
     ip = parse_ip(host)
     return ip is not None and ip.is_unspecified
@@ -105,9 +115,9 @@ class ServerConfig:
         if self.model_id is not None and not self.model_id.strip():
             raise ServerConfigError("--model-id must not be empty")
         for origin in self.cors_origins:
-            if origin != "*" and "://" not in origin:
-                raise ServerConfigError(
-                    f"--cors-origin {origin!r} must be a full origin like http://localhost:3000 or *")
+            problem = cors_origin_problem(origin)
+            if problem is not None:
+                raise ServerConfigError(f"--cors-origin {origin!r} {problem}")
 
     @property
     def bind_host(self) -> str:

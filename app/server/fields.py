@@ -35,6 +35,7 @@ UNSUPPORTED_REASONS = {
     "prediction": "does not take predicted outputs",
     "audio": "answers in text only",
     "web_search_options": "does not search the web",
+    "moderation": "does not run moderation",
 }
 
 

@@ -18,6 +18,7 @@ from app.server.responses import error_response
 from app.server.security import check_api_key, check_host, check_origin, cors_headers, preflight_headers
 
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+SERVED_PATHS = "/v1/chat/completions, /v1/completions, /v1/models and /health"
 HTTP_VERSIONS = ("1.0", "1.1")
 
 
@@ -46,13 +47,18 @@ class GuardMiddleware:
                 return
             if path != "/health":
                 if not path.startswith("/v1/"):
-                    raise ApiError(404, f"Unknown path {path}; the API is under /v1.", code="not_found")
+                    raise ApiError(404, unknown_path_message(path), code="not_found")
                 check_api_key(headers.get("authorization"), self.config)
         except ApiError as error:
             response = error_response(_closing(error, headers), f"{scope['method']} {path}")
             await response(scope, receive, _with_headers(send, cors))
             return
         await self.app(scope, receive, _with_headers(send, cors))
+
+
+def unknown_path_message(path: str) -> str:
+    """The 404 of a path nothing serves ("/v1" included: the API is under it, not at it)."""
+    return f"Unknown path {path}; this server serves {SERVED_PATHS}."
 
 
 def _check_protocol(scope: Scope) -> None:

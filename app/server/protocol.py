@@ -21,16 +21,18 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 ROLE_ALIASES = {"developer": "system"}
 TOOL_ROLES = ("tool", "function")  # OpenAI's roles for tool results: this server calls no tools
 
-# Accepted for compatibility and ignored: they change nothing about the generated text.
+# Accepted for compatibility and ignored: they change nothing about the generated text (the
+# prompt_cache_* fields are hints for OpenAI's prompt cache; this server keeps none between requests).
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
-                            "prompt_cache_key", "safety_identifier"})
+                            "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                            "safety_identifier"})
 SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
                              "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos"})
 COMMON_FIELDS = frozenset({"model", "stream", "stream_options", "n", "logit_bias"}) | SAMPLING_FIELDS | IGNORED_FIELDS
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                                "tool_choice", "functions", "function_call", "response_format", "modalities"}
 # OpenAI documents these; this server refuses them (fields.UNSUPPORTED_REASONS says why) unless null.
-UNSUPPORTED_CHAT_FIELDS = ("reasoning_effort", "verbosity", "prediction", "audio", "web_search_options")
+UNSUPPORTED_CHAT_FIELDS = ("reasoning_effort", "verbosity", "prediction", "audio", "web_search_options", "moderation")
 CHAT_FIELDS |= frozenset(UNSUPPORTED_CHAT_FIELDS)
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "suffix", "best_of"}
 # include_obfuscation pads OpenAI's chunks against network side channels; a loopback server skips it.
@@ -335,7 +337,8 @@ def parse_completion_request(body: dict) -> ApiRequest:
     model = _model(body)
     refuse_unless(body, "n", 1, expected="an integer")
     refuse_unless(body, "best_of", 1, expected="an integer")
-    refuse_unless(body, "logprobs", 0, expected="an integer")
+    # Not even 0: OpenAI answers it with the chosen tokens' log probabilities, which the engine does not keep.
+    refuse_unless(body, "logprobs", expected="an integer")
     refuse_unless(body, "echo", False, expected="a boolean")
     refuse_unless(body, "suffix", "")
     refuse_unless(body, "logit_bias", {})

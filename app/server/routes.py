@@ -23,7 +23,7 @@ from app.server import protocol, shapes
 from app.server.errors import ApiError, from_exception, model_not_found
 from app.server.fields import quoted
 from app.server.generation import serve_generation
-from app.server.guard import GuardMiddleware
+from app.server.guard import GuardMiddleware, unknown_path_message
 from app.server.responses import error_response
 from app.server.service import ApiService
 
@@ -55,7 +55,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     path = request.url.path
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        error = ApiError(405, f"Method {request.method} is not allowed here; use {allowed.split(',')[0]}.",
+        error = ApiError(405, f"Method {request.method} is not allowed here; use {_methods_to_use(allowed)}.",
                          code="method_not_allowed", headers={"Allow": f"{allowed}, OPTIONS"})
     elif exc.status_code == 404:
         error = ApiError(404, _unknown_path_message(path), code="not_found")
@@ -64,11 +64,18 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(error, f"{request.method} {path}")
 
 
+def _methods_to_use(allow: str) -> str:
+    """The methods a client means, from Starlette's ``Allow`` ("HEAD, GET" -> "GET"): HEAD comes
+    with every GET route and is named only where it is all there is."""
+    methods = [m.strip() for m in allow.split(",") if m.strip()]
+    return " or ".join([m for m in methods if m != "HEAD"] or methods)
+
+
 def _unknown_path_message(path: str) -> str:
     """A path of OpenAI's API this server does not implement says so, and what it serves instead."""
     endpoint = path.removeprefix("/v1/").split("/", 1)[0]
     if not path.startswith("/v1/") or endpoint not in OPENAI_ENDPOINTS:
-        return f"Unknown path {path}."
+        return unknown_path_message(path)
     return (f"This server does not support OpenAI's /v1/{endpoint} API; it serves /v1/chat/completions, "
             f"/v1/completions and /v1/models.")
 
@@ -117,28 +124,45 @@ class _Routes:
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; else 4xx."""
+    """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; else 4xx.
+
+    A chunked body (``Transfer-Encoding: chunked``: .NET's JsonContent, Java's and Go's streamed
+    bodies; HTTP/1.1 servers must take it) is de-chunked by h11 and counted as it arrives: 413 as
+    soon as it passes the limit, without reading the rest. A Content-Length over the limit is a
+    413 before any of the body is read.
+    """
     headers = request.headers
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise ApiError(411, "Chunked request bodies are not supported; send Content-Length.",
-                       code="length_required", close_connection=True)
-    raw_length = headers.get("content-length")
-    if raw_length is None:
-        raise ApiError(411, "A Content-Length header is required.", code="length_required", close_connection=True)
-    length = int(raw_length) if raw_length.strip().isdigit() else -1  # h11 already refused other forms
-    if length < 0:
-        raise ApiError(400, f"Invalid Content-Length header: {quoted(raw_length)}.", code="invalid_request",
-                       close_connection=True)
-    if length > limit:
-        raise ApiError(413, f"Request body is {length} bytes; the limit is {limit} bytes.",
-                       code="request_too_large", close_connection=True)
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()  # h11 then ignores Content-Length
+    if not chunked:
+        _check_content_length(headers.get("content-length"), limit)
     try:
-        return await asyncio.wait_for(_receive_all(request), timeout_s)
+        return await asyncio.wait_for(_receive_all(request, limit), timeout_s)
     except asyncio.TimeoutError:
         raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout",
                        close_connection=True) from None
 
 
-async def _receive_all(request: Request) -> bytes:
-    chunks = [chunk async for chunk in request.stream()]
+def _check_content_length(raw_length: str | None, limit: int) -> None:
+    if raw_length is None:
+        raise ApiError(411, "A Content-Length header or a chunked body is required.", code="length_required",
+                       close_connection=True)
+    length = int(raw_length) if raw_length.strip().isdigit() else -1  # h11 already refused other forms
+    if length < 0:
+        raise ApiError(400, f"Invalid Content-Length header: {quoted(raw_length)}.", code="invalid_request",
+                       close_connection=True)
+    if length > limit:
+        raise _too_large(f"Request body is {length} bytes; the limit is {limit} bytes.")
+
+
+async def _receive_all(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # the rest stays unread: the connection is closed after the answer
+            raise _too_large(f"Request body is over the limit of {limit} bytes.")
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _too_large(message: str) -> ApiError:
+    return ApiError(413, message, code="request_too_large", close_connection=True)

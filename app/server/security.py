@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import re
 
-from app.server.config import ServerConfig, is_loopback_host, is_wildcard_host, parse_ip
+from app.server.config import ServerConfig, cors_origin_problem, is_loopback_host, is_wildcard_host, parse_ip
 from app.server.errors import ApiError
 
 DEFAULT_ALLOWED_HEADERS = "Authorization, Content-Type"
@@ -62,8 +62,10 @@ def origin_allowed(origin: str, config: ServerConfig) -> bool:
 def check_origin(origin: str | None, config: ServerConfig) -> None:
     """Non-browser clients send no Origin; browsers must come from an allowed origin."""
     if origin is not None and not origin_allowed(origin, config):
-        raise ApiError(403, f"Origin '{origin}' is not allowed; start the server with --cors-origin {origin} "
-                            "to let that web page call it.", code="origin_not_allowed")
+        problem = cors_origin_problem(origin.rstrip("/"))  # the option would refuse it: say why, not to use it
+        advice = (f"; start the server with --cors-origin {origin} to let that web page call it" if problem is None
+                  else f", and --cors-origin '{origin}' {problem}")
+        raise ApiError(403, f"Origin '{origin}' is not allowed{advice}.", code="origin_not_allowed")
 
 
 def cors_headers(origin: str | None, config: ServerConfig) -> dict[str, str]:

@@ -105,6 +105,18 @@ def test_seed_makes_sampling_repeatable(client, engine):
     assert sample(1234) == sample(1234)
 
 
+@pytest.mark.parametrize("fields", [{"top_p": 0}, {"temperature": 1e-38}, {"temperature": 5e-324},
+                                    {"temperature": 1e-6, "top_p": 0.5}], ids=str)
+def test_top_p_zero_and_tiny_temperatures_are_greedy(client, engine, fields):
+    """OpenAI takes top_p in [0, 1]: 0 keeps the most likely token. A temperature too small to
+    divide by (1e-38 is a float32 subnormal) answered 200 with garbage: both are the argmax."""
+    want = greedy(client, engine, max_tokens=8, extra_body={"ignore_eos": True}).choices[0].message.content
+    sampled = {"temperature": 1.5, "seed": 4, **fields}
+    response = client.chat.completions.create(model=engine.model_id, messages=MESSAGES, max_tokens=8,
+                                              extra_body={"ignore_eos": True}, **sampled)
+    assert response.choices[0].message.content == want
+
+
 def test_content_parts_and_developer_role(client, engine):
     parts = [{"role": "developer", "content": "You are terse."},
              {"role": "user", "content": [{"type": "text", "text": "Name three colours."}]}]
@@ -140,6 +152,19 @@ def test_text_completions(client, engine):
     by_ids = client.completions.create(model=engine.model_id, prompt=engine.tokenizer.encode(prompt),
                                        temperature=0, max_tokens=16)
     assert by_ids.choices[0].text == expected.text
+
+
+def test_completions_logprobs_zero_is_refused_not_answered_with_null(client, engine):
+    """logprobs 0 asks for the chosen tokens' log probabilities (OpenAI returns logprob + 1
+    entries); the engine keeps none, so it is refused as every other value is."""
+    import openai
+
+    for logprobs in (0, 1):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2, logprobs=logprobs)
+        assert (info.value.body["param"], info.value.body["code"]) == ("logprobs", "unsupported_parameter")
+    assert client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2,
+                                     logprobs=None).choices[0].logprobs is None
 
 
 def test_completion_streams_start_with_text(client, engine):

@@ -37,10 +37,12 @@ CHAT_ERRORS = [
     ({"n": 2}, 400, "n", "unsupported_value"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_value"),
     ({"logit_bias": {"1": 5}}, 400, "logit_bias", "unsupported_parameter"),
+    ({"moderation": {"model": "omni-moderation-latest"}}, 400, "moderation", "unsupported_parameter"),
     ({"frobnicate": 1}, 400, "frobnicate", "unsupported_parameter"),
     ({"temperature": 3}, 400, "temperature", "invalid_value"),
     ({"temperature": "hot"}, 400, "temperature", "invalid_type"),
-    ({"top_p": 0}, 400, "top_p", "invalid_value"),
+    ({"top_p": 1.5}, 400, "top_p", "invalid_value"),
+    ({"top_p": -0.1}, 400, "top_p", "invalid_value"),
     ({"top_k": -5}, 400, "top_k", "invalid_value"),
     ({"max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ({"max_tokens": 2.5}, 400, "max_tokens", "invalid_type"),
@@ -49,6 +51,7 @@ CHAT_ERRORS = [
     ({"presence_penalty": 5}, 400, "presence_penalty", "invalid_value"),
     ({"frequency_penalty": -3}, 400, "frequency_penalty", "invalid_value"),
     ({"repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    ({"repetition_penalty": 1e-38}, 400, "repetition_penalty", "invalid_value"),
     ({"seed": "x"}, 400, "seed", "invalid_type"),
     ({"seed": 2**70}, 400, "seed", "invalid_value"),
     ({"stop": ["s"] * 17}, 400, "stop", "invalid_value"),
@@ -75,8 +78,9 @@ def test_bad_chat_request(server, engine, fields, status, param, code):
 
 def test_a_bad_sampling_value_is_named_by_its_api_field(server, engine):
     """The field the client sent (top_p), not the CLI's option (--top-p)."""
-    response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 0})
-    assert response.status == 400 and response.error["message"] == "Invalid value for 'top_p': must be in (0, 1]."
+    response = raw_request(server, "POST", "/v1/chat/completions", {**chat_body(engine.model_id), "top_p": 1.5})
+    assert response.status == 400
+    assert response.error["message"] == "Invalid value for 'top_p': must be between 0 and 1."
     assert response.error["param"] == "top_p" and "--" not in response.error["message"]
 
 
@@ -87,7 +91,9 @@ COMPLETION_ERRORS = [
     ({"prompt": [1, 10**9]}, 400, "prompt[1]", "invalid_value"),
     ({"echo": True}, 400, "echo", "unsupported_value"),
     ({"best_of": 3}, 400, "best_of", "unsupported_value"),
-    ({"logprobs": 2}, 400, "logprobs", "unsupported_value"),
+    ({"logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    ({"logprobs": 0}, 400, "logprobs", "unsupported_parameter"),  # OpenAI answers 0 with the chosen tokens' logprobs
+    ({"logprobs": False}, 400, "logprobs", "invalid_type"),
     ({"suffix": "end"}, 400, "suffix", "unsupported_parameter"),
     ({"messages": []}, 400, "messages", "unsupported_parameter"),
 ]
@@ -124,8 +130,33 @@ def test_unknown_path_and_wrong_method(server):
     assert raw_request(server, "GET", "/").error["code"] == "not_found"
     response = raw_request(server, "GET", "/v1/chat/completions")
     assert response.status == 405 and "POST" in response.headers["allow"]
+    assert response.error["message"] == "Method GET is not allowed here; use POST."
     assert raw_request(server, "DELETE", "/v1/models").status == 405
     assert raw_request(server, "GET", "/v1/models/nope").error["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/models/MODEL"), ("POST", "/health"),
+                                              ("PUT", "/v1/models")])
+def test_a_wrong_method_on_a_get_route_names_get(server, engine, method, path):
+    """Starlette's Allow is "HEAD, GET": its first entry, HEAD, is not what a client wants."""
+    body = None if method == "DELETE" else {}
+    response = raw_request(server, method, path.replace("MODEL", engine.model_id), body=body)
+    assert response.status == 405 and response.error["code"] == "method_not_allowed"
+    assert response.error["message"] == f"Method {method} is not allowed here; use GET."
+    assert "GET" in response.headers["allow"]
+    from app.server.routes import _methods_to_use  # Starlette's order is a set's: test both
+
+    assert _methods_to_use("HEAD, GET") == _methods_to_use("GET, HEAD") == "GET"
+    assert _methods_to_use("POST") == "POST" and _methods_to_use("HEAD") == "HEAD"
+
+
+@pytest.mark.parametrize("path", ["/v1/", "/v1", "/chat/completions", "/"])
+def test_an_unknown_path_lists_the_served_ones(server, path):
+    """"/v1/" said "Unknown path /v1; the API is under /v1.": it is under /v1, not at it."""
+    response = raw_request(server, "GET", path)
+    assert response.status == 404 and response.error["code"] == "not_found"
+    assert response.error["message"] == (f"Unknown path {path.rstrip('/') or '/'}; this server serves "
+                                         "/v1/chat/completions, /v1/completions, /v1/models and /health.")
 
 
 @pytest.mark.parametrize(("method", "path", "endpoint"), [
@@ -148,7 +179,9 @@ def test_openai_client_learns_embeddings_and_responses_are_not_served(server, cl
         client.embeddings.create(model=engine.model_id, input="hi")
     with pytest.raises(openai.NotFoundError, match="/v1/chat/completions"):
         client.responses.create(model=engine.model_id, input="hi")
-    assert raw_request(server, "GET", "/v1/frobnicate").error["message"] == "Unknown path /v1/frobnicate."
+    assert raw_request(server, "GET", "/v1/frobnicate").error["message"] == (
+        "Unknown path /v1/frobnicate; this server serves /v1/chat/completions, /v1/completions, /v1/models and "
+        "/health.")
 
 
 def test_protocol_errors_are_json_too(server):

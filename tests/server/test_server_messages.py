@@ -85,7 +85,8 @@ COMPLETION_MISTAKES = [
     ({"prompt": {"text": "Once"}}, "prompt", "invalid_type"),
     ({"echo": True}, "echo", "unsupported_value"),
     ({"best_of": 3}, "best_of", "unsupported_value"),
-    ({"logprobs": 2}, "logprobs", "unsupported_value"),
+    ({"logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"logprobs": 0}, "logprobs", "unsupported_parameter"),  # OpenAI answers it with the chosen tokens' logprobs
     ({"suffix": "The end."}, "suffix", "unsupported_parameter"),
     ({"n": 3}, "n", "unsupported_value"),
     ({"logit_bias": {"1": -100}}, "logit_bias", "unsupported_parameter"),
@@ -167,14 +168,15 @@ def test_empty_tools_and_neutral_choices_are_accepted(client, engine):
 
 
 def test_neutral_values_of_the_exact_json_type_are_accepted(client, engine):
-    """n 1, logprobs false / 0, top_logprobs 0, echo false, best_of 1: accepted as before; an assistant turn
-    may leave out its content."""
+    """n 1, chat logprobs false, top_logprobs 0, echo false, best_of 1: accepted as before; an assistant
+    turn may leave out its content. (Completions logprobs 0 is not neutral: it asks for the chosen
+    tokens' log probabilities.)"""
     history = [*USER, {"role": "assistant"}, *USER]
     chat = client.chat.completions.create(model=engine.model_id, messages=history, max_tokens=2, n=1,
                                           logprobs=False, top_logprobs=0)
     assert len(chat.choices) == 1
-    text = client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2, n=1, logprobs=0,
-                                     echo=False, best_of=1)
+    text = client.completions.create(model=engine.model_id, prompt="Once", max_tokens=2, n=1, echo=False,
+                                     best_of=1)
     assert len(text.choices) == 1
 
 

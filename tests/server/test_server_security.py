@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
 
 import pytest
 
@@ -105,6 +107,26 @@ def test_preflight_from_a_disallowed_origin_is_still_refused(make_server):
     assert not any(name.startswith("access-control-") for name in preflight.headers)
 
 
+def test_origin_null_gets_advice_the_server_takes(server):
+    """file:// pages and sandboxed frames send "Origin: null". The 403 suggested --cors-origin null,
+    which the CLI then refused; any site can send null from a sandboxed frame, so it stays refused
+    and both say so, the same way."""
+    response = raw_request(server, "GET", "/v1/models", headers={"Origin": "null"})
+    assert response.status == 403 and response.error["code"] == "origin_not_allowed"
+    message = response.error["message"]
+    assert "--cors-origin null " not in message and "serve the page from an http:// origin" in message
+    with pytest.raises(ServerConfigError) as info:
+        ServerConfig(cors_origins=("null",))
+    assert str(info.value) == ("--cors-origin 'null' cannot be allowed: any web site can send it from a sandboxed "
+                               "frame (file:// pages send it too); serve the page from an http:// origin and allow "
+                               "that origin")
+    assert message == f"Origin 'null' is not allowed, and {info.value}."
+    origin = "http://localhost:3000"  # an origin the option takes is still suggested as before
+    suggested = raw_request(server, "GET", "/v1/models", headers={"Origin": origin}).error["message"]
+    assert f"start the server with --cors-origin {origin} " in suggested
+    assert ServerConfig(cors_origins=(origin,)).cors_origins == (origin,)
+
+
 def test_api_key_is_required_when_set(make_server, engine):
     import openai
 
@@ -155,9 +177,58 @@ def test_body_size_limit_and_length_required(make_server, engine):
     assert response.status == 413 and response.error["code"] == "request_too_large"
     assert "2048" in response.error["message"]
     assert response.headers["connection"] == "close"  # the unread body cannot be reused as a request
-    chunked = raw_request(handle, "POST", "/v1/chat/completions", raw_body=b"5\r\n{}   \r\n0\r\n\r\n",
-                          headers={"Transfer-Encoding": "chunked", "Content-Length": None})
-    assert chunked.status == 411
+    no_length = raw_request(handle, "POST", "/v1/chat/completions", headers={"Content-Length": None})
+    assert no_length.status == 411 and no_length.error["code"] == "length_required"
+
+
+def test_a_chunked_body_is_read(server, engine):
+    """HTTP/1.1 servers must take chunked bodies (RFC 9112 7.1): .NET's JsonContent, Java's
+    ofInputStream and python-requests with an iterable send them. They got 411."""
+    body = json.dumps(chat_body(engine.model_id, max_tokens=2)).encode()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:  # an iterable body without a length: http.client sends it chunked, one chunk per piece
+        conn.request("POST", "/v1/chat/completions", body=iter([body[:10], body[10:]]),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 200, answer
+    assert answer["object"] == "chat.completion" and answer["usage"]["completion_tokens"] >= 1
+
+
+def _chunked_head(path: str = "/v1/chat/completions") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode()
+
+
+def test_a_chunked_body_past_the_limit_is_413_before_it_ends(make_server):
+    """The limit holds without a Content-Length: counted as the chunks arrive, answered as soon as
+    it is passed, and the connection is closed (the rest of the body is never read)."""
+    handle = make_server(max_body_bytes=2048)
+    chunk = b"400\r\n" + b" " * 1024 + b"\r\n"
+    with socket.create_connection((handle.host, handle.port), timeout=30) as sock:
+        sock.sendall(_chunked_head())
+        for sent in range(1, 65):  # up to 64 KiB; once past the limit, wait for the answer first
+            sock.sendall(chunk)
+            if select.select([sock], [], [], 10.0 if sent * 1024 > 2048 else 0.0)[0]:
+                break
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))  # to the end: the server closes
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"] == {"message": "Request body is over the limit of 2048 bytes.",
+                                         "type": "invalid_request_error", "param": None, "code": "request_too_large"}
+    assert sent == 3  # answered at the chunk that passed the limit, not after the whole body
+
+
+def test_a_chunked_body_that_stops_arriving_gets_408(make_server):
+    handle = make_server(request_timeout_s=0.5)
+    with socket.create_connection((handle.host, handle.port), timeout=30) as sock:
+        sock.sendall(_chunked_head() + b"9\r\n{\"model\":\r\n")  # and never the last chunk
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
 
 
 def test_non_loopback_bind_needs_allow_remote():
