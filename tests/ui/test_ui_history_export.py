@@ -79,6 +79,23 @@ def test_text_the_user_typed_is_exported_exactly_and_its_fences_cannot_end_the_e
     assert ("text", "It is cut.") in blocks and blocks[-1] == ("text", "A list.")
 
 
+def test_the_history_window_shows_what_the_user_typed_as_typed_and_answers_as_markdown(qtbot):
+    _keep_chat(2000.0, ("user", TYPED), ("assistant", CUT_ANSWER), ("user", "Thanks"), ("assistant", "**Paris**."))
+    ActionHistory().save(ActionRecord("Explain", TYPED, "**Bold** answer", "m", "explain", created=1000.0))
+    window = _history_window(qtbot)
+
+    shown = window.view.toPlainText()
+    assert TYPED in shown  # line breaks, underscores, stars and the tag, as typed
+    assert "def add_numbers(a, b):\n    return a + b\n\nadd\nYou:\nThanks\nAssistant:\nParis." in shown
+    paragraphs = _paragraphs(window.view.document())
+    typed_lines = TYPED.splitlines()
+    assert [kind for kind, text in paragraphs if text in typed_lines] == ["text"] * len(typed_lines)  # wrapping text
+    assert ("code", "add") in paragraphs and ("text", "Thanks") in paragraphs
+    window.list.setCurrentRow(1)
+    assert TYPED in window.view.toPlainText() and "Bold answer" in window.view.toPlainText()
+    assert "**Text:**\n\n```text\n" + TYPED + "\n```" in window.view.markdown_text()  # what Export writes
+
+
 # (message, the line that closes its fence: None where none is open), as CommonMark reads them:
 # markdown-it and GitHub's cmark-gfm agree on every one.
 FENCES = [
