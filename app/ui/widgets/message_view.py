@@ -1,4 +1,5 @@
-"""One chat message: who said it, the Markdown text (grows with its content), Copy, tokens/s."""
+"""One chat message: who said it, its text (grows with its content), Copy, tokens/s. An answer is
+rendered as Markdown; the user's own message is shown as typed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class MessageWidget(QFrame):
         header.addStretch(1)
         header.addWidget(self.speed)
         header.addWidget(self.copy_button)
-        self.view = MarkdownView(self)
+        self.view = MarkdownView(self, plain=role == "user")
         self.view.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.view.setFrameShape(QFrame.NoFrame)
         self.view.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)

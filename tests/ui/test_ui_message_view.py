@@ -1,0 +1,48 @@
+"""A chat message: the user's own text shown as typed, an answer rendered as Markdown."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from ui_fakes import FakeOpener
+
+from app.ui.controllers.engine_host import EngineHost
+from app.ui.models import ModelEntry
+from app.ui.preferences import PreferencesStore
+from app.ui.widgets.chat import ChatWindow
+from app.ui.widgets.message_view import MessageWidget
+
+# Pasted code and a line of HTML: Markdown would join the lines, drop the underscores and stars
+# and take the tag as HTML.
+TYPED = ("Why does this fail?\ndef __init__(self, *args, **kwargs):\n    # set up the cache\n"
+         "    self.x = a*b*c\n1. first\n<b>tag</b> and 2 < 3 > 1")
+
+
+@pytest.fixture
+def host(qtbot):
+    host = EngineHost(FakeOpener(answer=lambda m: f"**Answer {len(m)}** to a question"))
+    with qtbot.waitSignal(host.loaded, timeout=5000):
+        host.switch_to(ModelEntry("fake", path="/fake"))
+    yield host
+    host.shutdown()
+
+
+def test_the_users_message_is_shown_as_typed_and_the_answer_as_markdown(qtbot, host):
+    window = ChatWindow(host, PreferencesStore())
+    qtbot.addWidget(window)
+    window.input.setPlainText(TYPED)
+    window.send_button.click()
+    qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=5000)
+
+    question, answer = window.message_widgets()
+    assert question.view.toPlainText() == TYPED  # its line breaks, spaces, _, * and <b> as typed
+    assert question.view.textInteractionFlags() & Qt.TextSelectableByMouse
+    question.copy_button.click()
+    assert QGuiApplication.clipboard().text() == TYPED
+    assert answer.view.toPlainText() == "Answer 1 to a question"  # Markdown rendered: no **
+
+
+def test_a_message_reopened_from_the_history_is_shown_the_same_way():
+    assert MessageWidget("user", TYPED).view.toPlainText() == TYPED
+    assert MessageWidget("assistant", "**Paris** `__init__`").view.toPlainText() == "Paris __init__"
