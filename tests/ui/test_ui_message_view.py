@@ -1,10 +1,12 @@
-"""A chat message: the user's own text shown as typed, an answer rendered as Markdown."""
+"""A chat message: the user's own text shown as typed, an answer rendered as Markdown; a code line
+wider than the message scrolls sideways and hides no line of the answer."""
 
 from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 from ui_fakes import FakeOpener
 
 from app.ui.controllers.engine_host import EngineHost
@@ -17,6 +19,8 @@ from app.ui.widgets.message_view import MessageWidget
 # and take the tag as HTML.
 TYPED = ("Why does this fail?\ndef __init__(self, *args, **kwargs):\n    # set up the cache\n"
          "    self.x = a*b*c\n1. first\n<b>tag</b> and 2 < 3 > 1")
+LONG_CODE_LINE = ("```python\nresult = compute(" + ", ".join(f"argument_{i}" for i in range(40))
+                  + ")\nprint(result)\n```\nDone.")
 
 
 @pytest.fixture
@@ -46,3 +50,25 @@ def test_the_users_message_is_shown_as_typed_and_the_answer_as_markdown(qtbot, h
 def test_a_message_reopened_from_the_history_is_shown_the_same_way():
     assert MessageWidget("user", TYPED).view.toPlainText() == TYPED
     assert MessageWidget("assistant", "**Paris** `__init__`").view.toPlainText() == "Paris __init__"
+
+
+def test_a_code_line_wider_than_the_answer_scrolls_sideways_and_hides_no_line(qtbot):
+    holder = QWidget()
+    layout = QVBoxLayout(holder)
+    answer = MessageWidget("assistant", LONG_CODE_LINE)
+    layout.addWidget(answer)
+    layout.addStretch(1)
+    qtbot.addWidget(holder)
+    holder.resize(500, 400)
+    holder.show()
+    view, bar = answer.view, answer.view.horizontalScrollBar()
+    qtbot.waitUntil(bar.isVisible, timeout=5000)  # the code block scrolls sideways
+    # The bar takes its own room: the viewport holds the whole text ("Done." included), so the
+    # view has nothing left to scroll up and down.
+    assert view.viewport().height() >= view.document().size().height()
+    assert view.verticalScrollBar().maximum() == 0
+    with_bar = view.height()
+
+    holder.resize(6000, 400)  # the line fits: no bar, and no room kept for one
+    qtbot.waitUntil(lambda: not bar.isVisible(), timeout=5000)
+    assert view.height() < with_bar and view.verticalScrollBar().maximum() == 0
