@@ -66,7 +66,7 @@ def test_an_answer_cut_inside_a_code_block_does_not_swallow_the_entries_after_it
 
 
 def test_text_the_user_typed_is_exported_exactly_and_its_fences_cannot_end_the_entry(qtbot, tmp_path):
-    typed = "Why does this break?\n```\n````python\nprint(*args)"  # fences of its own, one never closed
+    typed = "def __init__(self, *args): why?\n```\n````python\nprint(*args)"  # fences of its own, one never closed
     _keep_chat(2000.0, ("user", typed), ("assistant", "It is cut."))
     ActionHistory().save(ActionRecord("Explain", "```\n" + TYPED, "A list.", "m", "explain", created=1000.0))
     window = _history_window(qtbot)
@@ -75,7 +75,7 @@ def test_text_the_user_typed_is_exported_exactly_and_its_fences_cannot_end_the_e
     blocks = _read_back((tmp_path / "history.md").read_text(encoding="utf-8"))
     code = "\n".join(text for kind, text in blocks if kind == "code")
     assert code == typed + "\n" + "```\n" + TYPED  # every line as typed, in a code block
-    assert [kind for kind, text in blocks if text in ("Chat: Why does this break?", "Explain")] == ["h2", "h2"]
+    assert ("h2", "Chat: def __init__(self, *args): why?") in blocks and ("h2", "Explain") in blocks  # as typed
     assert ("text", "It is cut.") in blocks and blocks[-1] == ("text", "A list.")
 
 
