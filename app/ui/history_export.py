@@ -1,8 +1,14 @@
 """The History window's model: chats and action results as one list, searched, and exported to
-Markdown (written atomically)."""
+Markdown (written atomically).
+
+An entry is made of parts: our headings and the model's answers are Markdown; what someone typed
+(a chat message, the text given to an action) is shown as typed, as the chat shows it. In the
+exported file each part stands alone: an answer cut inside a code block gets its closing fence,
+and typed text goes in a fence that nothing in it can close, so no entry runs into the next."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,9 +17,11 @@ from app.paths import atomic_write_text
 from app.ui.action_history import ActionRecord
 from app.ui.history import Conversation
 from app.ui.i18n import tr
+from app.ui.markdown_fences import fenced, with_fences_closed
 from app.ui.text_preview import text_preview
 
 PREVIEW_WORDS = 10
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]<>&~#|])")
 
 
 @dataclass(frozen=True)
@@ -51,26 +59,51 @@ def entries(conversations: list[Conversation], records: list[ActionRecord]) -> l
     return sorted(both, key=lambda e: e.when, reverse=True)
 
 
+def _escaped(text: str) -> str:
+    """``text`` (a title, a name) in a Markdown line, shown as it is: ``__init__`` and ``*args``
+    not read as emphasis, ``<b>`` not as HTML."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
+
+
 def _time(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
 
-def _quoted(text: str) -> str:
-    return "\n".join(f"> {line}" if line else ">" for line in text.strip().splitlines())
+@dataclass(frozen=True)
+class EntryPart:
+    """A piece of an entry: Markdown, or (``typed``) text to show exactly as it was typed."""
+
+    text: str
+    typed: bool = False
+
+    def markdown(self) -> str:
+        """The part in an exported document, where it cannot run into what follows."""
+        return fenced(self.text) if self.typed else with_fences_closed(self.text)
 
 
-def entry_markdown(entry: HistoryEntry) -> str:
+def _headed(heading: str, text: str, typed: bool) -> list[EntryPart]:
+    """A bold heading and the text under it (none where it is empty: an answer stopped before its
+    first word). Typed text keeps the first line's indentation (pasted code)."""
+    body = text.strip("\r\n") if typed else text.strip()
+    return [EntryPart(f"**{heading}**")] + ([EntryPart(body, typed)] if body.strip() else [])
+
+
+def entry_parts(entry: HistoryEntry) -> list[EntryPart]:
     item = entry.item
     if isinstance(item, Conversation):
-        lines = [f"## {entry.title()}", "", f"*{_time(item.updated)}*", ""]
+        parts = [EntryPart(f"## {_escaped(entry.title())}\n\n*{_time(item.updated)}*")]
         # Headings are keyed with their colon: Chinese writes "：", and "Answer:" is not the mode "Answer".
         speakers = {"user": tr("You:"), "assistant": tr("Assistant:"), "system": tr("Instructions:")}
         for message in item.messages:
-            lines += [f"**{speakers[message.role]}**", "", message.content.strip(), ""]
-        return "\n".join(lines)
-    return "\n".join([
-        f"## {item.action}", "", f"*{_time(item.created)} · {tr('Model: {model}', model=item.model)}*", "",
-        f"**{tr('Text:')}**", "", _quoted(item.source), "", f"**{tr('Answer:')}**", "", item.answer.strip(), ""])
+            parts += _headed(speakers[message.role], message.content, typed=message.role != "assistant")
+        return parts
+    when = f"{_time(item.created)} · {tr('Model: {model}', model=_escaped(item.model))}"
+    return ([EntryPart(f"## {_escaped(item.action)}\n\n*{when}*")]
+            + _headed(tr("Text:"), item.source, typed=True) + _headed(tr("Answer:"), item.answer, typed=False))
+
+
+def entry_markdown(entry: HistoryEntry) -> str:
+    return "\n\n".join(part.markdown() for part in entry_parts(entry)) + "\n"
 
 
 def history_markdown(shown: list[HistoryEntry]) -> str:

@@ -103,7 +103,8 @@ def test_the_history_window_searches_opens_deletes_and_exports(qtbot, tray, tmp_
     text = exported.read_text(encoding="utf-8")
     assert text.startswith("# Qwen Tray history\n")
     assert text.index("## Summarize") < text.index("## Translate") < text.index("## Chat: What is a KV cache?")
-    assert "> 会议改到周五下午。" in text and "**Assistant:**\n\nIt keeps the keys" in text
+    assert "**Text:**\n\n```text\n会议改到周五下午。\n```" in text  # what was typed, as typed
+    assert "**Assistant:**\n\nIt keeps the keys" in text
     assert [p.name for p in exported.parent.iterdir()] == ["history.md"]  # written atomically: no temp file left
     assert window.status.text() == f"Exported 3 entries to {exported}"
     assert exported.stat().st_mode & 0o777 == 0o644  # a document to share, unlike the private history

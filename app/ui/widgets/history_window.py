@@ -13,10 +13,10 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QLis
 from app.settings.notices import Notice
 from app.ui.action_history import ActionHistory
 from app.ui.history import ChatHistory
-from app.ui.history_export import HistoryEntry, entries, entry_markdown, export_markdown
+from app.ui.history_export import HistoryEntry, entries, export_markdown
 from app.ui.i18n import current_language, notice_text, tr
+from app.ui.widgets.entry_view import EntryView
 from app.ui.widgets.icons import app_icon
-from app.ui.widgets.markdown_view import MarkdownView
 
 
 class HistoryWindow(QWidget):
@@ -40,7 +40,7 @@ class HistoryWindow(QWidget):
         self.search.textChanged.connect(self._fill)
         self.list = QListWidget()
         self.list.currentRowChanged.connect(self._show)
-        self.view = MarkdownView()
+        self.view = EntryView()
         self.status = QLabel()
         self.open_button = QPushButton(tr("Open in chat"))
         self.open_button.clicked.connect(self.open_selected)
@@ -106,7 +106,7 @@ class HistoryWindow(QWidget):
 
     def _show(self, row: int) -> None:
         entry = self.shown[row] if 0 <= row < len(self.shown) else None
-        self.view.set_text(entry_markdown(entry) if entry else "")
+        self.view.show_entry(entry)
         self.open_button.setEnabled(entry is not None and entry.is_chat)
         self.delete_button.setEnabled(entry is not None)
         self.export_button.setEnabled(bool(self.shown))

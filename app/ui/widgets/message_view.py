@@ -1,4 +1,5 @@
-"""One chat message: who said it, the Markdown text (grows with its content), Copy, tokens/s."""
+"""One chat message: who said it, its text (grows with its content), Copy, tokens/s. An answer is
+rendered as Markdown; the user's own message is shown as typed."""
 
 from __future__ import annotations
 
@@ -27,11 +28,14 @@ class MessageWidget(QFrame):
         header.addStretch(1)
         header.addWidget(self.speed)
         header.addWidget(self.copy_button)
-        self.view = MarkdownView(self)
+        self.view = MarkdownView(self, plain=role == "user")
         self.view.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.view.setFrameShape(QFrame.NoFrame)
         self.view.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.view.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        # A code line wider than the view: a code block scrolls sideways (as in other chat apps), and
+        # the bar that appears for it is counted in the height (it would cover the last line).
+        self.view.horizontalScrollBar().rangeChanged.connect(self._fit_height)
         layout = QVBoxLayout(self)
         layout.addLayout(header)
         layout.addWidget(self.view)
@@ -39,8 +43,12 @@ class MessageWidget(QFrame):
         if tokens_per_second:
             self.finish(tokens_per_second)
 
-    def _fit_height(self, size) -> None:
-        self.view.setFixedHeight(int(size.height()) + 8)
+    def _fit_height(self, *_changed: object) -> None:
+        """As tall as the text (the view never scrolls up and down), and its horizontal scroll bar
+        when it has one."""
+        bar = self.view.horizontalScrollBar()
+        bar_height = bar.sizeHint().height() if bar.maximum() > bar.minimum() else 0
+        self.view.setFixedHeight(int(self.view.document().size().height()) + 8 + bar_height)
 
     def text(self) -> str:
         return self.view.markdown_text()
