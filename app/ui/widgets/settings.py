@@ -109,6 +109,8 @@ class SettingsDialog(QDialog):
         else:
             self.translate_target.setCurrentText(prefs.translate_target)
         self.max_tokens = QSpinBox(minimum=16, maximum=8192, value=prefs.max_tokens, singleStep=64)
+        self.max_tokens.setToolTip(tr("An answer gets at most half of the model's context, so the text or the "
+                                      "conversation before it still fits"))
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, value=prefs.temperature, singleStep=0.1)
         self.api_port = QSpinBox(minimum=1024, maximum=65535, value=prefs.local_api_port)
         self.device = QComboBox()
