@@ -281,10 +281,10 @@ class TrayApp(QObject):
             self.notify(tr("Could not open {folder}; the log is {file}", folder=str(log_file().parent),
                            file=str(log_file())))
 
-    def continue_in_chat(self, messages: list[dict]) -> None:
+    def continue_in_chat(self, messages: list[dict], title: str) -> None:
         """A popup's request and answer become a new conversation in the chat window."""
         self.open_chat()
-        self.chat_window.start_conversation(messages)
+        self.chat_window.start_conversation(messages, title)
 
     def open_settings(self) -> None:
         from app.ui.widgets.settings import SettingsDialog
@@ -379,6 +379,8 @@ class TrayApp(QObject):
         self.local_api.stop()
         self.hotkeys.close()
         self.injector.close()
+        if self.chat_window is not None:  # its answer saved as far as it got, before the engine goes
+            self.chat_window.shutdown()
         self.host.shutdown()
         if self.tray is not None:
             self.tray.hide()

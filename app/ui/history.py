@@ -18,7 +18,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -27,6 +27,9 @@ from app.settings.jsonfile import CORRUPT, MISSING, UNREADABLE, keep_aside, os_r
 from app.settings.notices import Notice
 
 ROLES = ("system", "user", "assistant")
+# How an answer ended when it did not end by itself: "stopped" (Stop, another chat opened, a model
+# switch, quitting) or "length" (cut off at the answer length); "" for a complete answer.
+FINISHES = ("", "stopped", "length")
 TITLE_CHARS = 60
 T = TypeVar("T")
 
@@ -40,14 +43,20 @@ class ChatMessage:
     role: str
     content: str
     tokens_per_second: float = 0.0  # assistant messages: decode speed shown under the answer
+    finish: str = ""  # assistant messages: one of FINISHES
 
     def __post_init__(self) -> None:
         if self.role not in ROLES or not isinstance(self.content, str):
             raise CorruptFileError(f"chat message has role {self.role!r}; expected one of {', '.join(ROLES)}")
+        if self.finish not in FINISHES:
+            self.finish = ""  # a file edited by hand: the note under the answer goes, the text stays
         speed = self.tokens_per_second
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 <= speed < math.inf:
             # A file edited by hand ("fast", [1], NaN): the speed is only shown, so it goes and the text stays.
             self.tokens_per_second = 0.0
+
+
+MESSAGE_FIELDS = {f.name for f in fields(ChatMessage)}
 
 
 @dataclass
@@ -58,8 +67,8 @@ class Conversation:
     updated: float = field(default_factory=time.time)
     messages: list[ChatMessage] = field(default_factory=list)
 
-    def add(self, role: str, content: str, tokens_per_second: float = 0.0) -> ChatMessage:
-        message = ChatMessage(role, content, tokens_per_second)
+    def add(self, role: str, content: str, tokens_per_second: float = 0.0, finish: str = "") -> ChatMessage:
+        message = ChatMessage(role, content, tokens_per_second, finish)
         self.messages.append(message)
         if not self.title and role == "user":
             first_line = content.strip().splitlines()[0] if content.strip() else ""
@@ -80,10 +89,12 @@ class Conversation:
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
             raise CorruptFileError("a conversation must be an object with a 'messages' list")
         try:
-            messages = [ChatMessage(**m) for m in data["messages"]]
+            # Fields this version does not know (a newer one wrote them) are left out, not a reason
+            # to set the whole conversation aside.
+            messages = [ChatMessage(**{k: v for k, v in m.items() if k in MESSAGE_FIELDS}) for m in data["messages"]]
             return cls(id=str(data["id"]), title=str(data.get("title", "")), created=float(data["created"]),
                        updated=float(data["updated"]), messages=messages)
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # (AttributeError: a message that is no object)
             raise CorruptFileError(f"conversation field is missing or wrong: {e}") from e
 
 
@@ -165,9 +176,11 @@ class ChatHistory(HistoryFolder[Conversation]):
     def __init__(self, folder: Path | None = None, enabled: Callable[[], bool] | None = None):
         super().__init__(folder or data_dir() / "chats", Conversation.from_dict, enabled)
 
-    def save(self, conversation: Conversation) -> None:
-        if conversation.messages:  # an empty "new chat" is not worth a file
-            self.write(conversation.id, asdict(conversation))
+    def save(self, conversation: Conversation) -> bool:
+        """Write it (atomically); False when nothing was written (history is off, no messages)."""
+        if not conversation.messages:  # an empty "new chat" is not worth a file
+            return False
+        return self.write(conversation.id, asdict(conversation))
 
     def load_all(self) -> tuple[list[Conversation], list[Notice]]:
         """Every saved conversation, newest first, plus notices for files that were broken."""

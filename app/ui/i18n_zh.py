@@ -135,7 +135,17 @@ ZH_CN: dict[str, str] = {
     "Ask anything… (Ctrl+Enter to send, Enter for a new line)": "输入问题…（Ctrl+Enter 发送，Enter 换行）",
     "You": "你",
     "Assistant": "助手",
-    "{n} older messages left out to fit the context": "为适应上下文长度，省略了 {n} 条较早的消息",
+    "The oldest question and its answer were left out to fit the model's context":
+        "为适应模型的上下文长度，最早的一轮问答已被省略",
+    "The {n} oldest questions and their answers were left out to fit the model's context":
+        "为适应模型的上下文长度，最早的 {n} 轮问答已被省略",
+    "Cut off at the answer length": "已达回答长度上限，回答被截断",
+    "The model gave no answer": "模型没有给出回答",
+    "Stop the answer (Esc)": "停止回答（Esc）",
+    "This message is too long for the model's context ({tokens} tokens, at most {limit} fit): shorten it, "
+    "or select it and run an action such as Summarize, which reads long text in parts":
+        "这条消息超出了模型的上下文长度（{tokens} 词元，最多只能容纳 {limit}）：请缩短它，"
+        "或选中这段文字后运行“总结”等操作，它们会把长文分段处理",
     # getting models (Settings -> Models: the catalog, GGUF imports, the job panel)
     "Get a model": "获取模型",
     "Your models": "我的模型",
@@ -280,6 +290,8 @@ ZH_CN: dict[str, str] = {
     "Language (after restart)": "界面语言（重启后生效）",
     "Translate into": "翻译目标语言",
     "Answer length (tokens)": "回答长度（词元）",
+    "An answer gets at most half of the model's context, so the text or the conversation before it still fits":
+        "回答最多占用模型上下文的一半，以便容纳要处理的文字或之前的对话",
     "Temperature": "温度",
     "Run local models on": "本地模型运行于",
     "The GPU when there is one": "有 GPU 时用 GPU",

@@ -26,6 +26,13 @@ SAFETY = 0.9  # chunks are packed to 90 % of the budget: joined pieces can token
 _SENTENCE = re.compile(r".*?(?:[.!?。！？;；]+\s*|\Z)", re.S)
 
 
+def capped_answer_length(max_tokens: int, max_context: int) -> int:
+    """The answer-length setting, at most half the model's context: Settings allow up to 8192
+    tokens for models with long contexts, which would leave a small one no room for the text
+    (an action's) or the conversation (the chat's)."""
+    return min(max_tokens, max(16, max_context // 2))
+
+
 class TextTooLongError(QwenTrayError):
     """Map-reduce did not converge (the answers are as long as the text)."""
 
@@ -97,11 +104,8 @@ class ActionPipeline:
 
     def __init__(self, backend: ChatBackend, action: Action, params: SamplingParams, priority: int,
                  translate_target: str = "auto"):
-        # An answer length set past half the model's context would leave no room for the text
-        # (Settings allows up to 8192 for models with long contexts): cap it here, per model.
-        answer_cap = max(16, backend.max_context // 2)
         self.backend, self.action = backend, action
-        self.params = replace(params, max_tokens=min(params.max_tokens, answer_cap))
+        self.params = replace(params, max_tokens=capped_answer_length(params.max_tokens, backend.max_context))
         self.priority, self.translate_target = priority, translate_target
         self._cancel = threading.Event()
         self._current: ChatStream | None = None

@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QSplitter
-from ui_fakes import FakeBackend, FakeOpener, TokenGate
+from ui_fakes import FakeOpener, TokenGate
 
 from app.engine.request import PRIORITY_NORMAL
 from app.ui.controllers.engine_host import EngineHost
@@ -16,7 +16,7 @@ from app.ui.history import ChatHistory
 from app.ui.models import ModelEntry
 from app.settings.store import SettingsStore
 from app.ui.preferences import PreferencesStore
-from app.ui.widgets.chat import ChatWindow, fit_to_context
+from app.ui.widgets.chat import ChatWindow
 
 
 @pytest.fixture
@@ -71,18 +71,21 @@ def test_history_reopens_in_a_new_window_and_new_chat_starts_empty(qtbot, host):
 
 
 def test_stop_keeps_the_partial_answer(qtbot, host):
-    gate = threading.Event()
-    host.backend.gate = gate
+    gate = host.backend.gate = TokenGate()
     window = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(window)
     window.input.setPlainText("Tell me a long story")
     window.send_button.click()
-    qtbot.waitUntil(lambda: len(host.backend.requests) == 1, timeout=5000)
+    gate.release(1)
+    qtbot.waitUntil(lambda: window.message_widgets()[-1].text() == "**Answer ", timeout=5000)
     assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
     window.stop_button.click()
     qtbot.waitUntil(lambda: window.task is None, timeout=5000)
     assert window.status.text().endswith("Stopped")
-    assert window.conversation.messages[-1].role == "assistant"
+    last = window.conversation.messages[-1]
+    assert (last.role, last.content, last.finish) == ("assistant", "**Answer ", "stopped")
+    assert ChatHistory().load_all()[0][0].messages[-1] == last  # saved, marked stopped
+    assert window.scroll.notes() == ["Stopped"]  # said under the answer
     assert window.send_button.isEnabled()
 
 
@@ -119,6 +122,7 @@ def test_a_message_sent_while_the_model_loads_is_answered_once_it_is_ready(qtbot
     window.send_button.click()
     assert window.status.text().startswith("Loading Qwen2.5-3B-Instruct…")
     assert [m.content for m in window.conversation.messages] == ["hello"] and window.input.toPlainText() == ""
+    assert [m.content for m in ChatHistory().load_all()[0][0].messages] == ["hello"]  # kept should the app quit now
     assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
     gate.set()
     qtbot.waitUntil(lambda: len(window.conversation.messages) == 2, timeout=10000)
@@ -144,6 +148,7 @@ def test_a_waiting_message_goes_back_to_the_input_box_unsent(qtbot, how):
         assert window.status.text() == "The model could not be loaded: Qwen2.5-3B-Instruct: config.json not found"
     assert window.conversation.messages == [] and window.input.toPlainText() == "hello"
     assert window.send_button.isEnabled() and window.message_widgets() == []
+    assert ChatHistory().load_all()[0] == [] and window.list.count() == 0  # saved when sent, taken back with it
     if how == "stop":
         assert host.backend.requests == []
     host.shutdown()
@@ -160,19 +165,6 @@ def test_engine_error_is_shown_in_the_answer(qtbot, host):
     window.send_button.click()
     qtbot.waitUntil(lambda: window.task is None, timeout=5000)
     assert "Internal error: RuntimeError: boom" in window.message_widgets()[-1].text()
-
-
-def test_oldest_turns_are_left_out_to_fit_the_context():
-    backend = FakeBackend(max_context=60)  # counts words
-    messages = [{"role": "system", "content": "be brief"}]
-    for i in range(6):
-        messages += [{"role": "user", "content": f"question {i} " * 3}, {"role": "assistant", "content": "answer " * 5}]
-    messages.append({"role": "user", "content": "last question"})
-    fitted, dropped = fit_to_context(messages, backend, max_tokens=20)
-    assert fitted[0] == messages[0] and fitted[-1] == messages[-1]
-    assert fitted[1:] == messages[1 + dropped:]
-    assert dropped > 0 and backend.count_chat_tokens(fitted) + 20 <= 60
-    assert backend.count_chat_tokens([fitted[0]] + messages[dropped:]) + 20 > 60  # dropped no more than needed
 
 
 @pytest.mark.parametrize("long_line", [

@@ -174,6 +174,39 @@ def test_the_kept_api_key_guards_the_real_engine(qtbot, tiny_qwen_dir):
         app.shutdown()
 
 
+def test_the_chat_over_the_real_engine_fits_its_context_and_refuses_what_never_could(qtbot, tiny_qwen_dir):
+    """Qwen's real chat template and tokenizer: whole turns are left out, every request leaves the
+    answer its room (the engine never refuses one), and a paste past the context is refused."""
+    from app.ui.controllers.engine_host import EngineHost
+    from app.ui.preferences import PreferencesStore
+    from app.ui.widgets.chat import ChatWindow
+
+    backend = SpyBackend(Engine.load(tiny_qwen_dir, device="cpu", max_context=SHORT_CONTEXT, max_batch_size=2))
+    host = EngineHost(lambda entry, progress=None: backend)
+    with qtbot.waitSignal(host.loaded, timeout=60000):
+        host.switch_to(ModelEntry("tiny", path=str(tiny_qwen_dir)))
+    store = PreferencesStore()
+    store.update(max_tokens=24, temperature=0)
+    window = ChatWindow(host, store)
+    qtbot.addWidget(window)
+    try:
+        for i in range(7):
+            window.input.setPlainText(f"Question {i}: when did the supplier deliver the boxes?")
+            window.send_button.click()
+            qtbot.waitUntil(lambda: window.task is None, timeout=60000)
+            assert "Error" not in window.status.text(), window.status.text()
+        budget = SHORT_CONTEXT - 24
+        assert all(n <= budget for n in backend.prompt_tokens)  # the engine never refused one
+        assert max(backend.prompt_tokens) > budget - 60  # (turns of about 50 tokens: none left out needlessly)
+        assert "left out to fit the model's context" in window.scroll.notes()[-1]
+        window.input.setPlainText("word " * 400)
+        window.send_button.click()
+        assert window.status.text().startswith("This message is too long for the model's context (")
+        assert len(backend.prompt_tokens) == 7 and window.input.toPlainText() == "word " * 400  # not sent
+    finally:
+        host.shutdown()
+
+
 def _free_port() -> int:
     import socket
 

@@ -75,7 +75,7 @@ class ActionController(QObject):
     notify = Signal(str)  # a one-line message for the tray
     answered = Signal(str)  # final answer text (tests and the e2e driver watch it)
     started = Signal(object)  # the CapturedText an action runs on
-    continueInChat = Signal(list)  # chat messages: the request and its answer, to carry on with
+    continueInChat = Signal(list, str)  # chat messages (the request and its answer, to carry on with), a title
     completed = Signal(object)  # an ActionRecord: an answer to keep in the history
 
     def __init__(self, host: EngineHost, prefs: Callable[[], Preferences], injector: KeyInjector,
@@ -296,7 +296,10 @@ class ActionController(QObject):
             return
         messages = build_messages(action, captured.text, self._prefs().translate_target)
         self.popup.hide()  # (not close_popup: the keyboard goes to the chat, not back to the target)
-        self.continueInChat.emit([*messages, {"role": "assistant", "content": answer}])
+        # Titled as History titles an action's result: the first line of the request would be the
+        # action's prompt, the same for every conversation continued from that action.
+        title = tr("{action}: {preview}", action=action.label(current_language()), preview=captured.preview())
+        self.continueInChat.emit([*messages, {"role": "assistant", "content": answer}], title)
 
     def _popup_closed(self, had_focus: bool) -> None:
         self.stop()

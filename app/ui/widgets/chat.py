@@ -1,51 +1,43 @@
 """The chat window: conversations on the left, streamed Markdown answers, Stop, tokens/s.
 
 Enter sends and Shift+Enter starts a new line (as in chat apps), or with the preference
-``chat_send_key = "ctrl_enter"`` Ctrl+Enter sends and Enter starts a new line. The input
-has the focus whenever the window opens. Every conversation is saved after each answer
-(history.py). When a long conversation no longer fits the model's context, the oldest
-turns are left out of the request (the window says so) rather than failing.
+``chat_send_key = "ctrl_enter"`` Ctrl+Enter sends and Enter starts a new line; Tab moves on to
+the buttons and Esc stops an answer. The input has the focus whenever the window opens. A
+question is saved when it is sent and again with its answer (history.py); an answer that did not
+end by itself (Stop, another chat opened, a model switch, quitting) is saved as far as it got,
+marked stopped. What goes to the model is app/ui/chat_session.py's: when a long conversation no
+longer fits the context, its oldest turns are left out (the answer says so), and a question too
+long for the context is refused before it is sent, its text left in the input box.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMenu, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMenu, QPushButton, QSizePolicy, QSplitter, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from app.engine.params import GenerationResult, SamplingParams
 from app.engine.request import PRIORITY_NORMAL
-from app.ui.backend.base import ChatBackend
+from app.settings.jsonfile import SettingsFileError
+from app.ui.chat_session import ChatAnswer, ChatRequest, MessageTooLongError, TokenCounts, finish_of, plan_request
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
-from app.settings.jsonfile import SettingsFileError
 from app.ui.history import ChatHistory, ChatMessage, Conversation
 from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
+from app.ui.widgets.chat_input import ChatInput
+from app.ui.widgets.chat_list import ConversationList
+from app.ui.widgets.chat_view import ConversationView, finish_note, left_out_note, outcome_text
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
 from app.ui.widgets.tray import device_label, loading_text, not_ready_text
 
-
 NOT_KEPT = "This conversation is not kept in the history: {error}"
-FOLLOW_SLACK_PX = 8  # this close to the bottom still counts as reading the newest text
-
-
-def fit_to_context(messages: list[dict[str, str]], backend: ChatBackend, max_tokens: int) -> tuple[list[dict], int]:
-    """Drop the oldest turns (never the system message or the last user turn) until the request fits.
-
-    Returns (messages to send, number of messages left out).
-    """
-    system = [m for m in messages[:1] if m["role"] == "system"]
-    rest = messages[len(system):]
-    dropped = 0
-    while len(rest) > 1 and backend.count_chat_tokens(system + rest) + max_tokens > backend.max_context:
-        rest = rest[1:]
-        dropped += 1
-    return system + rest, dropped
+TOO_LONG = ("This message is too long for the model's context ({tokens} tokens, at most {limit} fit): shorten it, "
+            "or select it and run an action such as Summarize, which reads long text in parts")
 
 
 class ChatWindow(QWidget):
@@ -60,22 +52,26 @@ class ChatWindow(QWidget):
         self.setWindowTitle(tr("Qwen Tray chat"))
         self.setWindowIcon(app_icon())
         self.host, self.store = host, store
-        self.history = history or ChatHistory()
-        self.conversations, self.notices = self.history.load_all()
-        self.history.subscribe(self._history_changed)  # the History window deleted some
+        self.list = ConversationList(history or ChatHistory())
+        self.list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
+        self.list.removed.connect(self._conversations_deleted)  # in the History window
+        self.notices = self.list.notices
         self.conversation = Conversation()
         self.task: StreamTask | None = None
+        self._answer: ChatAnswer | None = None  # self.task's job: whether its stream began, its cancel
         # Answers stopped because another conversation was opened, until their task ends:
         # task -> (its conversation, the partial answer saved there)
         self._left: dict[StreamTask, tuple[Conversation, ChatMessage]] = {}
         self._answer_widget: MessageWidget | None = None
+        self._answer_note: QLabel | None = None  # the line under the answer being written
+        self._left_out = ""  # what that answer's request left out of the conversation ("" nothing)
+        self._token_counts: TokenCounts | None = None  # of the backend that answered last
         self._last_outcome = ""  # "12.3 tokens/s" of the last answer, shown beside the model name
         self._not_ready_notice = ""  # a notice given while no model was ready: stale once one is
         self._waiting = False  # the last message waits for the model being loaded
         self._build()
-        self._refresh_list()
         self.host.stateChanged.connect(self._host_changed)
-        self.host.loadProgress.connect(lambda *_: self._waiting and self.status.setText(loading_text(self.host)))
+        self.host.loadProgress.connect(self._load_progress)
         self._update_status()
         geometry = store.prefs.geometry.get("chat")
         if geometry:
@@ -84,10 +80,6 @@ class ChatWindow(QWidget):
             self.resize(820, 600)
 
     def _build(self) -> None:
-        self.list = QListWidget()
-        self.list.setTextElideMode(Qt.ElideRight)
-        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.list.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
         self.new_button = QPushButton(tr("New chat"))
         self.new_button.clicked.connect(self.new_chat)
         left = QWidget()
@@ -101,24 +93,13 @@ class ChatWindow(QWidget):
         left_layout.addLayout(header)
         left_layout.addWidget(self.list, 1)
 
-        self.messages_box = QWidget()
-        self.messages_layout = QVBoxLayout(self.messages_box)
-        self.messages_layout.addStretch(1)
-        self.scroll = QScrollArea(widgetResizable=True)
-        self.scroll.setWidget(self.messages_box)
-        # The range grows when the layout catches up with a new or growing message (later than
-        # the change itself), so the view follows the range, not the change.
-        self._follow = True  # at the bottom: keep the newest text in view; off while reading above
-        bar = self.scroll.verticalScrollBar()
-        bar.valueChanged.connect(self._scrolled)
-        bar.rangeChanged.connect(self._range_changed)
-        self.input = QPlainTextEdit()
-        self.input.setMaximumHeight(90)
-        self.input.setPlaceholderText(self._placeholder())
-        self.input.installEventFilter(self)
+        self.scroll = ConversationView()
+        self.input = ChatInput(lambda: self.store.prefs.chat_send_key)
+        self.input.sendRequested.connect(self.send)
         self.send_button = QPushButton(tr("Send"))
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton(tr("Stop"))
+        self.stop_button.setToolTip(tr("Stop the answer (Esc)"))
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setEnabled(False)
         self.status = QLabel(wordWrap=True)
@@ -151,46 +132,30 @@ class ChatWindow(QWidget):
         button.setMenu(menu)
         return button
 
-    def _placeholder(self) -> str:
-        if self.store.prefs.chat_send_key == "ctrl_enter":
-            return tr("Ask anything… (Ctrl+Enter to send, Enter for a new line)")
-        return tr("Ask anything… (Enter to send, Shift+Enter for a new line)")
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt)
-        if watched is self.input and event.type() == QEvent.KeyPress and isinstance(event, QKeyEvent) \
-                and event.key() in (Qt.Key_Return, Qt.Key_Enter):
-            mods = event.modifiers() & ~Qt.KeypadModifier
-            ctrl_sends = self.store.prefs.chat_send_key == "ctrl_enter"
-            if mods == Qt.ControlModifier or (mods == Qt.NoModifier and not ctrl_sends):
-                self.send()
-                return True
-            if mods == Qt.ShiftModifier or mods == Qt.NoModifier:
-                self.input.insertPlainText("\n")  # a new paragraph, not Qt's line separator
-                return True
-        return super().eventFilter(watched, event)
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt)
+        """Esc stops the answer being written (or the wait for the model), as the popup's does;
+        otherwise it does what it did (nothing, in a window that is no dialog)."""
+        if event.key() == Qt.Key_Escape and (self.task is not None or self._waiting):
+            self.stop()
+            return
+        super().keyPressEvent(event)
 
     def showEvent(self, event) -> None:  # noqa: N802 (Qt)
         super().showEvent(event)
-        self.input.setPlaceholderText(self._placeholder())  # the setting may have changed meanwhile
+        self.input.update_placeholder()  # the setting may have changed meanwhile
         QTimer.singleShot(0, lambda: self.input.setFocus(Qt.ActiveWindowFocusReason))  # once the window is up
 
     # -- conversations ---------------------------------------------------------------------------
-    def _refresh_list(self) -> None:
-        self.list.clear()
-        for conv in self.conversations:
-            item = QListWidgetItem(conv.title or tr("(untitled)"))
-            item.setData(Qt.UserRole, conv.id)
-            self.list.addItem(item)
-
     def new_chat(self) -> None:
         self._leave_answer()
         self.conversation = Conversation()
         self._show_messages()
 
-    def start_conversation(self, messages: list[dict[str, str]]) -> None:
-        """A new conversation that starts with ``messages`` (a popup's request and answer)."""
+    def start_conversation(self, messages: list[dict[str, str]], title: str = "") -> None:
+        """A new conversation that starts with ``messages`` (a popup's request and answer), listed as
+        ``title`` (by default the first line of its first question)."""
         self._leave_answer()
-        self.conversation = Conversation()
+        self.conversation = Conversation(title=title)
         for m in messages:
             self.conversation.add(m["role"], m["content"])
         self._show_messages()
@@ -201,47 +166,23 @@ class ChatWindow(QWidget):
         if self.task is not None and conversation_id == self.conversation.id:
             return  # the one being answered is shown already: let it write on
         self._leave_answer()
-        if not any(c.id == conversation_id for c in self.conversations):
-            self.conversations, _notices = self.history.load_all()  # kept since this window opened
-            self._refresh_list()
-        self.conversation = next((c for c in self.conversations if c.id == conversation_id), Conversation())
+        self.conversation = self.list.find(conversation_id) or Conversation()
         self._show_messages()
 
-    def _history_changed(self) -> None:
-        """Conversations deleted elsewhere leave the list; the one shown, too."""
-        if not self.history.enabled:
-            return  # nothing is written: the list is this window's own
-        kept = self.history.ids()
-        if self.conversation in self.conversations and self.conversation.id not in kept:
-            self._leave_answer(keep=False)  # deleted: its answer has nowhere to go
+    def _conversations_deleted(self, gone: set[str]) -> None:
+        """Deleted in the History window: the one shown goes too."""
+        if self.conversation.id in gone:
+            self._leave_answer(keep=False)  # its answer has nowhere to go
             self.new_chat()
-        self.conversations = [c for c in self.conversations if c.id in kept]
-        self._left = {t: left for t, left in self._left.items() if left[0].id in kept}  # not saved back
-        self._refresh_list()
+        self._left = {t: left for t, left in self._left.items() if left[0].id not in gone}  # not saved back
 
     def _show_messages(self) -> None:
-        while self.messages_layout.count() > 1:
-            widget = self.messages_layout.takeAt(0).widget()
-            widget.deleteLater()
-        for m in self.conversation.messages:
-            if m.role != "system":  # an action's instructions to the model: sent, not shown
-                self._add_widget(m.role, m.content, m.tokens_per_second)
-
-    def _add_widget(self, role: str, text: str, tps: float = 0.0) -> MessageWidget:
-        widget = MessageWidget(role, text, tps)
-        self.messages_layout.insertWidget(self.messages_layout.count() - 1, widget)
-        self._follow = True  # a new message is shown, wherever the user had scrolled to
-        return widget
-
-    def _scrolled(self, value: int) -> None:
-        self._follow = value >= self.scroll.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
-
-    def _range_changed(self, _minimum: int, maximum: int) -> None:
-        if self._follow:
-            self.scroll.verticalScrollBar().setValue(maximum)
+        self.scroll.show_messages(self.conversation.messages)
+        if self._token_counts is not None:
+            self._token_counts.keep_only({m.content for m in self.conversation.messages})
 
     def message_widgets(self) -> list[MessageWidget]:
-        return [self.messages_layout.itemAt(i).widget() for i in range(self.messages_layout.count() - 1)]
+        return self.scroll.message_widgets()
 
     # -- sending -------------------------------------------------------------------------------
     def send(self) -> None:
@@ -252,59 +193,87 @@ class ChatWindow(QWidget):
         if self.host.backend is None and not loading:
             self.status.setText(not_ready_text(self.host))
             return
+        request = None
+        if not loading:
+            request = self._request([*self.conversation.as_messages(), {"role": "user", "content": text}])
+            if request is None:
+                return  # too long: the status says so, and the text stays in the input box
         self.input.clear()
         self.conversation.add("user", text)
-        self._add_widget("user", text)
+        self.scroll.add_message("user", text)
+        self._save()  # kept even if the app quits before the answer is written
         if loading:  # right after login or during a switch: sent when the model is ready
             self._waiting = True
             self._set_running(True)  # (Stop gives the message back to the input box)
             self.status.setText(loading_text(self.host))
             return
-        self._answer()
+        self._start_answer(request)
+
+    def _request(self, messages: list[dict[str, str]]) -> ChatRequest | None:
+        """What to send the model for ``messages``; None, with the reason in the status line, when
+        the last one is too long for its context."""
+        if self._token_counts is None or self._token_counts.backend is not self.host.backend:
+            self._token_counts = TokenCounts(self.host.backend)  # another model: another tokenizer
+        try:
+            return plan_request(messages, self._token_counts, self.store.prefs.max_tokens)
+        except MessageTooLongError as e:
+            self.status.setText(tr(TOO_LONG, tokens=e.tokens, limit=e.limit))
+            return None
 
     def _host_changed(self) -> None:
         if self._waiting and self.host.backend is not None and self.host.state == "ready":
             self._waiting = False
-            self._answer()
+            request = self._request(self.conversation.as_messages())
+            if request is None:
+                self._give_back_question(None)
+            else:
+                self._start_answer(request)
         elif self._waiting and self.host.state != "loading":  # the load failed, or no model any more
-            self._give_back_waiting(not_ready_text(self.host))
+            self._give_back_question(not_ready_text(self.host))
+        elif self.task is not None:
+            self.status.setText(self._writing_text())  # an idle-unloaded model loading again, or back
         elif not self._waiting:
             if self.host.state == "ready" and self._last_outcome == self._not_ready_notice:
                 self._last_outcome = ""  # said while no model was ready (its error): over now
             self._update_status()
 
-    def _give_back_waiting(self, status: str) -> None:
-        """The waiting message goes back into the input box, unsent: nothing typed is lost."""
+    def _load_progress(self, *_progress) -> None:
+        if (self._waiting or self.task is not None) and self.host.state == "loading":
+            self.status.setText(loading_text(self.host))
+
+    def _writing_text(self) -> str:
+        if self.host.state == "loading":  # the model was unloaded while idle: it loads again first
+            return loading_text(self.host)
+        return self._left_out or tr("Writing…")
+
+    def _give_back_question(self, status: str | None) -> None:
+        """The question goes back into the input box, unsent: nothing typed is lost. ``status``:
+        why (None: the status line has said it)."""
         self._waiting = False
         message = self.conversation.messages.pop()
+        if self.conversation.messages:
+            self._save()
+        else:
+            self.list.forget(self.conversation)  # it was saved for this question alone
         self._show_messages()
         self.input.setPlainText(message.content)
         self._set_running(False)
-        self.status.setText(status)
+        if status is not None:
+            self.status.setText(status)
 
-    def _answer(self) -> None:
-        """Answer the conversation so far (its last message is the user's)."""
-        backend = self.host.backend
-        prefs = self.store.prefs
-        messages, dropped = fit_to_context(self.conversation.as_messages(), backend, prefs.max_tokens)
-        params = SamplingParams(max_tokens=prefs.max_tokens, temperature=prefs.temperature)
-        self._answer_widget = self._add_widget("assistant", "")
-        self.status.setText(tr("{n} older messages left out to fit the context", n=dropped) if dropped
-                            else tr("Writing…"))
-        holder: dict = {}
-
-        def job(sink):
-            stream = backend.chat(messages, params, PRIORITY_NORMAL)
-            holder["stream"] = stream
-            for delta in stream:
-                sink.on_delta(delta)
-            return stream.result
-
-        task = StreamTask(job, lambda: holder["stream"].cancel() if "stream" in holder else None)
+    def _start_answer(self, request: ChatRequest) -> None:
+        """Answer the conversation so far (its last message is the user's) with ``request``."""
+        params = SamplingParams(max_tokens=request.max_tokens, temperature=self.store.prefs.temperature)
+        answer = ChatAnswer(self.host.backend, request.messages, params, PRIORITY_NORMAL)
+        self._answer_widget = self.scroll.add_message("assistant", "")
+        self._left_out = left_out_note(request.dropped_turns) if request.dropped_turns else ""
+        self._answer_note = self.scroll.add_note(self._left_out)
+        task = StreamTask(answer.run, answer.cancel)
         task.delta.connect(lambda d, t=task: self.task is t and self._answer_widget.append(d))
         task.finished.connect(lambda r, t=task: self._task_finished(t, r))
         task.failed.connect(lambda msg, t=task: self._task_failed(t, msg))
-        self.task = task
+        self.task, self._answer = task, answer
+        self.status.setText(self._writing_text())
         self._set_running(True)
         self.host.track(task)
         task.start()
@@ -314,7 +283,9 @@ class ChatWindow(QWidget):
             self._finished(result)
         elif task in self._left:  # its conversation is no longer shown: only its saved answer is completed
             conversation, message = self._left.pop(task)
-            message.content, message.tokens_per_second = result.text, result.tokens_per_second
+            if result.text.strip():
+                message.content, message.tokens_per_second = result.text, result.tokens_per_second
+                message.finish = finish_of(result)
             self._save(conversation)
             if conversation is self.conversation and self.task is None and not self._waiting:
                 self._show_messages()  # opened again meanwhile: show the completed answer
@@ -325,12 +296,22 @@ class ChatWindow(QWidget):
         self._left.pop(task, None)  # a left answer keeps what was saved when it was left
 
     def _finished(self, result: GenerationResult) -> None:
-        self._answer_widget.finish(result.tokens_per_second)
-        self.conversation.add("assistant", result.text, result.tokens_per_second)
-        self._save()
-        suffix = f" — {tr('Stopped')}" if result.finish_reason == "cancelled" else ""
-        self._last_outcome = tr("{tps:.1f} tokens/s", tps=result.tokens_per_second) + suffix
+        finish = finish_of(result)
+        if result.text.strip():
+            self._answer_widget.finish(result.tokens_per_second)
+            self.conversation.add("assistant", result.text, result.tokens_per_second, finish)
+            self._save()
+        else:  # nothing written (stopped before the first token): nothing to keep or send back
+            self.scroll.remove(self._answer_widget)
+        self._note_under_answer(finish_note(finish) or ("" if result.text.strip() else tr("The model gave no answer")))
+        self._last_outcome = outcome_text(finish, result.tokens_per_second)
         self._end_task()
+
+    def _note_under_answer(self, note: str) -> None:
+        """The answer's note: how it ended, and what its request left out (kept after it ends)."""
+        text = "\n".join(line for line in (note, self._left_out) if line)
+        self._answer_note.setText(text)
+        self._answer_note.setVisible(bool(text))
 
     def _failed(self, message: str) -> None:
         self._answer_widget.show_error(message)
@@ -338,24 +319,29 @@ class ChatWindow(QWidget):
         self._end_task()
 
     def _end_task(self) -> None:
-        self.task = None
+        self.task, self._answer = None, None
         self._set_running(False)
         self._update_status()
 
     def _leave_answer(self, keep: bool = True) -> None:
-        """Before another conversation is shown: the answer being written stops and, with ``keep``,
-        what it has so far is saved in its own conversation, as Stop would; the tokens still on
-        their way and the speed are added when its task ends (_task_finished). The window is free
-        at once: the old task's signals never reach the message widgets about to be deleted."""
+        """The answer being written stops at once: before another conversation is shown, at quit,
+        or on Stop before the model took the request. With ``keep``, what it has so far is saved
+        in its own conversation, marked stopped; the tokens still on their way and the speed are
+        added when its task ends (_task_finished). The window is free at once: the old task's
+        signals never reach the message widgets about to be deleted."""
         if self._waiting:
-            self._give_back_waiting(tr("Stopped"))
+            self._give_back_question(tr("Stopped"))
         task = self.task
         if task is None:
             return
-        if keep:
-            self._left[task] = (self.conversation, self.conversation.add("assistant", self._answer_widget.text()))
+        written = self._answer_widget.text()
+        if keep and written.strip():
+            self._left[task] = (self.conversation, self.conversation.add("assistant", written, finish="stopped"))
             self._save()
-        self.task, self._answer_widget = None, None
+        elif not written.strip():
+            self.scroll.remove(self._answer_widget)
+        self._note_under_answer(tr("Stopped"))
+        self.task, self._answer, self._answer_widget = None, None, None
         task.cancel()
         self._last_outcome = tr("Stopped")
         self._set_running(False)
@@ -363,20 +349,27 @@ class ChatWindow(QWidget):
 
     def stop(self) -> None:
         if self._waiting:
-            self._give_back_waiting(tr("Stopped"))
-        if self.task is not None:
-            self.task.cancel()
+            self._give_back_question(tr("Stopped"))
+        if self.task is None:
+            return
+        if self._answer.streaming:
+            self.task.cancel()  # the stream ends at its next token and reports, as stopped, to _finished
+        else:
+            self._leave_answer()  # the request is being read or the model loads again: nothing to wait for
+
+    def shutdown(self) -> None:
+        """At quit, before the engine goes: the answer being written is saved as far as it got,
+        marked stopped (its task's last signals would arrive after the event loop has ended). A
+        question waiting for the model was saved when it was sent."""
+        self._waiting = False
+        self._leave_answer()
 
     def _save(self, conversation: Conversation | None = None) -> None:
-        """Save ``conversation`` (the one shown by default) and list it."""
-        conversation = self.conversation if conversation is None else conversation
+        """Save ``conversation`` (the one shown by default) and list it, the latest active first."""
         try:
-            self.history.save(conversation)
+            self.list.save(self.conversation if conversation is None else conversation)
         except SettingsFileError as e:  # a full disk, a read-only folder: the chat goes on, unsaved
             self.status.setText(tr(NOT_KEPT, error=str(e)))
-        if conversation not in self.conversations:
-            self.conversations.insert(0, conversation)
-        self._refresh_list()
 
     def _set_running(self, running: bool) -> None:
         self.send_button.setEnabled(not running)
@@ -389,10 +382,14 @@ class ChatWindow(QWidget):
         self._update_status()
 
     def _update_status(self) -> None:
-        if self.task is None:
-            backend = self.host.backend
-            model = f"{backend.name} · {device_label(backend.device)}" if backend else tr(self.host.state)
-            self.status.setText(f"{model} — {self._last_outcome}" if self._last_outcome else model)
+        if self.task is not None:
+            return
+        backend = self.host.backend
+        if backend is not None and self.host.state == "unloaded":
+            self.status.setText(tr("{model} unloaded to free memory; it loads again when needed", model=backend.name))
+            return
+        model = f"{backend.name} · {device_label(backend.device)}" if backend else tr(self.host.state)
+        self.status.setText(f"{model} — {self._last_outcome}" if self._last_outcome else model)
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt)
         geometry = bytes(self.saveGeometry().toBase64()).decode()

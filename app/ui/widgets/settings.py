@@ -114,6 +114,8 @@ class SettingsDialog(QDialog):
         else:
             self.translate_target.setCurrentText(prefs.translate_target)
         self.max_tokens = QSpinBox(minimum=16, maximum=8192, value=prefs.max_tokens, singleStep=64)
+        self.max_tokens.setToolTip(tr("An answer gets at most half of the model's context, so the text or the "
+                                      "conversation before it still fits"))
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, value=prefs.temperature, singleStep=0.1)
         self.device = QComboBox()
         for value, label in (("auto", tr("The GPU when there is one")), ("cpu", tr("The CPU only (keeps the GPU free)"))):
