@@ -8,7 +8,6 @@ and typed text goes in a fence that nothing in it can close, so no entry runs in
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,10 @@ from app.paths import atomic_write_text
 from app.ui.action_history import ActionRecord
 from app.ui.history import Conversation
 from app.ui.i18n import tr
-from app.ui.markdown_fences import fenced, with_fences_closed
+from app.ui.markdown_fences import escaped, fenced, with_fences_closed
 from app.ui.text_preview import text_preview
 
 PREVIEW_WORDS = 10
-_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]<>&~#|])")
 
 
 @dataclass(frozen=True)
@@ -59,12 +57,6 @@ def entries(conversations: list[Conversation], records: list[ActionRecord]) -> l
     return sorted(both, key=lambda e: e.when, reverse=True)
 
 
-def _escaped(text: str) -> str:
-    """``text`` (a title, a name) in a Markdown line, shown as it is: ``__init__`` and ``*args``
-    not read as emphasis, ``<b>`` not as HTML."""
-    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
-
-
 def _time(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
@@ -91,14 +83,14 @@ def _headed(heading: str, text: str, typed: bool) -> list[EntryPart]:
 def entry_parts(entry: HistoryEntry) -> list[EntryPart]:
     item = entry.item
     if isinstance(item, Conversation):
-        parts = [EntryPart(f"## {_escaped(entry.title())}\n\n*{_time(item.updated)}*")]
+        parts = [EntryPart(f"## {escaped(entry.title())}\n\n*{_time(item.updated)}*")]
         # Headings are keyed with their colon: Chinese writes "：", and "Answer:" is not the mode "Answer".
         speakers = {"user": tr("You:"), "assistant": tr("Assistant:"), "system": tr("Instructions:")}
         for message in item.messages:
             parts += _headed(speakers[message.role], message.content, typed=message.role != "assistant")
         return parts
-    when = f"{_time(item.created)} · {tr('Model: {model}', model=_escaped(item.model))}"
-    return ([EntryPart(f"## {_escaped(item.action)}\n\n*{when}*")]
+    when = f"{_time(item.created)} · {tr('Model: {model}', model=escaped(item.model))}"
+    return ([EntryPart(f"## {escaped(item.action)}\n\n*{when}*")]
             + _headed(tr("Text:"), item.source, typed=True) + _headed(tr("Answer:"), item.answer, typed=False))
 
 

@@ -25,6 +25,13 @@ _FENCE = re.compile(r"(`{3,}|~{3,})(.*)")
 _HEADING = re.compile(r"#{1,6}(?: |$)")
 _CLOSING_FENCE = re.compile(r"(`{3,}|~{3,}) *")
 _BACKTICK_RUN = re.compile(r"`+")
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]<>&~#|])")
+
+
+def escaped(text: str) -> str:
+    """``text`` (a title, a name, an error message) in a Markdown line, shown as it is: ``__init__``
+    and ``*args`` not read as emphasis, ``<b>`` not as HTML."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
 
 
 def with_fences_closed(markdown: str) -> str:

@@ -72,3 +72,11 @@ def test_a_code_line_wider_than_the_answer_scrolls_sideways_and_hides_no_line(qt
     holder.resize(6000, 400)  # the line fits: no bar, and no room kept for one
     qtbot.waitUntil(lambda: not bar.isVisible(), timeout=5000)
     assert view.height() < with_bar and view.verticalScrollBar().maximum() == 0
+
+
+def test_an_error_under_an_answer_shows_its_message_as_it_is(qtbot):
+    """An error naming a path or a pattern keeps its underscores, stars and angle brackets."""
+    message = MessageWidget("assistant")
+    qtbot.addWidget(message)
+    message.show_error("C:/models/__init__/*.gguf is not <readable>")
+    assert message.view.toPlainText() == "Error: C:/models/__init__/*.gguf is not <readable>"

@@ -8,6 +8,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from app.ui.i18n import tr
+from app.ui.markdown_fences import escaped
 from app.ui.widgets.markdown_view import MarkdownView
 
 
@@ -62,7 +63,7 @@ class MessageWidget(QFrame):
             self.speed.setText(tr("{tps:.1f} tokens/s", tps=tokens_per_second))
 
     def show_error(self, message: str) -> None:
-        self.view.set_text(f"**{tr('Error')}:** {message}")
+        self.view.set_text(f"**{tr('Error')}:** {escaped(message)}")  # a path's __init__ or * as typed
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text())
