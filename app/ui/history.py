@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 from app.paths import data_dir
 from app.settings.jsonfile import CORRUPT, MISSING, UNREADABLE, keep_aside, os_reason, read_json, write_json
 from app.settings.notices import Notice
+from app.ui.i18n import tr
 
 ROLES = ("system", "user", "assistant")
 # How an answer ended when it did not end by itself: "stopped" (Stop, another chat opened, a model
@@ -36,6 +37,15 @@ T = TypeVar("T")
 
 class CorruptFileError(ValueError):
     """A history file that parses but is not what it should hold."""
+
+
+def finish_note(finish: str) -> str:
+    """The note under an answer that did not end by itself (ChatMessage.finish)."""
+    if finish == "stopped":
+        return tr("Stopped")
+    if finish == "length":
+        return tr("Cut off at the answer length")
+    return ""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from app.paths import atomic_write_text
 from app.ui.action_history import ActionRecord
-from app.ui.history import Conversation
+from app.ui.history import Conversation, finish_note
 from app.ui.i18n import tr
 from app.ui.markdown_fences import escaped, fenced, with_fences_closed
 from app.ui.text_preview import text_preview
@@ -88,6 +88,8 @@ def entry_parts(entry: HistoryEntry) -> list[EntryPart]:
         speakers = {"user": tr("You:"), "assistant": tr("Assistant:"), "system": tr("Instructions:")}
         for message in item.messages:
             parts += _headed(speakers[message.role], message.content, typed=message.role != "assistant")
+            if finish_note(message.finish):  # as the chat shows it under the answer
+                parts.append(EntryPart(f"*{finish_note(message.finish)}*"))
         return parts
     when = f"{_time(item.created)} · {tr('Model: {model}', model=escaped(item.model))}"
     return ([EntryPart(f"## {escaped(item.action)}\n\n*{when}*")]

@@ -65,6 +65,24 @@ def test_an_answer_cut_inside_a_code_block_does_not_swallow_the_entries_after_it
     assert blocks[-1] == ("text", "Paris.")  # the last answer: Markdown, not code
 
 
+def test_answers_that_did_not_end_by_themselves_are_marked_in_the_export_as_in_the_chat(qtbot, tmp_path):
+    conversation = Conversation()
+    conversation.add("user", "Tell me a story")
+    conversation.add("assistant", "Once upon a time", finish="stopped")
+    conversation.add("user", "Another one")
+    conversation.add("assistant", "There was a king", finish="length")
+    conversation.add("user", "Thanks")
+    conversation.add("assistant", "You are welcome.")
+    ChatHistory().save(conversation)
+    window = _history_window(qtbot)
+    window.export_to(tmp_path / "history.md")
+
+    texts = [text for kind, text in _read_back((tmp_path / "history.md").read_text(encoding="utf-8")) if kind == "text"]
+    assert texts[texts.index("Once upon a time") + 1] == "Stopped"
+    assert texts[texts.index("There was a king") + 1] == "Cut off at the answer length"
+    assert texts[-1] == "You are welcome."  # an answer that ended by itself gets no note
+
+
 def test_text_the_user_typed_is_exported_exactly_and_its_fences_cannot_end_the_entry(qtbot, tmp_path):
     typed = "def __init__(self, *args): why?\n```\n````python\nprint(*args)"  # fences of its own, one never closed
     _keep_chat(2000.0, ("user", typed), ("assistant", "It is cut."))

@@ -25,12 +25,12 @@ from app.settings.jsonfile import SettingsFileError
 from app.ui.chat_session import ChatAnswer, ChatRequest, MessageTooLongError, TokenCounts, finish_of, plan_request
 from app.ui.controllers.engine_host import EngineHost
 from app.ui.controllers.tasks import StreamTask
-from app.ui.history import ChatHistory, ChatMessage, Conversation
+from app.ui.history import ChatHistory, ChatMessage, Conversation, finish_note
 from app.ui.i18n import tr
 from app.ui.preferences import PreferencesStore
 from app.ui.widgets.chat_input import ChatInput
 from app.ui.widgets.chat_list import ConversationList
-from app.ui.widgets.chat_view import ConversationView, finish_note, left_out_note, outcome_text
+from app.ui.widgets.chat_view import ConversationView, left_out_note, outcome_text
 from app.ui.widgets.icons import app_icon
 from app.ui.widgets.message_view import MessageWidget
 from app.ui.widgets.tray import device_label, loading_text, not_ready_text

@@ -7,20 +7,11 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.ui.history import ChatMessage
+from app.ui.history import ChatMessage, finish_note
 from app.ui.i18n import tr
 from app.ui.widgets.message_view import MessageWidget
 
 FOLLOW_SLACK_PX = 8  # this close to the bottom still counts as reading the newest text
-
-
-def finish_note(finish: str) -> str:
-    """The note under an answer that did not end by itself (ChatMessage.finish)."""
-    if finish == "stopped":
-        return tr("Stopped")
-    if finish == "length":
-        return tr("Cut off at the answer length")
-    return ""
 
 
 def outcome_text(finish: str, tokens_per_second: float) -> str:
