@@ -2,7 +2,7 @@
 memory map, one synchronous copy per tensor) against reading the files in large chunks into two
 pinned host buffers whose copies overlap the next read.
 
-    python lab/probe_load_copy.py CHECKPOINT_FOLDER [--rounds 3]
+    python -m lab.probe_load_copy CHECKPOINT_FOLDER [--rounds 3]
 
 Prints seconds and GB/s of each way per round (the files are read once first, so both start from
 the page cache). A timing probe: the bytes are not checked (the loader's tests do that).

@@ -1,6 +1,6 @@
 """Where `Engine.load` spends its time: cProfile of one load in a new process (torch imported first).
 
-    python lab/profile_load.py CHECKPOINT_FOLDER [--device cuda] [--top 40]
+    python -m lab.profile_load CHECKPOINT_FOLDER [--device cuda] [--top 40]
 """
 
 from __future__ import annotations
