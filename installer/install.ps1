@@ -103,8 +103,8 @@ function Get-PythonVersion([string[]]$Command) {
     # must not meet "Stop": Windows PowerShell 5.1 turns a redirected stderr line of a native
     # command into a terminating NativeCommandError, 2>$null included (fixed in PowerShell 7.1).
     $ErrorActionPreference = "Continue"
-    if (-not (Get-Command $Command[0] -ErrorAction SilentlyContinue)) { return "" }
     $exe = $Command[0]
+    if (-not (Get-Command $exe -ErrorAction SilentlyContinue)) { return "" }  # $LASTEXITCODE would be stale
     $rest = @($Command | Select-Object -Skip 1)
     $out = & $exe @rest -c "import sys; print('%d.%d' % sys.version_info[:2])" 2>&1
     if ($LASTEXITCODE -ne 0) { return "" }
