@@ -263,6 +263,8 @@ def remove_download(folder: Path) -> Path | None:
     the quantizer not yet collected, an antivirus scanning the new gigabytes. The mappings of
     this process go with a garbage collection, a scan with a moment's wait; what still fails is
     returned for the caller to say, not swallowed (it can be gigabytes)."""
+    if not folder.exists():
+        return None  # a checkpoint that was only registered again: nothing was downloaded
     failed: list[str] = []
     for attempt in range(2):
         if attempt:
