@@ -35,6 +35,11 @@ $Startup = [Environment]::GetFolderPath("Startup")
 $MenuLink = Join-Path $Programs "Qwen Tray.lnk"
 $StartupLink = Join-Path $Startup "Qwen Tray.lnk"
 $IconSource = Join-Path $PSScriptRoot "..\app\resources\icons\qwen-tray.ico"
+# Settings -> System writes the Run value; Task Manager's Startup tab keeps its switch for each entry
+# under StartupApproved (app/ui/autostart.py reads and writes the same names).
+$RunKey = "HKCU:\Software\Microsoft\Windows\CurrentVersion\Run"
+$ApprovedKey = "HKCU:\Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved"
+$RunValue = "Qwen Tray"
 
 function Fail([string]$Message) {
     Write-Host "install.ps1: error: $Message" -ForegroundColor Red
@@ -87,17 +92,52 @@ function Invoke-Checked([string]$Exe, [string[]]$Arguments) {
     if ($LASTEXITCODE -ne 0) { Fail "$Exe $($Arguments -join ' ') failed (exit code $LASTEXITCODE)" }
 }
 
+# PyTorch has CUDA wheels for these (newest first).
+$SupportedPythons = "3.12", "3.11", "3.10"
+$InstallPython = "install Python 3.12 from https://www.python.org/downloads/windows/ (tick 'Add python.exe to PATH') " +
+    "or with: winget install Python.Python.3.12; then run this again in a new PowerShell window"
+
+function Get-PythonVersion([string[]]$Command) {
+    # "3.12" and the like, or "" when the command runs no Python: py without the asked version
+    # exits 103, the Microsoft Store's stand-in python.exe (WindowsApps) 9009. The probe's stderr
+    # must not meet "Stop": Windows PowerShell 5.1 turns a redirected stderr line of a native
+    # command into a terminating NativeCommandError, 2>$null included (fixed in PowerShell 7.1).
+    $ErrorActionPreference = "Continue"
+    $exe = $Command[0]
+    if (-not (Get-Command $exe -ErrorAction SilentlyContinue)) { return "" }  # $LASTEXITCODE would be stale
+    $rest = @($Command | Select-Object -Skip 1)
+    $out = & $exe @rest -c "import sys; print('%d.%d' % sys.version_info[:2])" 2>&1
+    if ($LASTEXITCODE -ne 0) { return "" }
+    return "$(@($out | Where-Object { $_ -is [string] }) | Select-Object -First 1)".Trim()
+}
+
 function Find-Python {
-    # The py launcher knows every installed Python; take the newest 3.10-3.12 (PyTorch wheels exist for them).
-    if ($Python) { return @($Python) }
-    if (Get-Command py -ErrorAction SilentlyContinue) {
-        foreach ($v in "3.12", "3.11", "3.10") {
-            & py "-$v" -c "import sys" 2>$null
-            if ($LASTEXITCODE -eq 0) { return @("py", "-$v") }
+    # The py launcher knows every installed Python: take the newest supported one.
+    if ($Python) {
+        $version = Get-PythonVersion @($Python)
+        if ($SupportedPythons -contains $version) { return @($Python) }
+        if ($version) { Fail "-Python $Python is Python $version; 3.10-3.12 is needed (PyTorch has no CUDA wheels for others yet)" }
+        Fail "-Python $Python does not run a Python: pass the path of a python.exe"
+    }
+    $hasLauncher = [bool](Get-Command py -ErrorAction SilentlyContinue)
+    if ($hasLauncher) {
+        foreach ($v in $SupportedPythons) {
+            if ((Get-PythonVersion @("py", "-$v")) -eq $v) { return @("py", "-$v") }
         }
     }
-    if (Get-Command python -ErrorAction SilentlyContinue) { return @("python") }
-    Fail "no Python 3.10-3.12 found: install it from https://www.python.org/downloads/windows/ (tick 'Add to PATH')"
+    $command = Get-Command python -ErrorAction SilentlyContinue | Select-Object -First 1
+    $version = if ($command) { Get-PythonVersion @($command.Source) } else { "" }
+    if ($SupportedPythons -contains $version) { return @($command.Source) }
+    if ($version) {
+        Fail "Python $version ($($command.Source)) is installed, but PyTorch has CUDA wheels only for 3.10-3.12: $InstallPython"
+    }
+    if ($hasLauncher) {
+        Fail "none of the installed Pythons (py -0p lists them) is 3.10-3.12, for which PyTorch has CUDA wheels: $InstallPython"
+    }
+    if ($command -and $command.Source -like "*\WindowsApps\*") {
+        Fail "Python is not installed (the 'python' command here only opens the Microsoft Store): $InstallPython"
+    }
+    Fail "Python is not installed: $InstallPython"
 }
 
 function New-Shortcut([string]$Path, [string]$IconPath) {
@@ -112,9 +152,53 @@ function New-Shortcut([string]$Path, [string]$IconPath) {
     $link.Save()
 }
 
+function Remove-Autostart {
+    # Every way Qwen Tray starts at sign-in, and Task Manager's switches for them: a Run value
+    # left behind would point at a deleted pythonw.exe at every sign-in.
+    Remove-ItemProperty -Path $RunKey -Name $RunValue -ErrorAction SilentlyContinue
+    Remove-ItemProperty -Path "$ApprovedKey\Run" -Name $RunValue -ErrorAction SilentlyContinue
+    Remove-ItemProperty -Path "$ApprovedKey\StartupFolder" -Name (Split-Path -Leaf $StartupLink) -ErrorAction SilentlyContinue
+    Remove-Item -Force -ErrorAction SilentlyContinue $StartupLink
+}
+
+function Get-VenvProcesses {
+    # A venv's python(w).exe is a launcher that runs the base Python as its child; the child holds
+    # the venv's DLLs open, so it is found by its parent.
+    try { $all = @(Get-CimInstance Win32_Process) } catch { return @() }
+    $launchers = @($all | Where-Object {
+        $_.ExecutablePath -and $_.ExecutablePath.StartsWith("$Venv\", [StringComparison]::OrdinalIgnoreCase) })
+    $ids = @($launchers | ForEach-Object { $_.ProcessId })
+    return @($launchers + @($all | Where-Object { $ids -contains $_.ParentProcessId }))
+}
+
+function Stop-Tray {
+    # Ask the running tray to quit as `qwen-tray --replace` does (it closes its model and history),
+    # then end whatever still runs from the venv (`qwen-tray serve`, a hung tray): Windows cannot
+    # delete files that a running program has open.
+    $ErrorActionPreference = "Continue"  # the request's stderr (no tray running) must not stop the script
+    $venvPython = Join-Path $Venv "Scripts\python.exe"
+    if (Test-Path $venvPython) {
+        & $venvPython -c "from app.ui.single_instance import send_request; send_request({'command': 'quit'}, timeout_ms=5000)" 2>&1 | Out-Null
+    }
+    for ($i = 0; $i -lt 20 -and @(Get-VenvProcesses).Count -gt 0; $i++) { Start-Sleep -Milliseconds 500 }
+    foreach ($process in @(Get-VenvProcesses)) {
+        Write-Host "stopping $($process.Name) (process $($process.ProcessId)), which runs from $Venv"
+        Stop-Process -Id $process.ProcessId -Force -ErrorAction SilentlyContinue
+    }
+}
+
 if ($Uninstall) {
-    Remove-Item -Force -ErrorAction SilentlyContinue $MenuLink, $StartupLink
-    if (Test-Path $Prefix) { Remove-Item -Recurse -Force $Prefix }
+    Stop-Tray
+    Remove-Autostart
+    Remove-Item -Force -ErrorAction SilentlyContinue $MenuLink
+    if (Test-Path $Prefix) {
+        try {
+            Remove-Item -Recurse -Force $Prefix
+        } catch {
+            Fail ("cannot delete $Prefix ($($_.Exception.Message)): a program still has files in it open; " +
+                  "quit Qwen Tray (its tray icon, Quit), close any window running qwen-tray, then run -Uninstall again")
+        }
+    }
     Write-Host "Qwen Tray removed (settings and chat history stay in $env:LOCALAPPDATA\qwen-tray)."
     exit 0
 }
@@ -125,8 +209,6 @@ $Source = Resolve-Source
 $py = @(Find-Python)  # @(): a one-element result would otherwise become a plain string
 $pyExe = $py[0]
 $pyArgs = @($py | Select-Object -Skip 1)
-& $pyExe @pyArgs -c "import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)"
-if ($LASTEXITCODE -ne 0) { Fail "Python 3.10-3.12 is needed (PyTorch has no CUDA wheels for others yet)" }
 New-Item -ItemType Directory -Force -Path $Prefix | Out-Null
 if (-not (Test-Path (Join-Path $Venv "Scripts\python.exe"))) {
     Invoke-Checked $pyExe ($pyArgs + @("-m", "venv", $Venv))
@@ -154,6 +236,9 @@ $Icon = Join-Path $Prefix "qwen-tray.ico"
 if (Test-Path $IconSource) { Copy-Item -Force $IconSource $Icon }
 New-Shortcut $MenuLink $Icon
 if ($Autostart) {
+    # The shortcut as the one entry (a second one would open the running tray's chat window at
+    # sign-in), without a switch Task Manager may have turned off before.
+    Remove-Autostart
     New-Shortcut $StartupLink $Icon
 } else {
     Remove-Item -Force -ErrorAction SilentlyContinue $StartupLink

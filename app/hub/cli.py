@@ -127,6 +127,9 @@ def run_get(args: argparse.Namespace) -> int:
         print(f"the tray runs it {got.fit.text}")
     if got.source_kept is not None:
         print(f"source kept in {got.source_kept}")
+    if got.source_left is not None:
+        print(f"note: the download {got.source_left} ({format_bytes(got.source_left_bytes)}) could not be deleted "
+              "completely (a file in it was in use); it can be deleted once Qwen Tray is closed")
     return 0
 
 

@@ -9,10 +9,13 @@ partial download or quantization never shows up as a model.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +31,7 @@ from app.hub.errors import HubError, HubNotFoundError, HubUnreachableError, keep
 from app.hub.plan import plan_entry
 from app.hub.progress import CHECKING, QUANTIZING, REGISTERING, JobProgress, RateMeter, Reporter
 from app.hub.sources import make_source
-from app.model_folders import model_folder_lock
+from app.model_folders import folder_bytes, model_folder_lock
 from app.model_import import check_free_name, register_model
 from app.paths import cache_dir, downloads_dir, models_dir
 from app.quant.device import resolve_quantize_device
@@ -37,6 +40,7 @@ from app.settings.store import SettingsStore
 
 log = logging.getLogger(__name__)
 UNKNOWN_CHECKPOINT_FRACTION = 0.35  # an entry without [config]: a W4 checkpoint is ~30 % of bf16
+REMOVE_RETRY_WAIT_S = 1.0  # a virus scan of a just-written file lets go within a moment
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class GotModel:
     is_default: bool
     source_kept: Path | None = None  # the downloaded source, when kept
     fit: Fit | None = None  # where the tray would run it (None without a machine)
+    source_left: Path | None = None  # the download, when some of it could not be deleted
+    source_left_bytes: int = 0  # what remains of it
 
 
 def quantize_into(source: Path, out: Path, recipe: Recipe, method: str, device: str | None, report: Reporter,
@@ -157,9 +163,9 @@ class GetModelJob:
         is_default = register_model(self.name, self.out, make_default=self.make_default, replace=self.replace,
                                     store=self.store)
         kept = self.source_folder if self.keep_source and self.source_folder.is_dir() else None
-        if kept is None:
-            shutil.rmtree(self.source_folder, ignore_errors=True)
-        return GotModel(self.name, self.out, is_default, kept, fit_of(self.out, self.name, self.machine))
+        left = None if kept is not None else remove_download(self.source_folder)
+        return GotModel(self.name, self.out, is_default, kept, fit_of(self.out, self.name, self.machine),
+                        source_left=left, source_left_bytes=folder_bytes(left) if left is not None else 0)
 
     def _has_checkpoint(self, recipe: Recipe) -> bool:
         """Whether ``out`` holds the finished checkpoint asked for: then it is only registered
@@ -248,6 +254,41 @@ class GetModelJob:
             return planned
         weights = sum(f.size for f in snapshot.files if f.path.endswith(".safetensors"))
         return int(weights * UNKNOWN_CHECKPOINT_FRACTION)
+
+
+def remove_download(folder: Path) -> Path | None:
+    """Delete a download whose checkpoint is registered; return ``folder`` if some of it stays.
+
+    On Windows a file that is open or memory-mapped cannot be deleted: a safetensors mapping of
+    the quantizer not yet collected, an antivirus scanning the new gigabytes. The mappings of
+    this process go with a garbage collection, a scan with a moment's wait; what still fails is
+    returned for the caller to say, not swallowed (it can be gigabytes)."""
+    if not folder.exists():
+        return None  # a checkpoint that was only registered again: nothing was downloaded
+    failed: list[str] = []
+    for attempt in range(2):
+        if attempt:
+            time.sleep(REMOVE_RETRY_WAIT_S)
+        failed.clear()
+        gc.collect()
+        _rmtree_noting(folder, failed)
+        if not failed:
+            return None
+    log.warning("%s: could not delete %s", folder, ", ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))
+    return folder if folder.exists() else None
+
+
+def _rmtree_noting(folder: Path, failed: list[str]) -> None:
+    """shutil.rmtree that goes on past a file it cannot delete and notes its path in ``failed``."""
+    def note(_function, path, exc) -> None:
+        error = exc[1] if isinstance(exc, tuple) else exc  # onerror's exc_info, onexc's exception
+        if not isinstance(error, FileNotFoundError):  # gone already (or never downloaded): fine
+            failed.append(str(path))
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=note)
+    else:  # onexc is new in 3.12, where onerror is deprecated
+        shutil.rmtree(folder, onerror=note)
 
 
 def made_with(folder: Path) -> tuple[str, Recipe, bool] | None:

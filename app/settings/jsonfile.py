@@ -1,7 +1,9 @@
 """The settings' files on disk: one way to write them, one way to treat a broken or unreadable one.
 
 - Written atomically (``app.paths.atomic_write_text``: a temp file beside the target, then a
-  rename): a crash leaves the old file or the new one, never half of one.
+  rename): a crash leaves the old file or the new one, never half of one. On Windows the rename
+  is tried again for about a second while another program holds the file open; past that the
+  error says the file is in use, not that its folder should be made writable.
 - *Corrupt* (not JSON, or not the shape its reader expects): moved aside to a name no other
   file has, ``NAME.corrupt-YYYYMMDD-HHMMSS.json`` (then ``-2``, ``-3``, ...). The name is
   reserved with an exclusive create before the move, so two resets in the same second, or in
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import QwenTrayError
-from app.paths import atomic_write_text
+from app.paths import FileInUseError, atomic_write_text
 
 MISSING, OK, CORRUPT, UNREADABLE = "missing", "ok", "corrupt", "unreadable"
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -107,6 +109,9 @@ def os_reason(e: OSError) -> str:
 
 
 def _remedy(path: Path, e: OSError) -> str:
+    if isinstance(e, FileInUseError):  # its folder is writable: making it so would be wrong advice
+        return ("close the program that has it open (a second Qwen Tray, an editor), or clear its read-only "
+                "attribute, then try again")
     if isinstance(e, (FileExistsError, NotADirectoryError)):
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
         return f"{blocker} is a file where a folder should be; move it away"

@@ -18,6 +18,7 @@ from app.errors import QwenTrayError
 from app.hub.job import GotModel
 from app.model_removal import Removal
 from app.paths import log_file
+from app.progress import format_bytes
 from app.settings.actions import OPEN_CHAT_ID, Action
 from app.settings.jsonfile import SettingsFileError
 from app.settings.notices import Notice
@@ -198,6 +199,10 @@ class TrayApp(QObject):
         self.notify(tr("{model} is ready", model=got.name))
         if got.fit is not None and not got.fit.on_gpu and self.model_jobs.machine().gpu is not None:
             self.notify(tr("{model} does not fit this GPU: {verdict}", model=got.name, verdict=got.fit.text))
+        if got.source_left is not None:  # a file in the download still in use (Windows): gigabytes, said
+            self.notify(tr("The download {folder} ({size}) could not be deleted completely (a file in it was in use); "
+                           "it can be deleted once Qwen Tray is closed", folder=str(got.source_left),
+                           size=format_bytes(got.source_left_bytes)))
         if activate:
             self.switch_model(ModelEntry(name=got.name, kind="local", path=str(got.path)))
 

@@ -5,8 +5,9 @@
   ``X-GNOME-Autostart-enabled=false`` (a desktop's own startup settings) counts as off.
 - macOS: a LaunchAgent, ``~/Library/LaunchAgents/io.github.qwen-tray.plist`` (RunAtLoad).
 - Windows: the ``Qwen Tray`` value of the HKCU Run key; ``install.ps1 -Autostart``'s shortcut in
-  the Startup folder counts too (and is removed when it is turned off); Task Manager's "Disabled"
-  (StartupApproved) counts as off.
+  the Startup folder counts too (and is removed when it is turned off or on: one entry, since a
+  second start would open the running tray's chat window at sign-in). Task Manager's "Disabled"
+  of either entry (StartupApproved) counts as off, and turning it on clears that mark.
 
 No flag is stored: the installer, the desktop's settings or the user may change it meanwhile.
 """
@@ -25,8 +26,12 @@ from app.paths import atomic_write_text, resources_dir
 DESKTOP_FILE = "qwen-tray.desktop"
 AGENT_LABEL = "io.github.qwen-tray"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
-APPROVED_KEY = r"Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved\Run"
+# Task Manager's Startup tab keeps its on/off switch apart from the entries, one key per kind of
+# entry, a binary value named as the entry: a Run value by its name, a shortcut by its file name.
+APPROVED_RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved\Run"
+APPROVED_FOLDER_KEY = r"Software\Microsoft\Windows\CurrentVersion\Explorer\StartupApproved\StartupFolder"
 RUN_VALUE = "Qwen Tray"
+SHORTCUT_NAME = "Qwen Tray.lnk"  # install.ps1 -Autostart's, in the Startup folder
 
 
 class AutostartError(QwenTrayError):
@@ -127,51 +132,66 @@ class LaunchAgentAutostart:
 
 
 class WindowsAutostart:
-    """The HKCU Run key (install.ps1's Startup-folder shortcut counts too). Not tested here: it needs Windows."""
+    """The HKCU Run key (install.ps1's Startup-folder shortcut counts too). ``winreg`` is passed in
+    by tests (a fake: tests/test_autostart_windows.py); on Windows it is the real one."""
 
-    def __init__(self):
-        import winreg  # (Windows only)
+    def __init__(self, winreg=None, startup_folder: Path | None = None):
+        if winreg is None:
+            import winreg  # (Windows only)
 
         self._winreg = winreg
-        startup = Path(os.environ.get("APPDATA", "")) / "Microsoft/Windows/Start Menu/Programs/Startup"
-        self.shortcut = startup / "Qwen Tray.lnk"
+        startup = startup_folder or Path(os.environ.get("APPDATA", "")) / "Microsoft/Windows/Start Menu/Programs/Startup"
+        self.shortcut = startup / SHORTCUT_NAME
 
     def where(self) -> str:
         return f"HKEY_CURRENT_USER\\{RUN_KEY}\\{RUN_VALUE}"
 
-    def _value(self, key_path: str) -> object | None:
+    def _value(self, key_path: str, name: str) -> object | None:
         try:
             with self._winreg.OpenKey(self._winreg.HKEY_CURRENT_USER, key_path) as key:
-                return self._winreg.QueryValueEx(key, RUN_VALUE)[0]
+                return self._winreg.QueryValueEx(key, name)[0]
         except OSError:
             return None
 
+    def _approved(self, key_path: str, name: str) -> bool:
+        """Whether Task Manager leaves the entry on: no mark, or a first byte that is even. Not
+        documented by Microsoft; startup managers agree on 02 and 06 (08) on, 03 and 07 (01, 09) off."""
+        mark = self._value(key_path, name)
+        if not isinstance(mark, bytes) or not mark:
+            return True  # never switched in Task Manager
+        return mark[0] % 2 == 0
+
     def enabled(self) -> bool:
-        approved = self._value(APPROVED_KEY)  # Task Manager's switch: first byte 2 on, 3 off
-        if isinstance(approved, bytes) and approved[:1] == b"\x03":
-            return False
-        return self._value(RUN_KEY) is not None or self.shortcut.is_file()
+        run = self._value(RUN_KEY, RUN_VALUE) is not None and self._approved(APPROVED_RUN_KEY, RUN_VALUE)
+        shortcut = self.shortcut.is_file() and self._approved(APPROVED_FOLDER_KEY, SHORTCUT_NAME)
+        return run or shortcut
 
     def enable(self, command: list[str]) -> None:
         winreg = self._winreg
         try:
             with winreg.CreateKey(winreg.HKEY_CURRENT_USER, RUN_KEY) as key:
                 winreg.SetValueEx(key, RUN_VALUE, 0, winreg.REG_SZ, " ".join(f'"{a}"' for a in command))
-            self._delete(APPROVED_KEY)  # switched off in Task Manager before: on again
+            # switched off in Task Manager before: without the mark it is on again
+            self._delete(APPROVED_RUN_KEY, RUN_VALUE)
+            # the Run value is the one entry now: the shortcut (and its mark) would start a second tray
+            self.shortcut.unlink(missing_ok=True)
+            self._delete(APPROVED_FOLDER_KEY, SHORTCUT_NAME)
         except OSError as e:
             raise AutostartError(f"cannot write {self.where()}: {e.strerror or e}") from None
 
     def disable(self) -> None:
         try:
-            self._delete(RUN_KEY)
+            self._delete(RUN_KEY, RUN_VALUE)
+            self._delete(APPROVED_RUN_KEY, RUN_VALUE)
             self.shortcut.unlink(missing_ok=True)
+            self._delete(APPROVED_FOLDER_KEY, SHORTCUT_NAME)
         except OSError as e:
             raise AutostartError(f"cannot remove {self.where()}: {e.strerror or e}") from None
 
-    def _delete(self, key_path: str) -> None:
+    def _delete(self, key_path: str, name: str) -> None:
         try:
             with self._winreg.OpenKey(self._winreg.HKEY_CURRENT_USER, key_path, 0, self._winreg.KEY_SET_VALUE) as key:
-                self._winreg.DeleteValue(key, RUN_VALUE)
+                self._winreg.DeleteValue(key, name)
         except FileNotFoundError:
             pass
 

@@ -195,6 +195,7 @@ ZH_CN: dict[str, str] = {
     "{min} min {s:02d} s": "{min} 分 {s:02d} 秒",
     "{h} h {min:02d} min": "{h} 小时 {min:02d} 分",
     "{model} is ready": "{model} 已就绪",
+    "The download {folder} ({size}) could not be deleted completely (a file in it was in use); it can be deleted once Qwen Tray is closed": "下载文件夹 {folder}（{size}）未能完全删除（其中有文件正被占用）；关闭 Qwen Tray 后可以删除它",
     "{model} does not fit this GPU: {verdict}": "{model} 放不进此 GPU：{verdict}",
     "Could not get the model: {message}": "无法获取模型：{message}",
     "Quantize GGUF to": "GGUF 量化为",

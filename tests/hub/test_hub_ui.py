@@ -17,7 +17,7 @@ from app.engine import SamplingParams
 from app.engine.cuda.fit import Machine
 from app.engine.cuda.memory import RTX_3050_LAPTOP, GpuInfo
 from app.engine.request import PRIORITY_NORMAL
-from app.hub.job import fit_of
+from app.hub.job import GotModel, fit_of
 from app.hub.progress import DOWNLOADING, QUANTIZING, JobProgress
 from app.settings.models import ModelEntry
 from app.settings.store import SettingsStore
@@ -104,6 +104,15 @@ def test_get_a_model_while_the_current_one_keeps_answering(qtbot, make_app, hub,
     assert not home_downloads().exists()  # the source is deleted by default
     assert app.settings_dialog.apply()  # Apply keeps the model the job registered
     assert TINY_MODEL in registered_models()
+
+
+def test_a_download_that_could_not_be_deleted_is_said(make_app, home):
+    app = make_app()
+    left = home / "data" / "downloads" / f"{TINY_NAME}.hf"
+    app._model_ready(GotModel(TINY_MODEL, home / "m", False, source_left=left, source_left_bytes=3_400_000_000),
+                     False)
+    assert app.notices[-1] == (f"The download {left} (3.4 GB) could not be deleted completely (a file in it was in "
+                               "use); it can be deleted once Qwen Tray is closed")
 
 
 def test_cancel_from_settings_keeps_the_partial_download(qtbot, make_app, hub, tiny_catalog):
