@@ -144,6 +144,20 @@ def test_qwen_tray_action_runs_on_given_text_and_streams_into_the_popup(env, run
     running_tray.wait_for("answer")
 
 
+def test_qwen_tray_action_from_a_windows_shortcut_runs_without_a_console_and_exits_0(env, running_tray):
+    """The shortcut runs `pythonw.exe -m app.cli action NAME`: stdin, stdout and stderr are None
+    (tests/test_cli_console.py: its errors go to the log)."""
+    code = ("import sys\n"
+            "sys.stdin = sys.stdout = sys.stderr = None\n"
+            "from app.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "action", "summarize", "--text", "Invoices are due on the 30th."],
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT * 2, cwd=REPO)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")  # (was: AttributeError on flush, exit 1)
+    assert running_tray.wait_for("captured")["text"] == "Invoices are due on the 30th."
+    running_tray.wait_for("answer")
+
+
 def test_qwen_tray_action_sent_while_the_model_loads_runs_once_it_is_ready(env, tiny_qwen_dir):
     """A desktop shortcut pressed right after login: the real model's load is in progress."""
     tray = Child(["ui_x11_driver.py", "--model", str(tiny_qwen_dir), "--hold-load"], env)
