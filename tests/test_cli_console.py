@@ -5,6 +5,8 @@ file in the ANSI code page with ``errors="strict"`` (``PYTHONIOENCODING=cp936:st
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import os
 import subprocess
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from app.commands import text_input
+from app.errors import QwenTrayError
 
 ROOT = Path(__file__).resolve().parents[1]
 # pythonw.exe: a GUI-subsystem Python, no console; its streams are None (Python docs, sys.__stdout__).
@@ -54,6 +58,10 @@ def test_without_a_console_an_error_goes_to_the_log_and_the_status_is_1(tmp_path
     lines = log_text(tmp_path).splitlines()
     assert len(lines) == 1 and f"qwen-tray: error: {NOT_RUNNING}" in lines[0]
     assert " STDERR qwen-tray (process " in lines[0]  # whose line it is, beside the tray's own records
+
+    no_stdin = pythonw(tmp_path, "ask", "-")
+    assert no_stdin.returncode == 1
+    assert "error: '-' reads standard input, and this process has none" in log_text(tmp_path).splitlines()[-1]
 
 
 def test_under_pythonw_the_trays_log_holds_each_record_once(tmp_path):
@@ -112,3 +120,45 @@ def test_an_answer_redirected_in_cp936_keeps_streaming_past_an_emoji(tmp_path):
     done = run(["-c", code], tmp_path, "cp936:strict")
     assert (done.returncode, done.stderr) == (0, b"")
     assert done.stdout.decode("cp936") == "好的，已完成 ? 谢谢\n"
+
+
+# -- standard input: GBK, UTF-16, a byte order mark ---------------------------------------------
+SENTENCE = "请总结这段话：明天下午三点开会。\r\n"
+
+
+def test_gbk_text_is_read_in_the_systems_code_page():
+    """`echo ... | qwen-tray action summarize -` in cmd.exe on Chinese Windows (or a Notepad "ANSI" file)."""
+    assert text_input.decode_input(SENTENCE.encode("gbk"), "cp936") == SENTENCE
+    assert text_input.decode_input(SENTENCE.encode("utf-8"), "cp936") == SENTENCE  # UTF-8 first
+
+
+@pytest.mark.parametrize("raw", [codecs.BOM_UTF8 + SENTENCE.encode("utf-8"), SENTENCE.encode("utf-16"),
+                                 codecs.BOM_UTF16_BE + SENTENCE.encode("utf-16-be")],
+                         ids=["utf-8 with a byte order mark", "utf-16-le", "utf-16-be"])
+def test_a_byte_order_mark_says_the_encoding_and_is_dropped(raw, monkeypatch):
+    """Notepad's "UTF-8 with BOM" and "Unicode", Windows PowerShell 5.1's `>`: read through the real stdin path."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    assert text_input.from_stdin() == SENTENCE
+
+
+@pytest.mark.parametrize("raw, fallback, said", [
+    (b"ab\x80\xffcd", "cp936", "standard input is neither UTF-8 text (byte 0x80 at offset 2) nor cp936 text, "
+                               "this system's code page; convert it to UTF-8 and try again"),
+    (b"ab\xffcd", "utf-8", "standard input is not UTF-8 text (byte 0xff at offset 2); convert it to UTF-8 and "
+                           "try again"),
+    (codecs.BOM_UTF8 + b"ab\xff", "cp936", "standard input starts with UTF-8's byte order mark but is not UTF-8 "
+                                           "text (byte 0xff at offset 5); convert it to UTF-8 and try again"),
+])
+def test_text_no_encoding_tried_can_read_is_one_sentence_naming_them(raw, fallback, said):
+    with pytest.raises(QwenTrayError) as refused:
+        text_input.decode_input(raw, fallback)
+    assert str(refused.value) == said
+
+
+def test_the_cli_reads_a_utf16_file_and_refuses_bytes_it_cannot_read_in_one_line(tmp_path):
+    """Through the real CLI (`ask -` reads the prompt, then finds no model: the prompt was read)."""
+    read = run(["-m", "app.cli", "ask", "-"], tmp_path, stdin=SENTENCE.encode("utf-16"))
+    assert read.returncode == 1 and b"models add-starter" in read.stderr and b"UTF" not in read.stderr
+    refused = run(["-m", "app.cli", "ask", "-"], tmp_path, stdin=b"\xfe\x00\x80\x80")
+    assert refused.returncode == 1 and refused.stderr.count(b"\n") == 1
+    assert refused.stderr.startswith(b"qwen-tray: error: standard input is not")
