@@ -32,6 +32,7 @@ from app.kernels import programmatic
 from app.kernels.errors import (  # noqa: F401 - re-exported: the kernel modules import them from here
     KernelArgumentError, KernelCompileError, KernelError, KernelUnavailableError,
 )
+from app.kernels.no_cuda import why_no_cuda
 
 KERNEL_DIR = Path(__file__).resolve().parent
 COMMON_SOURCE = "common.cu"
@@ -45,7 +46,7 @@ MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync.m16n8k16 with fp32 accumulation, cvt
 def _probe() -> str | None:
     """None when the kernels can run here, else the reason they cannot."""
     if not torch.cuda.is_available():
-        return "PyTorch sees no CUDA device (CPU-only build, no NVIDIA GPU or no driver)"
+        return why_no_cuda()  # a CPU-only build, no driver, or a driver too old for this PyTorch
     capability = torch.cuda.get_device_capability()
     if capability < MIN_COMPUTE_CAPABILITY:
         return (f"GPU {torch.cuda.get_device_name()} has compute capability "
