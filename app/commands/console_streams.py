@@ -14,8 +14,8 @@ encoding Python chose is kept: it is what cmd's ``type``, ``findstr``, Notepad's
 PowerShell's default ``[Console]::OutputEncoding`` read on Chinese Windows (936 is the ANSI and
 the console code page there), while UTF-8 would turn every Chinese character of a PowerShell
 capture into mojibake. What the code page lacks becomes "?" instead of a traceback. Whoever wants
-every character sets ``PYTHONUTF8=1`` (then output is UTF-8; README: "Windows: pipes and
-encodings"). A stream that already replaces (stderr's default ``backslashreplace``) is left so.
+every character sets ``PYTHONUTF8=1`` (then output is UTF-8; README: "Windows: consoles, pipes
+and encodings"). A stream that already replaces (stderr's default ``backslashreplace``) is left so.
 """
 
 from __future__ import annotations

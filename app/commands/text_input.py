@@ -14,7 +14,7 @@ Standard input is read as bytes and decoded here, not by the locale's text layer
   beyond them would hand the model garbage.
 
 Windows PowerShell 5.1 itself encodes what it pipes to a program as ``$OutputEncoding`` (ASCII:
-Chinese arrives as "?" and cannot be recovered here; README: "Windows: pipes and encodings").
+Chinese arrives as "?" and cannot be recovered here; README: "Windows: consoles, pipes and encodings").
 
 An argument arrives decoded by Python; bytes it could not decode (a terminal in another locale)
 become U+FFFD and the user is told how many, rather than a traceback from the tokenizer or the
