@@ -71,6 +71,7 @@ def test_under_pythonw_the_trays_log_holds_each_record_once(tmp_path):
             "sys.stdout = sys.stderr = None\n"
             "from app.commands.console_streams import prepare_streams\n"
             "prepare_streams()\n"
+            "assert sys.stderr.encoding == 'utf-8' and not sys.stderr.isatty()\n"
             "logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')\n"
             "logging.getLogger('app.test').warning('before the tray')\n"
             "from app.ui.launch import _log_to_file\n"

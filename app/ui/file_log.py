@@ -65,6 +65,10 @@ class LogFileStream(io.TextIOBase):
         self._partial = ""  # text after the last newline (print writes the text and "\n" apart)
         self._lock = threading.Lock()
 
+    @property
+    def encoding(self) -> str:  # what the file is written in (a stream's users may ask; TextIOBase says None)
+        return "utf-8"
+
     def writable(self) -> bool:
         return True
 
