@@ -14,6 +14,7 @@ import os
 import sys
 
 from app import __version__
+from app.commands.console_streams import prepare_streams
 from app.commands.text_input import is_terminal
 from app.errors import InvalidParameterError, QwenTrayError
 from app.settings.preferences import LANGUAGES, language_option
@@ -81,6 +82,7 @@ def _check_tray_options(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def main(argv: list[str] | None = None) -> int:
     args = None
+    prepare_streams()  # pythonw's missing streams, a code page that lacks a character (console_streams)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)  # (some option types import torch: Ctrl+C may come here)

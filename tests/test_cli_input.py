@@ -25,10 +25,12 @@ def test_bytes_that_are_not_utf8_become_replacement_characters_and_the_user_is_t
 
 
 def test_ask_with_latin1_on_stdin_gives_a_sentence_not_a_traceback(tmp_path):
-    """Decoded with a note, then on as usual (here: whatever model this home has, or a sentence)."""
+    """Neither UTF-8 nor the locale's encoding (UTF-8 here): one sentence, nothing guessed
+    (tests/test_cli_console.py: a code page that reads it)."""
     proc = qwen_tray("ask", "-", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _out, err = proc.communicate(b"  \xff\xfe  ", timeout=120)
-    assert b"Traceback" not in err and b"not valid UTF-8" in err
+    assert err == b"qwen-tray: error: standard input is not UTF-8 text (byte 0xff at offset 2); convert it to UTF-8 " \
+                  b"and try again\n"
 
 
 def test_a_reader_that_stops_early_is_no_traceback():

@@ -35,6 +35,9 @@ def registry(home: Path, *entries: ModelEntry) -> Path:
 @pytest.mark.parametrize("name, fragment", [("", "the model name is empty"),
                                             ("../../evil", "must be a plain folder name"),
                                             ("a/b", "must be a plain folder name"),
+                                            ("qwen 3b?", "contains '?', which Windows does not allow in a "
+                                                         "folder name"),
+                                            ("NUL.txt", "names the device NUL on Windows"),
                                             ("n" * 101, "is too long (101 characters); use at most 100 characters"),
                                             ("模" * 67, "is too long (67 characters); use at most 100 characters "
                                                        "(200 bytes in UTF-8, about 66 Chinese characters)")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ from app.secrets import get_api_key
 from app.settings.actions import Action
 from app.settings.document import Settings
 from app.settings.jsonfile import SettingsFileError, keep_aside
-from app.settings.models import ModelEntry, ModelEntryError
+from app.settings.models import ModelEntry, ModelEntryError, check_model_name
 from app.settings.preferences import Preferences, PreferencesError
 from app.settings.store import SettingsStore, settings_path
 from tests.unprivileged import run
@@ -77,6 +78,33 @@ def test_a_name_is_never_re_pointed_silently(config):
     for bad, fragment in (("", "empty"), ("../../evil", "plain folder name"), ("a\nb", "control characters")):
         with pytest.raises(ModelEntryError, match=fragment):
             settings.add_model(ModelEntry(bad or " ", path="/x"))
+
+
+@pytest.mark.parametrize("name, fragment", [
+    *((f"qwen{c}3b", f"contains {c!r}, which Windows does not allow in a folder name") for c in '<>"|?*'),
+    ("Qwen2.5.", "ends in a dot, which Windows drops from a folder name (it would be the folder of 'Qwen2.5')"),
+    ("CON", "names the device CON on Windows"), ("nul", "names the device NUL on Windows"),
+    ("Aux.txt", "names the device AUX on Windows"), ("com1.tar.gz", "names the device COM1 on Windows"),
+    ("LPT9", "names the device LPT9 on Windows"), ("tab\there", "control characters"),
+])
+def test_a_name_windows_cannot_give_a_folder_is_refused_on_every_platform(name, fragment):
+    """A model's name becomes its folder's (and its lock's, its staging folders'): on NTFS these fail
+    after the download, or open a device, or share one folder with another name."""
+    with pytest.raises(ModelEntryError, match=re.escape(fragment)):
+        check_model_name(name)
+    with pytest.raises(ModelEntryError, match=re.escape(fragment)):
+        Settings().add_model(ModelEntry(name, path="/x"))
+    for fine in ("CONSOLE", "nul-model", "Qwen2.5-3B w4", "通义千问 2.5", "COM10", "a.b"):
+        assert check_model_name(fine) == fine
+
+
+def test_a_catalog_entry_windows_cannot_name_a_folder_after_is_skipped(tmp_path):
+    from app.hub.catalog import catalog_files, read_catalog
+
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text('[[model]]\nname = "Qwen|3B"\nrecipe = "w4"\nhf = { repo = "Qwen/x" }\n', encoding="utf-8")
+    problems = read_catalog([catalog_files()[0], catalog]).problems  # (the shipped one, then the user's)
+    assert len(problems) == 1 and "'name' contains '|', which Windows does not allow" in problems[0]
 
 
 @pytest.mark.parametrize("content, problem", [

@@ -51,11 +51,13 @@ def run(args: argparse.Namespace) -> int:
     if text is not None and not text.strip():
         raise QwenTrayError("the text to work on is empty")
     try:
-        from app.ui.single_instance import QUEUED_REPLY_TIMEOUT_MS, InstanceLock, request_running
+        from app.ui.single_instance import QUEUED_REPLY_TIMEOUT_MS, InstanceLock, hand_foreground_to, request_running
     except ImportError as e:
         raise QwenTrayError(f"the tray app needs PySide6 ({e.name} is missing): {pip_install_extra('ui')}") from None
     # A tray still loading its model answers once the load is over (a shortcut pressed right after login).
-    reply = request_running({"command": "action", "id": action.id, "text": text}, InstanceLock(),
+    lock = InstanceLock()
+    hand_foreground_to(lock)  # its popup shows the answer: in front, with the keyboard
+    reply = request_running({"command": "action", "id": action.id, "text": text}, lock,
                             reply_timeout_ms=QUEUED_REPLY_TIMEOUT_MS)
     if reply is None:
         raise QwenTrayError(NOT_RUNNING)

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"qwen-tray {__version__}, Python {platform.python_version()}, {platform.platform(terse=True)}")
     cuda_build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     print(f"PyTorch {torch.__version__} ({cuda_build})")
+    print(_driver_line())
     print(_cupy_line())
     gpu = _gpu()
     print(_gpu_line(gpu))
@@ -77,6 +78,14 @@ def _cupy_line() -> str:
     except Exception as e:  # the library's own loader errors (see app.kernels.loader._nvrtc_reason)
         compiler = f"NVRTC not found ({type(e).__name__})"
     return f"CuPy {cupy.__version__}, {compiler}"
+
+
+def _driver_line() -> str:
+    """The NVIDIA driver's CUDA version: beside PyTorch's, it shows a driver too old for it."""
+    from app.kernels.no_cuda import driver_cuda_version
+
+    version = driver_cuda_version()
+    return f"NVIDIA driver: supports CUDA {version}" if version else "NVIDIA driver: none found"
 
 
 def _gpu():

@@ -39,7 +39,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise QwenTrayError("--device cuda: no CUDA GPU is visible to PyTorch (is a CUDA build of torch installed?)")
+        from app.kernels.no_cuda import why_no_cuda
+
+        raise QwenTrayError(f"--device cuda: {why_no_cuda()}")
     if device not in ("cpu", "cuda"):
         raise QwenTrayError(f"device must be cpu, cuda or auto, got {device!r}")
     return torch.device(device)

@@ -16,7 +16,7 @@ from pathlib import Path
 from app.errors import QwenTrayError
 from app.formats.spec import ModelSpec
 from app.paths import config_dir
-from app.settings.models import is_plain_folder_name
+from app.settings.models import is_plain_folder_name, windows_name_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -150,6 +150,9 @@ def _entry(path: Path, index: int, raw: dict) -> CatalogEntry:
     where = f"{path}: model {name!r}"
     if not is_plain_folder_name(name):
         raise CatalogError(f"{where}: 'name' becomes a folder name: no / \\ or :")
+    problem = windows_name_problem(name)
+    if problem is not None:  # (the models' folders of this entry are named after it on Windows too)
+        raise CatalogError(f"{where}: 'name' {problem}")
     sources = {s: _ref(raw[s], s, where) for s in SOURCES if s in raw}
     if not sources:
         raise CatalogError(f"{where}: needs [hf] or [modelscope] with a repo")

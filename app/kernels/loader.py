@@ -32,6 +32,7 @@ from app.kernels import programmatic
 from app.kernels.errors import (  # noqa: F401 - re-exported: the kernel modules import them from here
     KernelArgumentError, KernelCompileError, KernelError, KernelUnavailableError,
 )
+from app.kernels.no_cuda import why_no_cuda
 
 KERNEL_DIR = Path(__file__).resolve().parent
 COMMON_SOURCE = "common.cu"
@@ -45,7 +46,7 @@ MIN_COMPUTE_CAPABILITY = (8, 0)  # mma.sync.m16n8k16 with fp32 accumulation, cvt
 def _probe() -> str | None:
     """None when the kernels can run here, else the reason they cannot."""
     if not torch.cuda.is_available():
-        return "PyTorch sees no CUDA device (CPU-only build, no NVIDIA GPU or no driver)"
+        return why_no_cuda()  # a CPU-only build, no driver, or a driver too old for this PyTorch
     capability = torch.cuda.get_device_capability()
     if capability < MIN_COMPUTE_CAPABILITY:
         return (f"GPU {torch.cuda.get_device_name()} has compute capability "
@@ -61,25 +62,58 @@ def _probe() -> str | None:
     return _nvrtc_reason(cupy)
 
 
-def _nvrtc_reason(cupy) -> str | None:
-    """None when CuPy finds NVRTC, the compiler library every kernel is built with, else why not.
+def _nvrtc_reason(cupy, nvrtc=None) -> str | None:
+    """None when NVRTC, the compiler library every kernel is built with, compiles here, else why not.
 
     CuPy's wheels do not carry it: it comes from a CUDA Toolkit or a pip wheel
     (``nvidia-cuda-nvrtc-cu12``, ``nvidia-cuda-nvrtc`` for CUDA 13), which the ``cuda12`` /
     ``cuda13`` extras install. PyTorch's Linux wheels pull the CUDA 12 one in, its Windows
     wheels do not, so without this check a Windows user without the Toolkit would only learn
-    it from the first compile."""
+    it from the first compile. Loading the library is not enough: NVRTC loads its builtins
+    library (``nvrtc-builtins64_*.dll``) only when it compiles, and on Windows that load is
+    what fails with the pip wheel's DLLs (NVIDIA/cuda-python#821); so a kernel that does nothing
+    is compiled too (milliseconds, once per process: :func:`_probe` is cached). ``nvrtc``:
+    CuPy's NVRTC module (tests hand in a stand-in)."""
     try:
-        from cupy_backends.cuda.libs import nvrtc
-
+        if nvrtc is None:
+            from cupy_backends.cuda.libs import nvrtc
         nvrtc.getVersion()
     except Exception as e:  # CuPy 14 raises cuda.pathfinder's DynamicLibNotFoundError, CuPy 13 a RuntimeError
-        major = cupy.cuda.runtime.runtimeGetVersion() // 1000
-        wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else f"nvidia-cuda-nvrtc=={major}.*"
-        detail = " ".join(str(e).split())  # one line: pathfinder's message ends in a newline
-        return (f"CuPy cannot load NVRTC, the CUDA compiler library ({type(e).__name__}: {detail}); "
-                f"install it with: pip install \"{wheel}\" (the qwen-tray[cuda{major}] extra includes it)")
+        return f"CuPy cannot load NVRTC, the CUDA compiler library ({_one_line(e)}); {_nvrtc_fix(cupy)}"
+    failure = _compile_failure(nvrtc)
+    if failure is not None:
+        return f"NVRTC, the CUDA compiler library, loads but cannot compile ({failure}); {_nvrtc_fix(cupy)}"
     return None
+
+
+PROBE_KERNEL = 'extern "C" __global__ void qwen_tray_probe() {}'
+
+
+def _compile_failure(nvrtc) -> str | None:
+    """What NVRTC says when it compiles an empty kernel (its log's first line), None when it can."""
+    try:
+        program = nvrtc.createProgram(PROBE_KERNEL, "qwen_tray_probe.cu", (), ())
+    except Exception as e:  # (never seen; the check must say it, not raise)
+        return _one_line(e)
+    try:
+        nvrtc.compileProgram(program, ())
+    except Exception as e:  # CuPy's NVRTCError (NVRTC_ERROR_BUILTIN_OPERATION_FAILURE when the builtins fail)
+        log = next((line.strip() for line in nvrtc.getProgramLog(program).splitlines() if line.strip()), "")
+        return f"{_one_line(e)}: {log}" if log else _one_line(e)
+    finally:
+        nvrtc.destroyProgram(program)
+    return None
+
+
+def _nvrtc_fix(cupy) -> str:
+    major = cupy.cuda.runtime.runtimeGetVersion() // 1000
+    wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else f"nvidia-cuda-nvrtc=={major}.*"
+    return f"install it with: pip install \"{wheel}\" (the qwen-tray[cuda{major}] extra includes it)"
+
+
+def _one_line(error: Exception) -> str:
+    detail = " ".join(str(error).split())  # one line: pathfinder's message ends in a newline
+    return f"{type(error).__name__}: {detail}"
 
 
 def available() -> bool:

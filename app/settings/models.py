@@ -25,12 +25,39 @@ class ModelEntryError(QwenTrayError):
 
 
 def is_plain_folder_name(name: str) -> bool:
-    """A model name that can be a folder of its own under models_dir() (no separators, no . / ..)."""
+    """A model name that can be a folder of its own under models_dir() (no separators, no . / ..).
+    What a registered entry read from the settings file must be; a new name must pass
+    :func:`check_model_name`, which also refuses what Windows cannot take."""
     return bool(name.strip()) and not any(c in name for c in "/\\:") and name.strip() not in (".", "..")
 
 
+# What NTFS refuses in a file or folder name (besides control characters), and the device names
+# Windows reserves: "NUL" or "nul.txt" opens the device, not a folder (Microsoft: "Naming Files,
+# Paths, and Namespaces"). A name is refused on every platform: a settings file or a model
+# folder may move to a Windows machine, and the same name should work everywhere.
+WINDOWS_FORBIDDEN = '<>:"/\\|?*'
+WINDOWS_DEVICES = frozenset({"CON", "PRN", "AUX", "NUL", *(f"{port}{n}" for port in ("COM", "LPT")
+                                                            for n in "0123456789\u00b9\u00b2\u00b3")})
+
+
+def windows_name_problem(name: str) -> str | None:
+    """Why Windows cannot have a folder named ``name`` (a phrase that follows the name), or None."""
+    forbidden = next((c for c in name if c in WINDOWS_FORBIDDEN), None)
+    if forbidden is not None:
+        return f"contains {forbidden!r}, which Windows does not allow in a folder name (nor any of < > : \" / \\ | ? *)"
+    if name.endswith((".", " ")):
+        return (f"ends in {'a dot' if name.endswith('.') else 'a space'}, which Windows drops from a folder name "
+                f"(it would be the folder of {name.rstrip('. ')!r})")
+    device = name.split(".", 1)[0].rstrip(" ").upper()
+    if device in WINDOWS_DEVICES:
+        return (f"names the device {device} on Windows (CON, PRN, AUX, NUL, COM0-9 and LPT0-9 do, also with an "
+                "extension), not a folder")
+    return None
+
+
 def check_model_name(name: str) -> str:
-    """A new model's name, stripped; every new entry (CLI or tray) must have a plain one."""
+    """A new model's name, stripped; every new entry (CLI or tray) must have a plain one, which
+    every platform can make a folder of."""
     if not name.strip():
         raise ModelEntryError("the model name is empty")
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
@@ -38,6 +65,9 @@ def check_model_name(name: str) -> str:
     if not is_plain_folder_name(name):
         raise ModelEntryError(f"model name {name!r} must be a plain folder name (no / \\ or :, not . or ..)")
     name = name.strip()
+    problem = windows_name_problem(name)
+    if problem is not None:
+        raise ModelEntryError(f"model name {name!r} {problem}; choose another")
     if len(name) > MAX_NAME_CHARS or len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise ModelEntryError(f"model name {name[:20] + '…'!r} is too long ({len(name)} characters); use at most "
                               f"{MAX_NAME_CHARS} characters ({MAX_NAME_BYTES} bytes in UTF-8, about "

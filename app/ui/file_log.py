@@ -1,5 +1,6 @@
 """The tray's log file: a rotating file under the data folder that gives up quietly when the
-disk does not take it (full, read-only, gone).
+disk does not take it (full, read-only, gone); and the stand-in that writes a missing stderr
+(pythonw) into it.
 
 logging's default reaction to a failed write is ``--- Logging error ---`` and a traceback on
 stderr for every record that follows: on a full disk, one per log line. Here the first failure
@@ -8,9 +9,14 @@ prints one warning and the handler stops writing; the app goes on without its fi
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import sys
+import threading
+import time
 from logging.handlers import RotatingFileHandler
+from pathlib import Path
 
 
 class FileLogHandler(RotatingFileHandler):
@@ -42,3 +48,50 @@ class FileLogHandler(RotatingFileHandler):
                 stream.close()  # (closes the file even when the buffered text cannot be flushed)
             except OSError:
                 pass
+
+
+class LogFileStream(io.TextIOBase):
+    """What stands in for ``sys.stderr`` where there is none (pythonw.exe: the Start-menu and
+    action shortcuts on Windows): each line goes to the tray's log file, so a failed start or a
+    refused ``qwen-tray action`` leaves a trace there instead of vanishing.
+
+    The file is opened for each line and closed at once: the running tray's handler must stay
+    able to rotate it (Windows refuses to rename a file another process holds open), and a
+    command that never writes creates nothing. A line that cannot be written is dropped: there is
+    nowhere else to say so."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._partial = ""  # text after the last newline (print writes the text and "\n" apart)
+        self._lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str:  # what the file is written in (a stream's users may ask; TextIOBase says None)
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()
+            if lines:
+                self._append(lines)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._partial:
+                self._append([self._partial])
+                self._partial = ""
+
+    def _append(self, lines: list[str]) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        text = "".join(f"{stamp} STDERR qwen-tray (process {os.getpid()}): {line}\n" for line in lines)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8", errors="replace") as log:
+                log.write(text)
+        except OSError:
+            pass

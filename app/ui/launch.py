@@ -13,7 +13,7 @@ from app.paths import log_file
 from app.settings.preferences import LANGUAGES, language_option
 from app.ui.app import TrayApp
 from app.ui.controllers.instance_requests import InstanceRequests
-from app.ui.file_log import FileLogHandler
+from app.ui.file_log import FileLogHandler, LogFileStream
 from app.ui.platform.quit_signal import quit_on_sigterm
 from app.ui.single_instance import InstanceLock, InstanceServer, claim_instance
 from app.ui.widgets.icons import app_icon
@@ -36,6 +36,11 @@ def _log_to_file() -> logging.Handler:
     handler = FileLogHandler(log_file())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
+    # Under pythonw the CLI's stand-in for the missing stderr writes to this same file
+    # (app.commands.console_streams): its handler would put every record in twice.
+    for duplicate in [h for h in root.handlers if isinstance(h, logging.StreamHandler)
+                      and isinstance(h.stream, LogFileStream)]:
+        root.removeHandler(duplicate)
     root.addHandler(handler)
     root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
     return handler

@@ -135,6 +135,28 @@ def request_running(request: dict, lock: InstanceLock, waited_s: float = STARTIN
         time.sleep(0.2)
 
 
+def hand_foreground_to(lock: InstanceLock, platform: str = sys.platform,
+                       allow: Callable[[int], object] | None = None) -> None:
+    """Let the tray holding ``lock`` bring its window to the front (Windows; a no-op elsewhere).
+
+    Windows' foreground lock lets only the process the user just started or clicked raise a
+    window; the tray's own ``raise_()`` / ``activateWindow()`` for a second start or a
+    shortcut's ``qwen-tray action`` would only flash its taskbar button. This process (started
+    by the user) has that right and hands it to the tray's process with AllowSetForegroundWindow
+    before it asks (``allow`` stands in for it in tests). Failing to is harmless: the button
+    then flashes, as before."""
+    pid = lock.holder_pid()
+    if platform != "win32" or pid is None:  # (no holder: no tray to hand it to)
+        return
+    if allow is None:
+        import ctypes
+        from ctypes import wintypes
+
+        allow = ctypes.WinDLL("user32").AllowSetForegroundWindow
+        allow.argtypes, allow.restype = (wintypes.DWORD,), wintypes.BOOL
+    allow(pid)
+
+
 def claim_instance(argv: list[str], replace: bool = False, out=sys.stdout) -> InstanceLock | None:
     """The lock for a new tray; or None when a running one took ``argv`` (this process then exits 0).
     With ``replace`` the running tray is asked to quit first."""
@@ -148,6 +170,7 @@ def claim_instance(argv: list[str], replace: bool = False, out=sys.stdout) -> In
             raise InstanceError(f"the running Qwen Tray (process {pid}) did not quit within "
                                 f"{QUIT_TIMEOUT_MS // 1000} s{_said(reply)}")
         return lock
+    hand_foreground_to(lock)  # it opens its chat window: in front
     reply = request_running({"command": "activate", "argv": argv}, lock)
     if reply is None:  # it quit meanwhile: this one runs
         if lock.try_claim():

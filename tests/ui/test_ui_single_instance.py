@@ -8,6 +8,7 @@ reached the popup), which serves requests exactly as run_tray does.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -142,6 +143,40 @@ def test_qwen_tray_action_runs_on_given_text_and_streams_into_the_popup(env, run
     assert piped.returncode == 0, piped.stderr
     assert running_tray.wait_for("captured")["text"] == "会议改到周五下午三点。\n"
     running_tray.wait_for("answer")
+
+
+def test_qwen_tray_action_from_a_windows_shortcut_runs_without_a_console_and_exits_0(env, running_tray):
+    """The shortcut runs `pythonw.exe -m app.cli action NAME`: stdin, stdout and stderr are None
+    (tests/test_cli_console.py: its errors go to the log)."""
+    code = ("import sys\n"
+            "sys.stdin = sys.stdout = sys.stderr = None\n"
+            "from app.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "action", "summarize", "--text", "Invoices are due on the 30th."],
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT * 2, cwd=REPO)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")  # (was: AttributeError on flush, exit 1)
+    assert running_tray.wait_for("captured")["text"] == "Invoices are due on the 30th."
+    running_tray.wait_for("answer")
+
+
+def test_on_windows_the_hand_over_lets_the_tray_take_the_foreground(running_tray, monkeypatch):
+    """AllowSetForegroundWindow(the tray's pid) before `activate` (a second start) and `action`, so
+    the tray's window comes to the front despite Windows' foreground lock; nothing elsewhere, nor
+    without a tray. The Windows call is injected; the hand-over code around it is the real one."""
+    from app.commands import action
+    from app.ui import single_instance
+
+    allowed: list[int] = []
+    real = single_instance.hand_foreground_to
+    monkeypatch.setattr(single_instance, "hand_foreground_to", lambda lock: real(lock, "win32", allowed.append))
+    tray_pid = send_request({"command": "ping"})["pid"]
+    assert single_instance.claim_instance([]) is None  # handed over to the running tray
+    assert action.run(argparse.Namespace(list=False, name="summarize", stdin=None, text="Invoices are due.")) == 0
+    assert allowed == [tray_pid, tray_pid]
+    running_tray.wait_for("answer")
+    real(InstanceLock(), "linux", allowed.append)  # elsewhere: no such call
+    real(InstanceLock("qwen-tray-nobody-holds-this"), "win32", allowed.append)  # no tray: nobody to hand it to
+    assert allowed == [tray_pid, tray_pid]
 
 
 def test_qwen_tray_action_sent_while_the_model_loads_runs_once_it_is_ready(env, tiny_qwen_dir):
