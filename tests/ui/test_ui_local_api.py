@@ -8,10 +8,8 @@ import socket
 import urllib.error
 import urllib.request
 
-from PySide6.QtGui import QGuiApplication
-from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
+from ui_fakes import tray_with_real_local_api
 
-from app.server import start_server_in_thread
 from app.settings.store import SettingsStore
 from app.ui.app import TrayApp
 from app.ui.preferences import PreferencesStore
@@ -28,9 +26,7 @@ def test_a_busy_port_at_start_keeps_the_setting_and_turning_it_on_retries(qtbot)
     blocker.listen()
     port = blocker.getsockname()[1]
     PreferencesStore().update(local_api_enabled=True, local_api_port=port)
-    app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
-                  injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
-                  server_finder=lambda: (start_server_in_thread, ""))
+    app = tray_with_real_local_api()
     try:
         with qtbot.waitSignal(app.host.loaded, timeout=5000):
             app.start()

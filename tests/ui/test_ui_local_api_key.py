@@ -16,10 +16,9 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDialogButtonBox, QLineEdit
-from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
+from ui_fakes import tray_with_real_local_api
 
 from app import secrets
-from app.server import start_server_in_thread
 from app.server.config import API_KEY_ENV as SERVE_API_KEY_ENV
 from app.settings.store import SettingsStore
 from app.ui.app import TrayApp
@@ -60,9 +59,7 @@ def tray(qtbot):
 
     def make() -> TrayApp:
         PreferencesStore().update(local_api_enabled=True, local_api_port=_free_port())
-        app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
-                      injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
-                      server_finder=lambda: (start_server_in_thread, ""))
+        app = tray_with_real_local_api()
         apps.append(app)
         with qtbot.waitSignal(app.host.loaded, timeout=5000):
             app.start()
@@ -120,9 +117,7 @@ def test_a_keyring_that_cannot_tell_the_key_keeps_the_api_stopped_not_open(qtbot
     keyring.set_keyring(LockedKeyring())
     port = _free_port()
     PreferencesStore().update(local_api_enabled=True, local_api_port=port)
-    app = TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
-                  injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
-                  server_finder=lambda: (start_server_in_thread, ""))
+    app = tray_with_real_local_api()
     try:
         with qtbot.waitSignal(app.host.loaded, timeout=5000):
             app.start()

@@ -205,3 +205,16 @@ class FakeOpener:
         backend = FakeBackend(name=entry.name, log=self.log, **self.backend_kwargs)
         self.backends.append(backend)
         return backend
+
+
+def tray_with_real_local_api():
+    """A TrayApp over the fakes (model, hotkeys, key injector) whose Local API is this project's real
+    server: what the tests of the Local API's setting and key talk to over loopback."""
+    from PySide6.QtGui import QGuiApplication
+
+    from app.server import start_server_in_thread
+    from app.ui.app import TrayApp
+
+    return TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
+                   injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
+                   server_finder=lambda: (start_server_in_thread, ""))
