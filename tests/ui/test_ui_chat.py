@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QSplitter
-from ui_fakes import FakeOpener, TokenGate
+from ui_fakes import FakeOpener, TokenGate, send_and_wait
 
 from app.engine.request import PRIORITY_NORMAL
 from app.ui.controllers.engine_host import EngineHost
@@ -28,18 +28,12 @@ def host(qtbot):
     host.shutdown()
 
 
-def _send(qtbot, window, text):
-    window.input.setPlainText(text)
-    n = len(window.conversation.messages)
-    window.send_button.click()
-    qtbot.waitUntil(lambda: len(window.conversation.messages) == n + 2, timeout=5000)
-
 
 def test_multi_turn_chat_streams_markdown_and_saves_history(qtbot, host):
     window = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(window)
-    _send(qtbot, window, "What is a KV cache?")
-    _send(qtbot, window, "And paged attention?")
+    send_and_wait(qtbot, window, "What is a KV cache?")
+    send_and_wait(qtbot, window, "And paged attention?")
     messages, params, priority = host.backend.requests[1]
     assert priority == PRIORITY_NORMAL
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]  # the whole conversation is sent
@@ -59,7 +53,7 @@ def test_multi_turn_chat_streams_markdown_and_saves_history(qtbot, host):
 def test_history_reopens_in_a_new_window_and_new_chat_starts_empty(qtbot, host):
     first = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(first)
-    _send(qtbot, first, "Remember me")
+    send_and_wait(qtbot, first, "Remember me")
     second = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(second)
     assert second.list.count() == 1
@@ -92,7 +86,7 @@ def test_stop_keeps_the_partial_answer(qtbot, host):
 def test_copy_a_message(qtbot, host):
     window = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(window)
-    _send(qtbot, window, "copy test")
+    send_and_wait(qtbot, window, "copy test")
     window.message_widgets()[1].copy_button.click()
     assert QGuiApplication.clipboard().text() == "**Answer 1** for `copy test`"
 
@@ -235,7 +229,7 @@ def test_a_popup_answer_continues_as_a_new_conversation(qtbot, host):
                                {"role": "assistant", "content": "A summary."}])
     assert [w.role for w in window.message_widgets()] == ["user", "assistant"]  # the system prompt is not shown
     assert window.list.count() == 1 and window.list.item(0).text() == "Summarize:"
-    _send(qtbot, window, "Shorter, please.")
+    send_and_wait(qtbot, window, "Shorter, please.")
     messages = host.backend.requests[-1][0]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[1]["content"].endswith("The selected text.") and messages[2]["content"] == "A summary."
@@ -256,7 +250,7 @@ def test_switching_conversations_while_an_answer_streams_keeps_it_and_frees_the_
     host.backend._answer = lambda m: "one two three four five six seven eight nine ten"
     window = ChatWindow(host, PreferencesStore())
     qtbot.addWidget(window)
-    _send(qtbot, window, "An earlier chat")
+    send_and_wait(qtbot, window, "An earlier chat")
     earlier = window.conversation.id
     window.new_chat()
     gate = host.backend.gate = TokenGate()  # a slow model: one word per release
@@ -275,7 +269,7 @@ def test_switching_conversations_while_an_answer_streams_keeps_it_and_frees_the_
         gate.release(100)  # the old task's late tokens and its end
         qtbot.waitUntil(lambda: not host.busy, timeout=5000)
         host.backend.gate = None
-        _send(qtbot, window, "Send works again")
+        send_and_wait(qtbot, window, "Send works again")
         qtbot.wait(100)  # anything the old task still had queued
     assert exceptions == [] and not [r for r in caplog.records if r.levelname == "ERROR"]
     saved = {c.id: c for c in ChatHistory().load_all()[0]}
@@ -301,7 +295,7 @@ def test_the_view_follows_new_messages_and_a_streaming_answer_unless_the_user_sc
         qtbot.waitUntil(lambda: bar.maximum() > longer_than and bar.value() == bar.maximum(), timeout=5000)
         return bar.maximum()
 
-    _send(qtbot, window, "A long answer, please")
+    send_and_wait(qtbot, window, "A long answer, please")
     end = settled_at_bottom()  # the whole answer was followed to its end
     gate = host.backend.gate = TokenGate()
     window.input.setPlainText("Another one")

@@ -5,7 +5,7 @@ kept, an answer cut at the answer length marked, and a Send that tokenizes each 
 from __future__ import annotations
 
 import pytest
-from ui_fakes import FakeOpener, FakeStream
+from ui_fakes import FakeOpener, FakeStream, send_and_wait
 
 from app.paths import data_dir
 from app.ui.controllers.engine_host import EngineHost
@@ -40,17 +40,11 @@ def make_window(qtbot):
         host.shutdown()
 
 
-def _send(qtbot, window, text):
-    window.input.setPlainText(text)
-    n = len(window.conversation.messages)
-    window.send_button.click()
-    qtbot.waitUntil(lambda: len(window.conversation.messages) == n + 2 and window.task is None, timeout=5000)
-
 
 def test_an_answer_length_as_long_as_the_context_still_sends_the_conversation(qtbot, make_window):
     window = make_window(max_tokens=4096, max_context=4096, answer=lambda m: "Noted.")
-    _send(qtbot, window, "My name is Zed. Reply with just: Noted.")
-    _send(qtbot, window, "What is my name?")
+    send_and_wait(qtbot, window, "My name is Zed. Reply with just: Noted.")
+    send_and_wait(qtbot, window, "What is my name?")
     messages, params, _priority = window.host.backend.requests[-1]
     assert [m["content"] for m in messages] == ["My name is Zed. Reply with just: Noted.", "Noted.", "What is my name?"]
     assert params.max_tokens == 2048  # half the context, as actions get
@@ -58,17 +52,17 @@ def test_an_answer_length_as_long_as_the_context_still_sends_the_conversation(qt
 
 def test_whole_turns_are_left_out_and_the_note_stays_under_the_answer(qtbot, make_window):
     window = make_window(max_tokens=20, max_context=60, answer=lambda m: "a a a a a")  # counts words
-    _send(qtbot, window, "q " * 20)
-    _send(qtbot, window, "second question here please")
+    send_and_wait(qtbot, window, "q " * 20)
+    send_and_wait(qtbot, window, "second question here please")
     assert window.scroll.notes() == []  # everything fitted
-    _send(qtbot, window, "third question here please")
+    send_and_wait(qtbot, window, "third question here please")
     sent = window.host.backend.requests[-1][0]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]  # never an answer without its question
     assert sent[0]["content"] == "second question here please"
     note = "The oldest question and its answer were left out to fit the model's context"
     assert window.scroll.notes() == [note]  # after the answer ended
     assert note not in window.status.text() and "tokens/s" in window.status.text()
-    _send(qtbot, window, "and a fourth question that is a bit longer")
+    send_and_wait(qtbot, window, "and a fourth question that is a bit longer")
     assert window.scroll.notes() == [note, "The 2 oldest questions and their answers were left out to fit the "
                                            "model's context"]
 
@@ -88,7 +82,7 @@ def test_a_paste_too_long_for_the_context_is_refused_and_stays_in_the_input_box(
     assert window.input.toPlainText() == paste and window.send_button.isEnabled()
     assert window.conversation.messages == [] and window.host.backend.requests == []
     assert not (data_dir() / "chats").exists()
-    _send(qtbot, window, "short one")  # the next message goes alone, nothing silently dropped
+    send_and_wait(qtbot, window, "short one")  # the next message goes alone, nothing silently dropped
     assert window.host.backend.requests[-1][0] == [{"role": "user", "content": "short one"}]
 
 
@@ -107,7 +101,7 @@ def test_an_answer_cut_at_the_answer_length_is_marked_and_stays_marked(qtbot, ma
     backend = window.host.backend
     real_chat = backend.chat
     backend.chat = lambda *args: CutStream(list(real_chat(*args)), None, 3)
-    _send(qtbot, window, "Explain how a car engine works")
+    send_and_wait(qtbot, window, "Explain how a car engine works")
     assert window.scroll.notes() == ["Cut off at the answer length"]
     assert window.status.text().startswith("fake · CPU — Cut off at the answer length · ")
     assert window.status.text().endswith(" tokens/s")
@@ -130,9 +124,9 @@ def test_a_send_in_a_long_conversation_tokenizes_each_message_once(qtbot, make_w
         history += [{"role": "user", "content": f"question {i} " * 10},
                     {"role": "assistant", "content": f"answer {i} " * 10}]
     window.start_conversation(history)
-    _send(qtbot, window, "first")  # (measures what the chat template adds to a message, once)
+    send_and_wait(qtbot, window, "first")  # (measures what the chat template adds to a message, once)
     for i in range(3):
         chat_counts.clear()
-        _send(qtbot, window, f"next {i}")
+        send_and_wait(qtbot, window, f"next {i}")
         assert chat_counts[0] == 1 and len(chat_counts) <= 3  # the question alone, the request (rarely one more)
     assert len(counted) == len(set(counted))  # no message tokenized twice

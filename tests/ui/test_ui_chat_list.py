@@ -10,7 +10,7 @@ import json
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
-from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector
+from ui_fakes import FakeHotkeys, FakeOpener, RecordingInjector, send_and_wait
 
 from app.ui.app import TrayApp
 from app.ui.history import ChatHistory, Conversation
@@ -29,12 +29,6 @@ def tray(qtbot):
 def _titles(chat) -> list[str]:
     return [chat.list.item(i).text() for i in range(chat.list.count())]
 
-
-def _send(qtbot, chat, text):
-    chat.input.setPlainText(text)
-    n = len(chat.conversation.messages)
-    chat.send_button.click()
-    qtbot.waitUntil(lambda: len(chat.conversation.messages) == n + 2 and chat.task is None, timeout=5000)
 
 
 def test_each_conversation_continued_from_a_popup_is_titled_by_its_action_and_text(qtbot, tray):
@@ -62,7 +56,7 @@ def test_a_continued_conversation_moves_to_the_top(qtbot, tray):
     assert _titles(chat) == ["Newer chat", "Older chat"]
     chat.list.itemClicked.emit(chat.list.item(1))
     assert chat.conversation.id == older.id
-    _send(qtbot, chat, "One more question")
+    send_and_wait(qtbot, chat, "One more question")
     assert _titles(chat) == ["Older chat", "Newer chat"]
     assert [c.id for c in ChatHistory().load_all()[0]] == [older.id, newer.id]  # as History sorts them
 
@@ -72,7 +66,7 @@ def test_a_chat_deleted_in_history_while_history_is_off_leaves_the_chat_window(q
     tray.store.update(keep_history=False)
     tray.open_chat()
     chat = tray.chat_window
-    _send(qtbot, chat, "This run's own chat")  # never written: only this window has it
+    send_and_wait(qtbot, chat, "This run's own chat")  # never written: only this window has it
     chat.open_conversation(kept.id)
     tray.open_history()
     history = tray.history.window

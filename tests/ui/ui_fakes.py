@@ -218,3 +218,12 @@ def tray_with_real_local_api():
     return TrayApp(opener=FakeOpener(), hotkey_factory=FakeHotkeys,
                    injector=RecordingInjector(QGuiApplication.clipboard(), "words"),
                    server_finder=lambda: (start_server_in_thread, ""))
+
+
+def send_and_wait(qtbot, chat, text: str) -> None:
+    """Type ``text`` into the chat window, press Send and wait until the answer is in and the
+    window is free again (the question and its answer both in the conversation)."""
+    chat.input.setPlainText(text)
+    n = len(chat.conversation.messages)
+    chat.send_button.click()
+    qtbot.waitUntil(lambda: len(chat.conversation.messages) == n + 2 and chat.task is None, timeout=5000)
